@@ -1,0 +1,121 @@
+"""FedAvg (McMahan et al., 2017): sample-weighted mean of client updates, with a server
+learning rate.
+
+Clients upload their update Δ_i = θ_i − θ_t (not θ_i), so codecs quantize small deltas and
+the server step is θ_{t+1} = θ_t + η_s Σ_i w_i Δ_i with w_i = n_i / Σ_j n_j (``weighted``)
+or 1/N. η_s = 1 is plain FedAvg. The sum runs in client-id order in float64, so the result
+does not depend on which executor produced which update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedray.algorithms.base import (
+    AggregationPolicy,
+    Algorithm,
+    ClientContext,
+    ClientOutput,
+    State,
+)
+from fedray.config import spec
+
+
+def weighted_mean(updates: list[tuple[int, int, State]], weighted: bool = True) -> State:
+    """Σ_i w_i Δ_i in the given (client-id) order, accumulated in float64."""
+    counts = np.array([n for _, n, _ in updates], dtype=np.float64)
+    w = counts / counts.sum() if weighted and counts.sum() > 0 else np.full(
+        len(updates), 1.0 / len(updates))
+    out = {}
+    for name in updates[0][2]:
+        acc = np.zeros(np.shape(updates[0][2][name]), dtype=np.float64)
+        for wi, (_, _, delta) in zip(w, updates):
+            acc += wi * delta[name]
+        out[name] = acc
+    return out
+
+
+class FedAvgPolicy(AggregationPolicy):
+    def __init__(self, server_lr: float = 1.0, weighted: bool = True):
+        self.server_lr = server_lr
+        self.weighted = weighted
+
+    def aggregate(self, global_state, updates, round):
+        mean = weighted_mean(updates, self.weighted)
+        new = {k: (v.astype(np.float64) + self.server_lr * mean[k]).astype(np.float32)
+               if k in mean else v for k, v in global_state.items()}
+        norm = float(np.sqrt(sum(float((m * m).sum()) for m in mean.values())))
+        return new, {"update_norm": norm}
+
+
+class FedAvg(Algorithm):
+    """Local SGD on every sampled client, sample-weighted mean of the updates."""
+
+    name = "fedavg"
+
+    @dataclass
+    class Params:
+        server_lr: float = spec(1.0, gt=0, help="server learning rate η_s")
+        weighted: bool = spec(True, help="weight clients by sample count (else uniform)")
+
+    @property
+    def uses_client_state(self) -> bool:  # type: ignore[override]
+        return self.cfg.local.keep_optimizer_state and self.cfg.local.momentum > 0
+
+    def build_resident(self, input_shape, num_classes, device):
+        from fedray.models import build_model
+
+        kwargs = {k: v for k, v in self.cfg.model.items() if k != "name"}
+        return build_model(self.cfg.model["name"], tuple(input_shape), num_classes,
+                           **kwargs).to(device)
+
+    def init_global_state(self, resident, seed):
+        import torch
+
+        from fedray.seeding import derive_seed
+        from fedray.training import get_state
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(seed, -1, -1, "model-init"))
+            for m in resident.modules():
+                if hasattr(m, "reset_parameters"):
+                    m.reset_parameters()
+        return get_state(resident)
+
+    def grad_hook(self, model: Any, broadcast: State, device: str) -> Any:
+        """A per-step gradient edit (``None``: plain SGD). FedProx overrides it."""
+        return None
+
+    def client_update(self, ctx: ClientContext, broadcast: State) -> ClientOutput:
+        from fedray.training import evaluate, get_state, set_state, train_local
+
+        model, loc = ctx.resident, self.cfg.local
+        set_state(model, broadcast)
+        metrics: dict[str, float] = {}
+        if self.cfg.eval.local_before_after:
+            metrics["acc_before"] = evaluate(model, ctx.x_test, ctx.y_test, ctx.device)["accuracy"]
+        opt_state = (ctx.state or {}).get("optimizer") if self.uses_client_state else None
+        train_metrics, opt_state = train_local(
+            model, ctx.x_train, ctx.y_train, epochs=loc.epochs, batch_size=loc.batch_size,
+            lr=loc.lr, momentum=loc.momentum, weight_decay=loc.weight_decay, seed=ctx.seed,
+            round=ctx.round, client=ctx.client_id, max_steps=loc.max_steps, device=ctx.device,
+            grad_hook=self.grad_hook(model, broadcast, ctx.device), optimizer_state=opt_state)
+        metrics.update(train_metrics)
+        if self.cfg.eval.local_before_after:
+            metrics["acc_after"] = evaluate(model, ctx.x_test, ctx.y_test, ctx.device)["accuracy"]
+        local = get_state(model)
+        delta = {k: local[k] - np.asarray(broadcast[k], dtype=np.float32) for k in local}
+        state = {"optimizer": opt_state} if self.uses_client_state else None
+        return ClientOutput(delta, len(ctx.x_train), metrics, state)
+
+    def evaluate(self, resident, broadcast, x, y, device="cpu"):
+        from fedray.training import evaluate, set_state
+
+        set_state(resident, broadcast)
+        return evaluate(resident, x, y, device)
+
+    def make_policy(self) -> AggregationPolicy:
+        return FedAvgPolicy(self.params.server_lr, self.params.weighted)

@@ -1,0 +1,38 @@
+"""FedProx (Li et al., 2020): FedAvg whose local objective adds (μ/2)‖θ − θ_t‖².
+
+The proximal term enters as its gradient μ(θ − θ_t), added to each parameter's gradient
+before the optimizer step — the same update as differentiating the augmented loss, without
+building the extra graph. Server side is FedAvg's (sample-weighted, server learning rate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedray.algorithms.fedavg import FedAvg
+from fedray.config import spec
+
+
+class FedProx(FedAvg):
+    """FedAvg with a proximal term μ/2‖θ − θ_global‖² on every client."""
+
+    name = "fedprox"
+
+    @dataclass
+    class Params:
+        mu: float = spec(0.01, ge=0, help="proximal coefficient μ")
+        server_lr: float = spec(1.0, gt=0, help="server learning rate η_s")
+        weighted: bool = spec(True, help="weight clients by sample count (else uniform)")
+
+    def grad_hook(self, model, broadcast, device):
+        import torch
+
+        mu = self.params.mu
+        anchors = [torch.from_numpy(broadcast[n]).to(device)
+                   for n, p in model.named_parameters() if p.requires_grad]
+
+        def hook(params):
+            for p, a in zip(params, anchors):
+                p.grad.add_(p.detach() - a, alpha=mu)
+
+        return hook

@@ -1,0 +1,79 @@
+"""Run metrics as Parquet: one part file per round while running (append-only, crash-safe),
+consolidated into ``rounds.parquet`` and ``clients.parquet`` when the run ends.
+
+Readable by pandas, polars and duckdb: ``pandas.read_parquet("RUN/rounds.parquet")``.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fedray.runtime.storage import Storage
+
+KINDS = ("rounds", "clients")
+
+
+def _table(rows: list[dict[str, Any]]) -> pa.Table:
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    cols = {}
+    for k in keys:
+        vals = [r.get(k) for r in rows]
+        if all(v is None or isinstance(v, (int, float)) and not isinstance(v, bool)
+               for v in vals) and any(isinstance(v, float) for v in vals):
+            vals = [math.nan if v is None else float(v) for v in vals]
+        cols[k] = vals
+    return pa.table(cols)
+
+
+class MetricsWriter:
+    def __init__(self, storage: Storage):
+        self.storage = storage
+
+    def write_round(self, round: int, round_row: dict[str, Any],
+                    client_rows: list[dict[str, Any]]) -> None:
+        for kind, rows in (("rounds", [round_row]), ("clients", client_rows)):
+            if rows:
+                buf = io.BytesIO()
+                pq.write_table(_table(rows), buf)
+                self.storage.write_bytes(f"metrics/{kind}/{round:06d}.parquet", buf.getvalue())
+
+    def truncate_after(self, round: int) -> None:
+        """Drop part files of rounds after ``round`` (a resumed run redoes them)."""
+        for kind in KINDS:
+            for f in self.storage.listdir(f"metrics/{kind}"):
+                if f.endswith(".parquet") and int(f.split(".")[0]) > round:
+                    self.storage.delete(f"metrics/{kind}/{f}")
+
+    def read(self, kind: str) -> pa.Table | None:
+        parts = [f for f in self.storage.listdir(f"metrics/{kind}") if f.endswith(".parquet")]
+        tables = [pq.read_table(io.BytesIO(self.storage.read_bytes(f"metrics/{kind}/{f}")))
+                  for f in parts]
+        if not tables:
+            return None
+        return pa.concat_tables(tables, promote_options="permissive")
+
+    def consolidate(self) -> None:
+        for kind in KINDS:
+            table = self.read(kind)
+            if table is not None:
+                buf = io.BytesIO()
+                pq.write_table(table, buf)
+                self.storage.write_bytes(f"{kind}.parquet", buf.getvalue())
+
+
+def read_metrics(run_dir: str, kind: str = "rounds") -> pa.Table:
+    """The ``rounds`` or ``clients`` table of a run (consolidated file or part files)."""
+    storage = Storage(run_dir)
+    if storage.exists(f"{kind}.parquet"):
+        return pq.read_table(io.BytesIO(storage.read_bytes(f"{kind}.parquet")))
+    table = MetricsWriter(storage).read(kind)
+    if table is None:
+        raise FileNotFoundError(f"no {kind} metrics under {run_dir}")
+    return table

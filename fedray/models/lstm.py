@@ -1,0 +1,55 @@
+"""LSTM classifier that reads an input as a sequence of feature vectors."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def sequence_shape(input_shape: tuple[int, ...], seq_len: int | None) -> tuple[int, int]:
+    """``(steps, features)`` an input is read as: image rows, ``(T, F)`` or a split flat vector."""
+    shape = tuple(int(d) for d in input_shape)
+    if len(shape) == 3:
+        c, h, w = shape
+        return h, c * w
+    if len(shape) == 2:
+        return shape  # type: ignore[return-value]
+    if len(shape) == 1:
+        (d,) = shape
+        if seq_len is None:
+            if math.isqrt(d) ** 2 != d:
+                raise ValueError(f"lstm: flat input size {d} is not a perfect square; "
+                                 "set model.seq_len to a divisor of it")
+            seq_len = math.isqrt(d)
+        if seq_len < 1 or d % seq_len:
+            raise ValueError(f"lstm: seq_len={seq_len} does not divide the input size {d}")
+        return seq_len, d // seq_len
+    raise ValueError(f"lstm needs an input of shape (C, H, W), (T, F) or (D,); got {shape}")
+
+
+class LSTMClassifier(nn.Module):
+    """LSTM over ``steps`` vectors of ``features``; a Linear classifies the last hidden state."""
+
+    def __init__(self, input_shape: tuple[int, ...], steps: int, features: int, hidden: int,
+                 layers: int, num_classes: int):
+        super().__init__()
+        self.image_input = len(input_shape) == 3
+        self.steps, self.features = steps, features
+        self.lstm = nn.LSTM(features, hidden, num_layers=layers, batch_first=True)
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.image_input:  # (B, C, H, W) -> (B, H, C, W): one step per image row
+            x = x.permute(0, 2, 1, 3)
+        x = x.reshape(x.shape[0], self.steps, self.features)
+        out, _ = self.lstm(x)
+        return self.head(out[:, -1])
+
+
+def lstm(input_shape: tuple[int, ...], num_classes: int, *, hidden: int = 64, layers: int = 1,
+         seq_len: int | None = None) -> nn.Module:
+    """LSTM sequence classifier: image rows, (T, F) steps, or a flat vector split in seq_len."""
+    steps, features = sequence_shape(input_shape, seq_len)
+    return LSTMClassifier(tuple(input_shape), steps, features, hidden, layers, num_classes)

@@ -1,0 +1,114 @@
+"""Payload: the tensors that cross the wire, their codec and their exact byte count.
+
+A :class:`Payload` is what a broadcast or a client upload really consists of: a small JSON
+header (names, shapes, codec) and a list of numpy buffers (values, packed codes, scales).
+``nbytes`` is ``len(header) + sum(buffer.nbytes)`` — the one byte-accounting path every
+method uses. Ray moves the numpy buffers zero-copy through the object store; Ray's own
+framing (a few hundred bytes per object) is not part of the count.
+
+Codecs (per tensor):
+- ``fp32``: raw float32 values.
+- ``bf16``: the upper 16 bits of float32 with round-to-nearest-even.
+- ``int8`` / ``int4``: uniform affine per-tensor quantization,
+  ``q = round((x - lo) / s)`` with ``s = (hi - lo) / (2^b - 1)``; one float32 scale and
+  one float32 zero-point (``lo``) per tensor; int4 codes are packed two per byte.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Literal, Mapping
+
+import numpy as np
+
+Codec = Literal["fp32", "bf16", "int8", "int4"]
+CODECS: tuple[str, ...] = ("fp32", "bf16", "int8", "int4")
+
+
+def _to_bf16(x: np.ndarray) -> np.ndarray:
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
+    return ((bits + rounding) >> 16).astype(np.uint16)
+
+
+def _from_bf16(b: np.ndarray) -> np.ndarray:
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+def _quantize(x: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    levels = (1 << bits) - 1
+    flat = x.reshape(-1).astype(np.float32, copy=False)
+    lo = float(flat.min()) if flat.size else 0.0
+    hi = float(flat.max()) if flat.size else 0.0
+    scale = (hi - lo) / levels if hi > lo else 1.0
+    q = np.clip(np.rint((flat - lo) / scale), 0, levels).astype(np.uint8)
+    if bits == 4:
+        if q.size % 2:
+            q = np.append(q, np.uint8(0))
+        q = (q[0::2] | (q[1::2] << 4)).astype(np.uint8)
+    return q, np.array([scale, lo], dtype=np.float32)
+
+
+def _dequantize(q: np.ndarray, sz: np.ndarray, bits: int, size: int) -> np.ndarray:
+    if bits == 4:
+        codes = np.empty(q.size * 2, dtype=np.uint8)
+        codes[0::2] = q & 0x0F
+        codes[1::2] = q >> 4
+        q = codes[:size]
+    return q.astype(np.float32) * sz[0] + sz[1]
+
+
+@dataclass(frozen=True)
+class Payload:
+    """Encoded named tensors; ``nbytes`` is the exact size of what is sent."""
+
+    header: bytes
+    buffers: tuple[np.ndarray, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.header) + sum(int(b.nbytes) for b in self.buffers)
+
+    @property
+    def codec(self) -> str:
+        return json.loads(self.header)["codec"]
+
+    @classmethod
+    def encode(cls, tensors: Mapping[str, np.ndarray], codec: str = "fp32") -> "Payload":
+        if codec not in CODECS:
+            raise ValueError(f"unknown codec {codec!r}; allowed: {', '.join(CODECS)}")
+        entries, buffers = [], []
+        for name, value in tensors.items():
+            arr = np.asarray(value)
+            entries.append([name, list(arr.shape)])
+            if codec == "fp32":
+                buffers.append(np.ascontiguousarray(arr, dtype=np.float32).reshape(-1))
+            elif codec == "bf16":
+                buffers.append(_to_bf16(arr).reshape(-1))
+            else:
+                q, sz = _quantize(arr, 8 if codec == "int8" else 4)
+                buffers.extend((q, sz))
+        header = json.dumps({"codec": codec, "tensors": entries},
+                            separators=(",", ":")).encode()
+        return cls(header, tuple(buffers))
+
+    def decode(self) -> dict[str, np.ndarray]:
+        meta = json.loads(self.header)
+        codec, out, i = meta["codec"], {}, 0
+        for name, shape in meta["tensors"]:
+            size = int(np.prod(shape)) if shape else 1
+            if codec == "fp32":
+                arr, i = self.buffers[i], i + 1
+            elif codec == "bf16":
+                arr, i = _from_bf16(self.buffers[i]), i + 1
+            else:
+                bits = 8 if codec == "int8" else 4
+                arr, i = _dequantize(self.buffers[i], self.buffers[i + 1], bits, size), i + 2
+            out[name] = arr.reshape(shape)
+        return out
+
+    def all_finite(self) -> bool:
+        """False when any encoded value is NaN or Inf (float codecs and quantizer scales)."""
+        return all(np.isfinite(b).all() for b in self.buffers if b.dtype.kind == "f") and (
+            self.codec != "bf16" or all(np.isfinite(_from_bf16(b)).all() for b in self.buffers))

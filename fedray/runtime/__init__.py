@@ -1,0 +1,5 @@
+"""The Ray runtime: driver, executors, client state, storage. Knows no method."""
+
+from fedray.runtime.experiment import init_ray, resume_config, run_experiment
+
+__all__ = ["init_ray", "resume_config", "run_experiment"]

@@ -1,0 +1,268 @@
+"""Driver: the round loop of one experiment, run as a Ray actor.
+
+Per round: sample clients from (seed, round); ``ray.put`` each tier's broadcast once; hand
+the sampled clients to their tier's executors in batches; gather results as they finish;
+re-run clients whose update raised (up to ``runtime.max_client_retries``); reject uploads
+with NaN/Inf; give the accepted uploads to the policy in client-id order; evaluate; log
+Parquet metrics; checkpoint. It knows no model code and no method.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+import ray
+
+from fedray.algorithms import make_algorithm_from_class
+from fedray.algorithms.base import ClientResult
+from fedray.metrics import MetricsWriter
+from fedray.payload import Payload
+from fedray.runtime.pool import ExecutorPool
+from fedray.runtime.state_store import ClientStateStore
+from fedray.runtime.storage import Storage
+from fedray.seeding import rng
+
+KEEP_CHECKPOINTS = 2
+
+
+def sample_clients(seed: int, round: int, num_clients: int, k: int) -> list[int]:
+    """The clients of ``round``: a uniform draw without replacement, from (seed, round)."""
+    if k >= num_clients:
+        return list(range(num_clients))
+    return sorted(int(c) for c in rng(seed, round, -1, "sample").choice(num_clients, k,
+                                                                         replace=False))
+
+
+def chunks(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+class Driver:
+    def __init__(self, cfg: Any, algorithm_cls: type, data_box: list, run_uri: str):
+        self.cfg = cfg
+        self.algorithm_cls = algorithm_cls
+        self.data_ref = data_box[0]
+        self.run_uri = run_uri
+        self.storage = Storage(run_uri)
+        self.metrics = MetricsWriter(self.storage)
+        self.algorithm = make_algorithm_from_class(algorithm_cls, cfg)
+        self.policy = self.algorithm.make_policy()
+        self.pool: ExecutorPool | None = None
+        self.round = 0
+        self.global_state: dict[str, np.ndarray] = {}
+        self.versions: dict[int, int] = {}
+        self.totals = {"upload_bytes": 0, "download_bytes": 0, "failures": 0, "rejected": 0}
+        self.num_clients = cfg.clients.num_clients
+        self.tier_of = [cfg.tier_of(c) for c in range(self.num_clients)]
+
+    # ------------------------------------------------------------------ setup / resume
+
+    def setup(self, resume: bool = False) -> dict:
+        """Place the executors, then load the latest checkpoint or initialise the model."""
+        self.pool = ExecutorPool(self.cfg, self.algorithm_cls, self.data_ref, self.run_uri)
+        if resume and self.storage.exists("checkpoints/LATEST"):
+            latest = int(self.storage.read_bytes("checkpoints/LATEST").decode())
+            ck = self.storage.read_pickle(f"checkpoints/{latest:06d}.pkl")
+            self.round, self.global_state = ck["round"], ck["global_state"]
+            self.versions, self.totals = ck["versions"], ck["totals"]
+            self.policy.load_state_dict(ck["policy_state"])
+            self.pool.restarts = ck["restarts"]
+        else:
+            first = self.pool.executors[self.cfg.runtime.tiers[0].name][0]
+            self.global_state = ray.get(first.init_global_state.remote(self.cfg.seed)).decode()
+            self.global_state = {k: np.array(v) for k, v in self.global_state.items()}
+        self.metrics.truncate_after(self.round)
+        return {"round": self.round, "executors": self.pool.info,
+                "parameters": int(sum(v.size for v in self.global_state.values()))}
+
+    # ------------------------------------------------------------------ one round
+
+    def _chunk_size(self, n: int, tier: str) -> int:
+        if self.cfg.runtime.chunk_size:
+            return self.cfg.runtime.chunk_size
+        execs = len(self.pool.executors[tier])
+        return max(1, math.ceil(n / (2 * execs)))
+
+    def _broadcasts(self, round: int, tiers: set[str], kind: str) -> dict[str, tuple]:
+        """One encoded broadcast per tier, each ``ray.put`` once."""
+        out, seen = {}, {}
+        for tier in sorted(tiers):
+            tensors = self.policy.broadcast(self.global_state, round, tier)
+            if id(tensors) not in seen:
+                payload = Payload.encode(tensors, self.cfg.payload.download)
+                seen[id(tensors)] = (f"{round}:{kind}:{tier}", ray.put(payload), payload.nbytes)
+            out[tier] = seen[id(tensors)]
+        return out
+
+    def run_round(self) -> dict:
+        """Run the next round and return its metrics row."""
+        t0 = time.perf_counter()
+        r = self.round + 1
+        cfg = self.cfg
+        sampled = sample_clients(cfg.seed, r, self.num_clients, cfg.clients.sampled_count())
+        bcast = self._broadcasts(r, {self.tier_of[c] for c in sampled}, "train")
+        attempts = dict.fromkeys(sampled, 0)
+        final: dict[int, ClientResult] = {}
+        todo = list(sampled)
+        restarts_before = self.pool.restarts
+        while todo:
+            jobs = []
+            by_tier: dict[str, list[int]] = {}
+            for c in todo:
+                attempts[c] += 1
+                by_tier.setdefault(self.tier_of[c], []).append(c)
+            for tier, cids in by_tier.items():
+                key, ref, _ = bcast[tier]
+                for part in chunks(cids, self._chunk_size(len(cids), tier)):
+                    jobs.append((tier, "run_clients",
+                                 (key, ref, r, [(c, self.versions.get(c)) for c in part])))
+            todo = []
+            for batch in self.pool.run(jobs):
+                for res in batch:
+                    if res.status == "error" and attempts[res.client_id] <= \
+                            cfg.runtime.max_client_retries:
+                        todo.append(res.client_id)
+                    else:
+                        final[res.client_id] = res
+        accepted = []
+        for cid in sorted(final):
+            res = final[cid]
+            if res.ok and not res.payload.all_finite():
+                res.status, res.error = "rejected", "upload contains NaN or Inf"
+            if res.ok:
+                accepted.append((cid, res.num_samples, res.payload.decode()))
+                if "state_bytes" in res.metrics:
+                    self.versions[cid] = r
+        if accepted:
+            self.global_state, policy_metrics = self.policy.aggregate(
+                self.global_state, accepted, r)
+        else:
+            policy_metrics = {}
+        self.round = r
+        evaluated = self._evaluate(r, sampled)
+        row = self._log(r, sampled, final, attempts, bcast, evaluated, policy_metrics,
+                        self.pool.restarts - restarts_before, time.perf_counter() - t0)
+        if r % cfg.runtime.checkpoint_every == 0 or r == cfg.rounds:
+            self.checkpoint()
+        return row
+
+    # ------------------------------------------------------------------ evaluation
+
+    def _evaluate(self, r: int, sampled: list[int]) -> dict:
+        ev = self.cfg.eval
+        due = (ev.every and r % ev.every == 0) or r == self.cfg.rounds
+        if not due:
+            return {}
+        who = {"all": list(range(self.num_clients)), "sampled": sampled, "none": []}[ev.clients]
+        tiers = {self.tier_of[c] for c in who} | {self.cfg.runtime.tiers[0].name}
+        bcast = self._broadcasts(r, tiers, "eval")
+        jobs = []
+        by_tier: dict[str, list[int]] = {}
+        for c in who:
+            by_tier.setdefault(self.tier_of[c], []).append(c)
+        for tier, cids in by_tier.items():
+            key, ref, _ = bcast[tier]
+            for part in chunks(cids, self._chunk_size(len(cids), tier)):
+                jobs.append((tier, "evaluate_clients", (key, ref, r, part)))
+        if ev.global_test:
+            tier = self.cfg.runtime.tiers[0].name
+            jobs.append((tier, "evaluate_global", bcast[tier][:2]))
+        out: dict[str, Any] = {"clients": {}}
+        for res in self.pool.run(jobs):
+            if isinstance(res, dict):
+                out["global"] = res
+            else:
+                out["clients"].update(dict(res))
+        return out
+
+    # ------------------------------------------------------------------ logging
+
+    def _log(self, r, sampled, final, attempts, bcast, evaluated, policy_metrics, restarts,
+             seconds) -> dict:
+        client_rows = []
+        up = down = 0
+        ok = [final[c] for c in sampled if final[c].ok]
+        for c in sorted(set(sampled) | set(evaluated.get("clients", {}))):
+            row: dict[str, Any] = {"round": r, "client_id": c, "tier": self.tier_of[c],
+                                   "sampled": c in final}
+            if c in final:
+                res = final[c]
+                d = bcast[self.tier_of[c]][2] * attempts[c]
+                up += res.upload_bytes
+                down += d
+                row.update(status=res.status, error=res.error, attempts=attempts[c],
+                           num_samples=res.num_samples, upload_bytes=res.upload_bytes,
+                           download_bytes=d, seconds=res.seconds,
+                           **{k: float(v) for k, v in res.metrics.items()})
+                if res.status == "error":
+                    self.totals["failures"] += 1
+                if res.status == "rejected":
+                    self.totals["rejected"] += 1
+            ev = evaluated.get("clients", {}).get(c)
+            if ev is not None:
+                row.update(eval_loss=ev["loss"], eval_accuracy=ev["accuracy"],
+                           eval_samples=ev["n"])
+            client_rows.append(row)
+        self.totals["upload_bytes"] += up
+        self.totals["download_bytes"] += down
+        accs = np.array([e["accuracy"] for e in evaluated.get("clients", {}).values()])
+        n_ok = [res.num_samples for res in ok]
+        losses = [res.metrics.get("train_loss", math.nan) for res in ok]
+        g = evaluated.get("global", {})
+        row = {
+            "round": r, "sampled": len(sampled), "ok": len(ok),
+            "failed": sum(final[c].status == "error" for c in sampled),
+            "rejected": sum(final[c].status == "rejected" for c in sampled),
+            "train_loss": float(np.average(losses, weights=n_ok)) if ok else math.nan,
+            "personalized_accuracy": float(accs.mean()) if accs.size else math.nan,
+            "personalized_accuracy_std": float(accs.std()) if accs.size else math.nan,
+            "global_accuracy": float(g.get("accuracy", math.nan)),
+            "global_loss": float(g.get("loss", math.nan)),
+            "upload_bytes": up, "download_bytes": down,
+            "cum_upload_bytes": self.totals["upload_bytes"],
+            "cum_download_bytes": self.totals["download_bytes"],
+            "cum_bytes": self.totals["upload_bytes"] + self.totals["download_bytes"],
+            "executor_restarts": restarts, "seconds": seconds,
+            **{f"policy/{k}": float(v) for k, v in policy_metrics.items()},
+        }
+        self.metrics.write_round(r, row, client_rows)
+        return row
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint(self) -> None:
+        """Round-boundary checkpoint: global and policy state, client-state manifest,
+        byte totals. The sampling position is the round itself (sampling is a function
+        of (seed, round))."""
+        ck = {"round": self.round, "global_state": self.global_state,
+              "policy_state": self.policy.state_dict(), "versions": dict(self.versions),
+              "totals": dict(self.totals), "restarts": self.pool.restarts}
+        self.storage.write_pickle(f"checkpoints/{self.round:06d}.pkl", ck)
+        self.storage.write_bytes("checkpoints/LATEST", str(self.round).encode())
+        saved = [f for f in self.storage.listdir("checkpoints") if f.endswith(".pkl")]
+        for f in saved[:-KEEP_CHECKPOINTS]:
+            self.storage.delete(f"checkpoints/{f}")
+        ClientStateStore(self.storage).prune(self.versions)
+
+    # ------------------------------------------------------------------ queries
+
+    def get_global_state(self) -> dict[str, np.ndarray]:
+        return self.global_state
+
+    def get_round(self) -> int:
+        return self.round
+
+    def executor_handles(self) -> dict[str, list[Any]]:
+        return self.pool.handles()
+
+    def finish(self) -> dict:
+        self.metrics.consolidate()
+        return {"round": self.round, "totals": dict(self.totals),
+                "executor_restarts": self.pool.restarts}
+
+    def shutdown(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()

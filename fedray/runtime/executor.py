@@ -1,0 +1,102 @@
+"""ClientExecutor: a Ray actor that keeps the heavy things resident (model, data) and runs
+the updates of the virtual clients it is handed, one after another.
+
+It knows nothing of the round loop: it receives a broadcast ObjectRef, a round and a batch
+of client ids (with the state version each client must start from) and returns one
+:class:`ClientResult` per client. A client whose update raises is returned with status
+``error`` (the driver decides whether to re-run it); everything else is the algorithm's.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from typing import Any
+
+from fedray.algorithms.base import ClientContext, ClientResult
+from fedray.payload import Payload
+
+
+class ClientExecutor:
+    def __init__(self, cfg: Any, algorithm_cls: type, data: Any, run_uri: str, tier: str,
+                 index: int):
+        import torch
+
+        from fedray.algorithms import make_algorithm_from_class
+        from fedray.runtime.state_store import ClientStateStore
+        from fedray.runtime.storage import Storage
+
+        torch.set_num_threads(cfg.runtime.threads_per_executor)
+        self.cfg, self.tier, self.index = cfg, tier, index
+        self.data = data
+        self.device = "cuda" if torch.cuda.is_available() and cfg.runtime.device != "cpu" \
+            else "cpu"
+        self.algorithm = make_algorithm_from_class(algorithm_cls, cfg)
+        self.resident = self.algorithm.build_resident(data.input_shape, data.num_classes,
+                                                      self.device)
+        self.store = ClientStateStore(Storage(run_uri))
+        self._broadcast_key: Any = None
+        self._broadcast: dict | None = None
+
+    def ready(self) -> dict:
+        return {"pid": os.getpid(), "tier": self.tier, "index": self.index,
+                "device": self.device,
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+
+    def init_global_state(self, seed: int) -> Payload:
+        return Payload.encode(self.algorithm.init_global_state(self.resident, seed), "fp32")
+
+    def _decoded(self, key: str, broadcast: Payload) -> dict:
+        """Decode each broadcast once per executor, however many of its clients use it."""
+        if key != self._broadcast_key:
+            self._broadcast, self._broadcast_key = broadcast.decode(), key
+        return self._broadcast  # type: ignore[return-value]
+
+    def run_clients(self, key: str, broadcast: Payload, round: int,
+                    clients: list[tuple[int, int | None]]) -> list[ClientResult]:
+        """Run ``clients`` = [(client_id, state_version), ...] for ``round``; ``key`` names
+        the broadcast uniquely within the run."""
+        tensors = self._decoded(key, broadcast)
+        out = []
+        for cid, version in clients:
+            t0 = time.perf_counter()
+            try:
+                x_tr, y_tr = self.data.client_arrays(cid, round, "train")
+                x_te, y_te = self.data.client_arrays(cid, round, "test")
+                state = self.store.load(cid, version) if self.algorithm.uses_client_state \
+                    else None
+                ctx = ClientContext(cid, round, self.cfg.seed, self.tier, x_tr, y_tr, x_te, y_te,
+                                    self.resident, self.device, state)
+                result = self.algorithm.client_update(ctx, tensors)
+                payload = Payload.encode(result.upload, self.cfg.payload.upload)
+                metrics = dict(result.metrics)
+                if result.state is not None:
+                    metrics["state_bytes"] = float(self.store.save(cid, round, result.state))
+                out.append(ClientResult(cid, round, "ok", result.num_samples, payload, metrics,
+                                        upload_bytes=payload.nbytes,
+                                        seconds=time.perf_counter() - t0))
+            except Exception as e:  # noqa: BLE001 — reported per client, never swallowed
+                tb = traceback.format_exception_only(type(e), e)[-1].strip()
+                out.append(ClientResult(cid, round, "error", error=tb,
+                                        seconds=time.perf_counter() - t0))
+        return out
+
+    def evaluate_clients(self, key: str, broadcast: Payload, round: int, clients: list[int]
+                         ) -> list[tuple[int, dict]]:
+        """The broadcast model on each client's local test split (personalized accuracy)."""
+        tensors = self._decoded(key, broadcast)
+        out = []
+        for cid in clients:
+            x, y = self.data.client_arrays(cid, round, "test")
+            out.append((cid, self.algorithm.evaluate(self.resident, tensors, x, y, self.device)))
+        return out
+
+    def evaluate_global(self, key: str, broadcast: Payload) -> dict:
+        tensors = self._decoded(key, broadcast)
+        return self.algorithm.evaluate(self.resident, tensors, self.data.x_test,
+                                       self.data.y_test, self.device)
+
+    def exit(self) -> None:
+        """Die on purpose (used by tests of the fault-tolerance path)."""
+        os._exit(1)

@@ -1,0 +1,160 @@
+"""Run one experiment end to end: validate, build the federated data, start or join Ray,
+place the driver and executors, run the rounds with a progress bar, write the summary.
+
+Everything that can be wrong with the input fails here, before any Ray work.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, Callable
+
+import yaml
+
+from fedray.config import ConfigError, ExperimentConfig, load_config
+from fedray.runtime.storage import Storage
+
+
+def default_run_dir(cfg: ExperimentConfig) -> str:
+    return os.path.join("runs", f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def init_ray(cfg: ExperimentConfig) -> bool:
+    """Join ``runtime.ray_address`` / ``RAY_ADDRESS`` or start a local instance.
+    Returns True when this call started Ray (a local cluster that cannot grow)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = cfg.runtime.ray_address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=False)
+        return False
+    ray.init(include_dashboard=cfg.runtime.include_dashboard, log_to_driver=False,
+             logging_level="ERROR", configure_logging=True)
+    return True
+
+
+def run_experiment(cfg: ExperimentConfig, run_dir: str | None = None, *, resume: bool = False,
+                   progress: bool = True, algorithm_cls: type | None = None,
+                   on_round: Callable[[dict], None] | None = None) -> dict[str, Any]:
+    """Run ``cfg`` (or continue the run in ``run_dir`` when ``resume``); return the summary."""
+    import ray
+
+    from fedray.algorithms import get_algorithm
+    from fedray.data import build_federated
+    from fedray.runtime.driver import Driver
+    from fedray.runtime.pool import check_fits
+
+    algorithm_cls = algorithm_cls or get_algorithm(cfg.algorithm["name"])
+    run_dir = run_dir or cfg.run_dir or default_run_dir(cfg)
+    storage = Storage(run_dir)
+    if not resume and storage.exists("checkpoints/LATEST"):
+        raise ConfigError("run_dir", run_dir,
+                          "a new directory (this one holds a run: use --resume to continue it)")
+    data = build_federated(cfg.data, cfg.clients.num_clients, cfg.seed)
+    if not resume:
+        storage.write_bytes("config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+                            .encode())
+        storage.write_bytes("data.json", json.dumps(data.summary()).encode())
+
+    t_start = time.perf_counter()
+    started = init_ray(cfg)
+    if started:
+        check_fits(cfg)
+    driver = None
+    try:
+        data_ref = ray.put(data)
+        driver = ray.remote(Driver).options(num_cpus=0, max_restarts=0).remote(
+            cfg, algorithm_cls, [data_ref], storage.uri)
+        info = ray.get(driver.setup.remote(resume))
+        rows = _loop(driver, cfg, info["round"], progress, on_round)
+        finish = ray.get(driver.finish.remote())
+        ray.get(driver.shutdown.remote())
+    finally:
+        if driver is not None:
+            ray.kill(driver)
+        if started:
+            ray.shutdown()
+    summary = _summary(cfg, run_dir, rows, finish, info, time.perf_counter() - t_start)
+    storage.write_bytes("summary.json", json.dumps(summary, indent=2).encode())
+    return summary
+
+
+def _loop(driver: Any, cfg: ExperimentConfig, start: int, progress: bool,
+          on_round: Callable[[dict], None] | None) -> list[dict]:
+    import ray
+    from tqdm.auto import tqdm
+
+    rows = []
+    bar = tqdm(total=cfg.rounds, initial=start, desc=cfg.name, unit="round",
+               disable=not progress, file=sys.stderr, dynamic_ncols=True)
+    for _ in range(start, cfg.rounds):
+        row = ray.get(driver.run_round.remote())
+        rows.append(row)
+        bar.update(1)
+        post = {"loss": row["train_loss"]}
+        for key, short in (("global_accuracy", "acc"), ("personalized_accuracy", "pacc")):
+            if not math.isnan(row[key]):
+                post[short] = row[key]
+        if row["failed"] or row["rejected"]:
+            post["failed"] = row["failed"] + row["rejected"]
+        bar.set_postfix({k: round(v, 4) for k, v in post.items()})
+        if on_round is not None:
+            on_round(row)
+    bar.close()
+    return rows
+
+
+def _summary(cfg: ExperimentConfig, run_dir: str, rows: list[dict], finish: dict,
+             info: dict, seconds: float) -> dict[str, Any]:
+    from fedray.metrics import read_metrics
+
+    table = read_metrics(run_dir, "rounds").to_pylist()
+    evals = [r for r in table if not math.isnan(r["global_accuracy"])]
+    last = table[-1] if table else {}
+    final_eval = evals[-1] if evals else {}
+
+    def clean(v: Any) -> Any:
+        return None if isinstance(v, float) and math.isnan(v) else v
+
+    return {
+        "name": cfg.name, "run_dir": run_dir, "algorithm": cfg.algorithm["name"],
+        "model": cfg.model["name"], "dataset": cfg.data.dataset,
+        "num_clients": cfg.clients.num_clients, "rounds": finish["round"],
+        "parameters": info["parameters"],
+        "final_global_accuracy": clean(final_eval.get("global_accuracy", math.nan)),
+        "final_personalized_accuracy": clean(final_eval.get("personalized_accuracy",
+                                                            math.nan)),
+        "final_personalized_accuracy_std": clean(final_eval.get("personalized_accuracy_std",
+                                                                math.nan)),
+        "best_global_accuracy": clean(max((r["global_accuracy"] for r in evals),
+                                          default=math.nan)),
+        "total_upload_bytes": finish["totals"]["upload_bytes"],
+        "total_download_bytes": finish["totals"]["download_bytes"],
+        "client_failures": finish["totals"]["failures"],
+        "rejected_uploads": finish["totals"]["rejected"],
+        "executor_restarts": finish["executor_restarts"],
+        "final_train_loss": clean(last.get("train_loss", math.nan)),
+        "wall_seconds": round(seconds, 3),
+        "rounds_this_session": len(rows),
+    }
+
+
+def resume_config(run_dir: str, overrides: list[str] = ()) -> ExperimentConfig:
+    """The resolved config a run was started with (``rounds`` may be raised on resume)."""
+    storage = Storage(run_dir)
+    if not storage.exists("config.yaml"):
+        raise ConfigError("--resume", run_dir, "a run directory holding config.yaml")
+    base = yaml.safe_load(storage.read_bytes("config.yaml").decode())
+    for text in overrides:
+        if not text.startswith("rounds="):
+            raise ConfigError(text.split("=")[0], text, "only rounds=N may change on --resume")
+    return load_config(None, overrides, base=base)
+
+
+__all__ = ["init_ray", "resume_config", "run_experiment"]

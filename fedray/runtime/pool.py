@@ -1,0 +1,166 @@
+"""ExecutorPool: the client executors of one run, grouped by capacity tier.
+
+It places the actors (failing clearly when the cluster cannot hold them — Ray itself would
+wait forever), hands out jobs to the executors of the right tier with at most
+``inflight`` calls queued per executor, yields results as they finish, and replaces an
+executor that dies, re-queuing the jobs it had in flight.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import deque
+from typing import Any, Iterator
+
+import ray
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+from fedray.runtime.executor import ClientExecutor
+
+
+class PlacementError(RuntimeError):
+    """The cluster cannot place the executors the configuration asks for."""
+
+
+def use_gpus(cfg: Any) -> bool:
+    if cfg.runtime.device == "cpu":
+        return False
+    if cfg.runtime.device == "cuda":
+        return True
+    return ray.cluster_resources().get("GPU", 0) > 0
+
+
+def executor_options(cfg: Any, tier: Any) -> dict[str, float]:
+    """Resource shape of one executor of ``tier``: fractional GPU on GPU clusters,
+    CPU fraction otherwise."""
+    gpus = tier.num_gpus if use_gpus(cfg) else 0.0
+    return {"num_cpus": tier.num_cpus, "num_gpus": gpus}
+
+
+def requested_resources(cfg: Any) -> dict[str, float]:
+    total = {"CPU": 0.0, "GPU": 0.0}
+    for tier in cfg.runtime.tiers:
+        opts = executor_options(cfg, tier)
+        total["CPU"] += tier.executors * opts["num_cpus"]
+        total["GPU"] += tier.executors * opts["num_gpus"]
+    return total
+
+
+def check_fits(cfg: Any) -> None:
+    """Fail now, not hang, when the executors cannot all be placed on this cluster at once
+    (used where the cluster cannot grow: a local Ray instance)."""
+    have = ray.cluster_resources()
+    want = requested_resources(cfg)
+    for res, amount in want.items():
+        if amount > have.get(res, 0.0) + 1e-9:
+            shapes = ", ".join(f"{t.name}: {t.executors} x {executor_options(cfg, t)}"
+                               for t in cfg.runtime.tiers)
+            raise PlacementError(
+                f"runtime.tiers ask for {amount:g} {res} in total ({shapes}) but this Ray "
+                f"cluster has {have.get(res, 0.0):g} {res}; lower runtime.tiers[*].executors "
+                f"or num_cpus/num_gpus, or connect to a larger cluster (runtime.ray_address)")
+
+
+class ExecutorPool:
+    def __init__(self, cfg: Any, algorithm_cls: type, data_ref: Any, run_uri: str,
+                 inflight: int = 2):
+        self.cfg, self.algorithm_cls, self.data_ref, self.run_uri = (
+            cfg, algorithm_cls, data_ref, run_uri)
+        self.inflight = inflight
+        self.run_id = uuid.uuid4().hex[:8]
+        self.restarts = 0
+        self.actor_cls = ray.remote(max_restarts=0, max_task_retries=0)(ClientExecutor)
+        self.tiers = {t.name: t for t in cfg.runtime.tiers}
+        self.executors: dict[str, list[Any]] = {}
+        self.generation: dict[tuple[str, int], int] = {}
+        for name, tier in self.tiers.items():
+            self.executors[name] = [self._spawn(name, i) for i in range(tier.executors)]
+        self._wait_placed()
+
+    def name_of(self, tier: str, index: int) -> str:
+        return f"fedray-{self.run_id}-{tier}-{index}-g{self.generation.get((tier, index), 0)}"
+
+    def _spawn(self, tier: str, index: int) -> Any:
+        opts = executor_options(self.cfg, self.tiers[tier])
+        return self.actor_cls.options(name=self.name_of(tier, index), **opts).remote(
+            self.cfg, self.algorithm_cls, self.data_ref, self.run_uri, tier, index)
+
+    def _wait_placed(self) -> None:
+        handles = [(t, i, a) for t, hs in self.executors.items() for i, a in enumerate(hs)]
+        refs = {a.ready.remote(): (t, i) for t, i, a in handles}
+        timeout = self.cfg.runtime.placement_timeout_s
+        ready, missing = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
+        self.info = ray.get(ready)
+        if missing:
+            lost = sorted({refs[r][0] for r in missing})
+            self.shutdown()
+            raise PlacementError(
+                f"{len(missing)} of {len(refs)} executors (tiers {lost}) were not placed "
+                f"within runtime.placement_timeout_s={timeout:g}s. Requested "
+                f"{requested_resources(self.cfg)}; cluster total {ray.cluster_resources()}, "
+                f"available {ray.available_resources()}. Ray waits silently for resources "
+                f"that never come: lower the executors' shares or add nodes.")
+
+    def handles(self) -> dict[str, list[Any]]:
+        return {t: list(hs) for t, hs in self.executors.items()}
+
+    def _replace(self, tier: str, index: int) -> None:
+        self.restarts += 1
+        if self.restarts > self.cfg.runtime.max_executor_restarts:
+            raise RuntimeError(f"executors died {self.restarts} times, more than "
+                               f"runtime.max_executor_restarts="
+                               f"{self.cfg.runtime.max_executor_restarts}")
+        try:
+            ray.kill(self.executors[tier][index])
+        except Exception:  # noqa: BLE001 — it is already gone
+            pass
+        self.generation[(tier, index)] = self.generation.get((tier, index), 0) + 1
+        self.executors[tier][index] = self._spawn(tier, index)
+
+    def run(self, jobs: list[tuple[str, str, tuple]]) -> Iterator[Any]:
+        """Run ``jobs`` = [(tier, method, args)], yield each result as it finishes.
+
+        A job whose executor died is re-queued on that tier and the executor replaced.
+        """
+        pending = {t: deque() for t in self.executors}
+        for tier, method, args in jobs:
+            if tier not in pending:
+                raise KeyError(f"no executors for tier {tier!r}")
+            pending[tier].append((method, args))
+        busy: dict[tuple[str, int, int], int] = {}
+        flight: dict[Any, tuple[str, int, int, tuple[str, tuple]]] = {}
+
+        def fill(tier: str) -> None:
+            for index, actor in enumerate(self.executors[tier]):
+                key = (tier, index, self.generation.get((tier, index), 0))
+                while pending[tier] and busy.get(key, 0) < self.inflight:
+                    method, args = pending[tier].popleft()
+                    flight[getattr(actor, method).remote(*args)] = (*key, (method, args))
+                    busy[key] = busy.get(key, 0) + 1
+
+        for tier in pending:
+            fill(tier)
+        while flight:
+            ready, _ = ray.wait(list(flight), num_returns=1)
+            ref = ready[0]
+            tier, index, gen, job = flight.pop(ref)
+            busy[(tier, index, gen)] -= 1
+            try:
+                result = ray.get(ref)
+            except (RayActorError, ActorDiedError, ActorUnavailableError):
+                pending[tier].appendleft(job)
+                if gen == self.generation.get((tier, index), 0):
+                    self._replace(tier, index)
+                fill(tier)
+                continue
+            fill(tier)
+            yield result
+
+    def shutdown(self) -> None:
+        for hs in self.executors.values():
+            for a in hs:
+                try:
+                    ray.kill(a)
+                except Exception:  # noqa: BLE001
+                    pass
+

@@ -1,0 +1,63 @@
+"""ClientStateStore: each virtual client's persistent state between rounds.
+
+States are versioned by the round that wrote them and stored under
+``client_state/{client_id}/{round}.pkl`` in the run's :class:`Storage`. The driver keeps the
+manifest (client -> latest committed version) inside its checkpoints, so a resumed run
+reads exactly the versions of its checkpoint even if a killed round had already written
+newer ones. Each executor keeps an in-memory cache of the states it wrote last; a cached
+entry is used only when its version equals the manifest's, so a client that moves to
+another executor never sees a stale copy.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from fedray.runtime.storage import Storage
+
+
+class ClientStateStore:
+    def __init__(self, storage: Storage, cache_size: int = 256):
+        self.storage = storage
+        self.cache: OrderedDict[int, tuple[int, Any]] = OrderedDict()
+        self.cache_size = cache_size
+        self.reads = 0
+
+    @staticmethod
+    def _rel(client_id: int, version: int) -> str:
+        return f"client_state/{client_id:06d}/{version:06d}.pkl"
+
+    def load(self, client_id: int, version: int | None) -> Any:
+        """The state written by round ``version`` (``None``: the client has no state yet)."""
+        if version is None:
+            return None
+        hit = self.cache.get(client_id)
+        if hit is not None and hit[0] == version:
+            self.cache.move_to_end(client_id)
+            return hit[1]
+        self.reads += 1
+        state = self.storage.read_pickle(self._rel(client_id, version))
+        self._remember(client_id, version, state)
+        return state
+
+    def save(self, client_id: int, version: int, state: Any) -> int:
+        """Write-through: persist, cache, return the bytes written."""
+        nbytes = self.storage.write_pickle(self._rel(client_id, version), state)
+        self._remember(client_id, version, state)
+        return nbytes
+
+    def _remember(self, client_id: int, version: int, state: Any) -> None:
+        self.cache[client_id] = (version, state)
+        self.cache.move_to_end(client_id)
+        while len(self.cache) > self.cache_size:
+            self.cache.popitem(last=False)
+
+    def prune(self, manifest: dict[int, int]) -> None:
+        """Delete every version the manifest no longer names (after a checkpoint commit)."""
+        for name in self.storage.listdir("client_state"):
+            cid = int(name)
+            keep = manifest.get(cid)
+            for f in self.storage.listdir(f"client_state/{name}"):
+                if not f.endswith(".pkl") or int(f[:-4]) != keep:
+                    self.storage.delete(f"client_state/{name}/{f}")

@@ -1,0 +1,47 @@
+"""The one RNG-derivation helper: every random draw comes from (seed, round, client, purpose).
+
+Nothing in fedray reads global RNG state, so a client's draws do not depend on which
+executor ran it or in which order. ``round=-1`` / ``client=-1`` mean "not tied to a round /
+a client" (e.g. the data partition, the model's initial weights).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+
+def _purpose_key(purpose: str) -> int:
+    return int.from_bytes(hashlib.blake2b(purpose.encode(), digest_size=8).digest(), "little")
+
+
+def seed_sequence(seed: int, round: int = -1, client: int = -1,
+                  purpose: str = "") -> np.random.SeedSequence:
+    """A ``SeedSequence`` unique to (seed, round, client, purpose)."""
+    if seed < 0 or round < -1 or client < -1:
+        raise ValueError(f"seed >= 0, round >= -1, client >= -1 required, got "
+                         f"{(seed, round, client)}")
+    return np.random.SeedSequence(entropy=seed,
+                                  spawn_key=(round + 1, client + 1, _purpose_key(purpose)))
+
+
+def derive_seed(seed: int, round: int = -1, client: int = -1, purpose: str = "") -> int:
+    """A 63-bit integer seed (fits ``torch.Generator.manual_seed``)."""
+    state = seed_sequence(seed, round, client, purpose).generate_state(2, np.uint32)
+    return int((int(state[0]) << 32 | int(state[1])) & ((1 << 63) - 1))
+
+
+def rng(seed: int, round: int = -1, client: int = -1, purpose: str = "") -> np.random.Generator:
+    """A numpy ``Generator`` for (seed, round, client, purpose)."""
+    return np.random.Generator(np.random.PCG64(seed_sequence(seed, round, client, purpose)))
+
+
+def torch_generator(seed: int, round: int = -1, client: int = -1, purpose: str = "",
+                    device: str = "cpu"):
+    """A ``torch.Generator`` for (seed, round, client, purpose)."""
+    import torch
+
+    g = torch.Generator(device=device)
+    g.manual_seed(derive_seed(seed, round, client, purpose))
+    return g

@@ -1,0 +1,93 @@
+"""Plain PyTorch helpers shared by the methods: move parameters in and out of a model,
+run local SGD, evaluate. No Ray, no federated logic."""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedray.seeding import derive_seed, rng
+
+
+def get_state(model: nn.Module) -> dict[str, np.ndarray]:
+    """The model's parameters and buffers as float32 numpy arrays (copies)."""
+    return {k: v.detach().to("cpu", torch.float32).numpy().copy()
+            for k, v in model.state_dict().items()}
+
+
+def set_state(model: nn.Module, state: Mapping[str, np.ndarray]) -> None:
+    """Copy ``state`` into the model in place (no re-allocation)."""
+    own = model.state_dict()
+    missing = set(own) - set(state)
+    if missing:
+        raise KeyError(f"state lacks {sorted(missing)[:5]}")
+    with torch.no_grad():
+        for k, v in own.items():
+            v.copy_(torch.from_numpy(np.asarray(state[k])).reshape(v.shape))
+
+
+def batches(n: int, batch_size: int, epochs: int, seed: int, round: int, client: int,
+            max_steps: int | None = None):
+    """Index batches for local training: a fresh permutation per epoch from
+    (seed, round, client, "shuffle-e{epoch}")."""
+    steps = 0
+    for epoch in range(epochs):
+        perm = rng(seed, round, client, f"shuffle-e{epoch}").permutation(n)
+        for start in range(0, n, batch_size):
+            if max_steps is not None and steps >= max_steps:
+                return
+            yield perm[start:start + batch_size]
+            steps += 1
+
+
+def train_local(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int,
+                batch_size: int, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
+                seed: int, round: int, client: int, max_steps: int | None = None,
+                device: str = "cpu",
+                grad_hook: Callable[[list[torch.Tensor]], None] | None = None,
+                optimizer_state: dict | None = None) -> tuple[dict[str, float], dict | None]:
+    """Local SGD on (x, y). ``grad_hook(params)`` may edit gradients before each step
+    (FedProx adds its proximal gradient there). Returns (metrics, optimizer state)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if optimizer_state is not None:
+        opt.load_state_dict(optimizer_state)
+    xt = torch.from_numpy(x).to(device)
+    yt = torch.from_numpy(y).to(device)
+    loss_fn = nn.CrossEntropyLoss()
+    model.train()
+    total, steps = 0.0, 0
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(seed, round, client, "torch-local"))
+        for idx in batches(len(x), batch_size, epochs, seed, round, client, max_steps):
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(xt[idx]), yt[idx])
+            loss.backward()
+            if grad_hook is not None:
+                grad_hook(params)
+            opt.step()
+            total += float(loss.detach())
+            steps += 1
+    state = opt.state_dict() if momentum > 0 else None
+    return {"train_loss": total / max(steps, 1), "steps": float(steps)}, state
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, device: str = "cpu",
+             batch_size: int = 1024) -> dict[str, float]:
+    """Mean cross-entropy and accuracy of ``model`` on (x, y)."""
+    model.eval()
+    n = len(x)
+    if n == 0:
+        return {"loss": float("nan"), "accuracy": float("nan"), "n": 0.0}
+    loss, correct = 0.0, 0
+    for start in range(0, n, batch_size):
+        xb = torch.from_numpy(x[start:start + batch_size]).to(device)
+        yb = torch.from_numpy(y[start:start + batch_size]).to(device)
+        out = model(xb)
+        loss += float(nn.functional.cross_entropy(out, yb, reduction="sum"))
+        correct += int((out.argmax(1) == yb).sum())
+    return {"loss": loss / n, "accuracy": correct / n, "n": float(n)}
