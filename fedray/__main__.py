@@ -1,0 +1,3 @@
+from fedray.cli import main
+
+main()

@@ -1,0 +1,237 @@
+"""The ``fedray`` command line. Every informational command takes ``--json`` and then prints
+exactly one JSON object on stdout (progress and logs go to stderr)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from fedray.config import ConfigError, field_help, load_config
+
+app = typer.Typer(
+    name="fedray",
+    help="Federated-learning simulation on Ray.\n\n"
+         "Run an experiment from a YAML/TOML config (`fedray run CONFIG -s local.lr=0.1`), "
+         "continue an interrupted one (`fedray run --resume RUN_DIR`), plot it "
+         "(`fedray report RUN_DIR`), overlay several (`fedray compare A B`), inspect models "
+         "(`fedray models show resnet18 --num-classes 100`). `fedray demo` runs the embedded "
+         "default offline.",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+models_app = typer.Typer(help="List the model registry or profile one model.",
+                         invoke_without_command=True, no_args_is_help=False)
+app.add_typer(models_app, name="models")
+
+DEMO_CONFIG = "fedavg_digits.yaml"
+JSON_OPT = typer.Option(False, "--json", help="Print one JSON object on stdout, nothing else.")
+SET_OPT = typer.Option(None, "--set", "-s",
+                       help="Override a config key, e.g. -s local.lr=0.1 -s clients.fraction=0.5"
+                            " (repeatable; values are parsed as YAML).")
+
+
+def emit(obj: Any, as_json: bool, text: str | None = None) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(obj, default=str) + "\n")
+    else:
+        typer.echo(text if text is not None else json.dumps(obj, indent=2, default=str))
+
+
+def fail(msg: str, as_json: bool, code: int = 2) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps({"error": msg}) + "\n")
+    else:
+        typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(code)
+
+
+def demo_config_path() -> Path:
+    return Path(str(resources.files("fedray") / "configs" / DEMO_CONFIG))
+
+
+def _summary_text(s: dict) -> str:
+    def pct(v: Any) -> str:
+        return "–" if v is None else f"{100 * v:.2f}%"
+
+    acc = (f"global accuracy {pct(s['final_global_accuracy'])} "
+           f"(best {pct(s['best_global_accuracy'])}), "
+           f"personalized {pct(s['final_personalized_accuracy'])}")
+    return (f"run dir: {s['run_dir']}\n"
+            f"{s['algorithm']} · {s['model']} · {s['dataset']} · {s['num_clients']} clients · "
+            f"{s['rounds']} rounds in {s['wall_seconds']:.1f}s\n{acc}\n"
+            f"bytes up {s['total_upload_bytes']:,} · down {s['total_download_bytes']:,} · "
+            f"client failures {s['client_failures']} · "
+            f"executor restarts {s['executor_restarts']}")
+
+
+@app.command()
+def run(config: Optional[Path] = typer.Argument(
+            None, help="Experiment config (.yaml/.toml/.json). Omit with --resume."),
+        set_: Optional[list[str]] = SET_OPT,
+        run_dir: Optional[str] = typer.Option(
+            None, "--run-dir", "-o", help="Where the run is written (path or pyarrow.fs URI;"
+                                          " default runs/NAME-TIMESTAMP)."),
+        resume: Optional[str] = typer.Option(
+            None, "--resume", help="Continue the run in this directory from its latest "
+                                   "checkpoint (only -s rounds=N may change)."),
+        progress: bool = typer.Option(True, "--progress/--no-progress",
+                                      help="Show a progress bar on stderr."),
+        as_json: bool = JSON_OPT) -> None:
+    """Run a federated experiment (or resume one) and print its summary."""
+    from fedray.runtime import resume_config, run_experiment
+
+    try:
+        if resume:
+            cfg = resume_config(resume, set_ or [])
+            target = resume
+        else:
+            if config is None:
+                fail("give a CONFIG file (or --resume RUN_DIR); `fedray demo` runs the "
+                     "embedded default", as_json)
+            cfg = load_config(config, set_ or [])
+            target = run_dir
+        summary = run_experiment(cfg, target, resume=bool(resume), progress=progress)
+    except ConfigError as e:
+        fail(str(e), as_json)
+    emit(summary, as_json, _summary_text(summary))
+
+
+@app.command()
+def demo(rounds: Optional[int] = typer.Option(None, help="Rounds (default: the config's 30)."),
+         run_dir: Optional[str] = typer.Option(None, "--run-dir", "-o",
+                                               help="Where the run is written."),
+         report_: bool = typer.Option(True, "--report/--no-report",
+                                      help="Draw the report after the run."),
+         progress: bool = typer.Option(True, "--progress/--no-progress"),
+         as_json: bool = JSON_OPT) -> None:
+    """Run the embedded default offline: FedAvg, MLP, scikit-learn digits, 20 clients."""
+    from fedray.report import report as make_report
+    from fedray.runtime import run_experiment
+
+    overrides = [f"rounds={rounds}"] if rounds else []
+    cfg = load_config(demo_config_path(), overrides)
+    summary = run_experiment(cfg, run_dir, progress=progress)
+    if report_:
+        summary["report"] = make_report(summary["run_dir"])["markdown"]
+    emit(summary, as_json, _summary_text(summary)
+         + (f"\nreport: {summary['report']}" if report_ else ""))
+
+
+@app.command()
+def report(run_dir: str = typer.Argument(..., help="A run directory."),
+           out: Optional[str] = typer.Option(None, help="Output folder (default RUN_DIR/report)."),
+           as_json: bool = JSON_OPT) -> None:
+    """Plot a run (accuracy vs round, accuracy vs cumulative bytes, per tier) and write a
+    Markdown summary."""
+    from fedray.report import report as make_report
+
+    if not os.path.isdir(run_dir):
+        fail(f"run directory {run_dir!r} does not exist", as_json)
+    try:
+        res = make_report(run_dir, out)
+    except FileNotFoundError as e:
+        fail(str(e), as_json)
+    emit(res, as_json, f"wrote {res['markdown']}\n" + "\n".join(res["plots"]))
+
+
+@app.command()
+def compare(run_dirs: list[str] = typer.Argument(..., help="Two or more run directories."),
+            out: Optional[str] = typer.Option(None, help="Output folder "
+                                                         "(default compare-TIMESTAMP)."),
+            as_json: bool = JSON_OPT) -> None:
+    """Overlay several runs in the same plots and one Markdown table."""
+    from fedray.report import compare as make_compare
+
+    missing = [d for d in run_dirs if not os.path.isdir(d)]
+    if missing:
+        fail(f"not run directories: {missing}", as_json)
+    out = out or f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        res = make_compare(run_dirs, out)
+    except FileNotFoundError as e:
+        fail(str(e), as_json)
+    emit(res, as_json, f"wrote {res['markdown']}\n" + "\n".join(res["plots"]))
+
+
+@app.command("config")
+def config_cmd(config: Optional[Path] = typer.Argument(None, help="A config file to resolve."),
+               set_: Optional[list[str]] = SET_OPT,
+               keys: bool = typer.Option(False, "--keys", help="List every key with its "
+                                                               "type and meaning."),
+               as_json: bool = JSON_OPT) -> None:
+    """Validate a config and print it fully resolved (defaults filled in)."""
+    if keys:
+        rows = [{"key": k, "type": t, "help": h} for k, t, h in field_help()]
+        emit({"keys": rows}, as_json,
+             "\n".join(f"{r['key']:<34} {r['type']:<40} {r['help']}" for r in rows))
+        return
+    try:
+        cfg = load_config(config, set_ or [])
+    except ConfigError as e:
+        fail(str(e), as_json)
+    import yaml
+
+    emit(cfg.to_dict(), as_json, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def _parse_shape(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    return tuple(int(v) for v in text.replace("x", ",").split(",") if v.strip())
+
+
+DEFAULT_SHAPES = {"mlp": (784,), "cnn": (1, 28, 28), "lstm": (1, 28, 28),
+                  "resnet18": (3, 32, 32), "resnet34": (3, 32, 32)}
+
+
+@models_app.callback()
+def models_list(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
+    """List the registered models (`fedray models show NAME` profiles one)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from fedray.models import list_models
+
+    rows = list_models()
+    emit({"models": rows}, as_json,
+         "\n".join(f"{m['name']:<10} {m['description']}  {m['kwargs']}" for m in rows))
+
+
+@models_app.command("show")
+def models_show(name: str = typer.Argument(..., help="Model name, see `fedray models`."),
+                num_classes: int = typer.Option(10, "--num-classes", min=2),
+                input_shape: Optional[str] = typer.Option(
+                    None, "--input-shape", help="Per-sample shape, e.g. 3,32,32 "
+                                                "(default depends on the model)."),
+                set_: Optional[list[str]] = typer.Option(
+                    None, "--set", "-s", help="Builder keyword, e.g. -s width=32."),
+                as_json: bool = JSON_OPT) -> None:
+    """Build one model and print its parameters and forward FLOPs for one input
+    (conv + linear, 2 FLOPs per multiply-add), measured on the built model."""
+    from fedray.config import check_kwargs, parse_override
+    from fedray.models import build_model, get_model_builder, profile_model
+
+    try:
+        builder = get_model_builder(name, path="NAME")
+        kwargs = {".".join(k): v for k, v in (parse_override(s) for s in (set_ or []))}
+        kwargs = check_kwargs(builder, kwargs, "model")
+        shape = _parse_shape(input_shape) or DEFAULT_SHAPES.get(name, (3, 32, 32))
+        prof = profile_model(build_model(name, shape, num_classes, **kwargs), shape)
+    except (ConfigError, ValueError) as e:
+        fail(str(e), as_json)
+    out = {"name": name, "num_classes": num_classes, **prof, "gflops": prof["flops"] / 1e9}
+    emit(out, as_json, f"{name} ({num_classes} classes, input {tuple(shape)}): "
+                       f"{prof['parameters']:,} parameters, {prof['flops']:,} FLOPs "
+                       f"({prof['flops'] / 1e9:.3f} GFLOPs) per forward of one input")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

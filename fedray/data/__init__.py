@@ -1,0 +1,39 @@
+"""Datasets, client partitions and the per-client federated view of a dataset."""
+
+from fedray.data.datasets import (
+    Dataset,
+    load_cifar,
+    load_dataset,
+    load_digits,
+    make_synthetic,
+    stratified_split,
+)
+from fedray.data.federated import FederatedData, build_federated, local_split
+from fedray.data.partition import (
+    SCHEMES,
+    PartitionError,
+    dirichlet,
+    iid,
+    partition,
+    pathological,
+    quantity,
+)
+
+__all__ = [
+    "SCHEMES",
+    "Dataset",
+    "FederatedData",
+    "PartitionError",
+    "build_federated",
+    "dirichlet",
+    "iid",
+    "load_cifar",
+    "load_dataset",
+    "load_digits",
+    "local_split",
+    "make_synthetic",
+    "partition",
+    "pathological",
+    "quantity",
+    "stratified_split",
+]

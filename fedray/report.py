@@ -1,0 +1,176 @@
+"""``fedray report`` and ``fedray compare``: PNG plots and a Markdown summary of runs.
+
+Plots: accuracy vs round (global test set, and personalized = mean over clients of the
+global model on each client's local test split, with its spread), accuracy vs cumulative
+bytes (log x: the communication/accuracy trade-off), and per-tier personalized accuracy
+when a run has several capacity tiers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from fedray.metrics import read_metrics
+
+
+def _load(run_dir: str) -> dict[str, Any]:
+    rounds = read_metrics(run_dir, "rounds").to_pandas()
+    try:
+        clients = read_metrics(run_dir, "clients").to_pandas()
+    except FileNotFoundError:
+        clients = None
+    summary = {}
+    path = os.path.join(run_dir, "summary.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            summary = json.load(f)
+    label = summary.get("name") or os.path.basename(os.path.normpath(run_dir))
+    return {"dir": run_dir, "rounds": rounds, "clients": clients, "summary": summary,
+            "label": label}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _accuracy_plots(runs: list[dict], out_dir: str) -> list[str]:
+    plt = _plt()
+    paths = []
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for run in runs:
+        r = run["rounds"]
+        ev = r[~r["global_accuracy"].isna()]
+        axes[0].plot(ev["round"], ev["global_accuracy"], marker=".", label=run["label"])
+        pe = r[~r["personalized_accuracy"].isna()]
+        line, = axes[1].plot(pe["round"], pe["personalized_accuracy"], marker=".",
+                             label=run["label"])
+        axes[1].fill_between(pe["round"], pe["personalized_accuracy"]
+                             - pe["personalized_accuracy_std"], pe["personalized_accuracy"]
+                             + pe["personalized_accuracy_std"], color=line.get_color(),
+                             alpha=0.15)
+    axes[0].set(title="Global test accuracy", xlabel="round", ylabel="accuracy")
+    axes[1].set(title="Personalized accuracy (mean ± std over clients)", xlabel="round")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(os.path.join(out_dir, "accuracy_vs_round.png"))
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run in runs:
+        r = run["rounds"]
+        ev = r[~r["global_accuracy"].isna()]
+        ax.plot(ev["cum_bytes"], ev["global_accuracy"], marker=".", label=run["label"])
+    ax.set_xscale("log")
+    ax.set(title="Accuracy vs communication", xlabel="cumulative bytes (up + down)",
+           ylabel="global test accuracy")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(os.path.join(out_dir, "accuracy_vs_bytes.png"))
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    tiered = [run for run in runs if run["clients"] is not None
+              and "eval_accuracy" in run["clients"] and run["clients"]["tier"].nunique() > 1]
+    if tiered:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for run in tiered:
+            c = run["clients"].dropna(subset=["eval_accuracy"])
+            for tier, g in c.groupby("tier"):
+                m = g.groupby("round")["eval_accuracy"].mean()
+                ax.plot(m.index, m.values, marker=".", label=f"{run['label']} · {tier}")
+        ax.set(title="Personalized accuracy per tier", xlabel="round", ylabel="accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(os.path.join(out_dir, "accuracy_per_tier.png"))
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
+    return paths
+
+
+def _row(run: dict) -> dict[str, Any]:
+    r = run["rounds"]
+    ev = r[~r["global_accuracy"].isna()]
+    last = ev.iloc[-1] if len(ev) else None
+
+    def f(v: Any) -> Any:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return None
+        return float(v) if isinstance(v, (float, np.floating)) else int(v)
+
+    return {
+        "run": run["label"], "rounds": int(r["round"].max()),
+        "final_global_accuracy": f(last["global_accuracy"]) if last is not None else None,
+        "best_global_accuracy": f(ev["global_accuracy"].max()) if len(ev) else None,
+        "final_personalized_accuracy": f(last["personalized_accuracy"])
+        if last is not None else None,
+        "personalized_accuracy_std": f(last["personalized_accuracy_std"])
+        if last is not None else None,
+        "total_bytes": f(r["cum_bytes"].iloc[-1]),
+        "upload_bytes_per_round": f(r["upload_bytes"].mean()),
+        "mean_round_seconds": f(r["seconds"].mean()),
+        "client_failures": f(r["failed"].sum() + r["rejected"].sum()),
+    }
+
+
+def _markdown(rows: list[dict], title: str, plots: list[str], out_dir: str) -> str:
+    cols = list(rows[0])
+    fmt = {"total_bytes": "{:,.0f}", "upload_bytes_per_round": "{:,.0f}"}
+    lines = [f"# {title}", "", "| " + " | ".join(cols) + " |",
+             "|" + "---|" * len(cols)]
+    for row in rows:
+        cells = []
+        for c in cols:
+            v = row[c]
+            if v is None:
+                cells.append("–")
+            elif isinstance(v, float):
+                cells.append(fmt.get(c, "{:.4f}").format(v))
+            else:
+                cells.append(f"{v:,}" if isinstance(v, int) else str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for p in plots:
+        lines.append(f"![{os.path.basename(p)}]({os.path.relpath(p, out_dir)})")
+    return "\n".join(lines) + "\n"
+
+
+def report(run_dir: str, out_dir: str | None = None) -> dict[str, Any]:
+    """Plots and REPORT.md for one run (default into RUN_DIR/report)."""
+    run = _load(run_dir)
+    out_dir = out_dir or os.path.join(run_dir, "report")
+    os.makedirs(out_dir, exist_ok=True)
+    plots = _accuracy_plots([run], out_dir)
+    row = _row(run)
+    md = os.path.join(out_dir, "REPORT.md")
+    with open(md, "w") as f:
+        f.write(_markdown([row], f"fedray run: {run['label']}", plots, out_dir))
+    return {"run_dir": run_dir, "out_dir": out_dir, "plots": plots, "markdown": md,
+            "metrics": row}
+
+
+def compare(run_dirs: list[str], out_dir: str) -> dict[str, Any]:
+    """Overlay several runs in the same plots and one table."""
+    runs = [_load(d) for d in run_dirs]
+    os.makedirs(out_dir, exist_ok=True)
+    plots = _accuracy_plots(runs, out_dir)
+    rows = [_row(r) for r in runs]
+    md = os.path.join(out_dir, "COMPARE.md")
+    with open(md, "w") as f:
+        f.write(_markdown(rows, "fedray comparison", plots, out_dir))
+    return {"runs": run_dirs, "out_dir": out_dir, "plots": plots, "markdown": md,
+            "metrics": rows}
