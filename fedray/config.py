@@ -417,12 +417,12 @@ def validate(cfg: ExperimentConfig) -> None:
                           f"a round in 1..rounds = {cfg.rounds}")
 
     model = dict(cfg.model)
-    name = model.pop("name", None)
+    name = model.pop("name", "mlp")
     builder = get_model_builder(name, path="model.name")
     cfg.model = {"name": name, **check_kwargs(builder, model, "model")}
 
     algo = dict(cfg.algorithm)
-    aname = algo.pop("name", None)
+    aname = algo.pop("name", "fedavg")
     algorithm_cls = get_algorithm(aname, path="algorithm.name")
     params = build_dataclass(algorithm_cls.Params, algo, "algorithm")
     cfg.algorithm = {"name": aname, **dataclasses.asdict(params)}

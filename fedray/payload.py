@@ -42,7 +42,8 @@ def _quantize(x: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
     lo = float(flat.min()) if flat.size else 0.0
     hi = float(flat.max()) if flat.size else 0.0
     scale = (hi - lo) / levels if hi > lo else 1.0
-    q = np.clip(np.rint((flat - lo) / scale), 0, levels).astype(np.uint8)
+    with np.errstate(invalid="ignore", divide="ignore"):  # NaN inputs are caught upstream
+        q = np.clip(np.rint((flat - lo) / scale), 0, levels).astype(np.uint8)
     if bits == 4:
         if q.size % 2:
             q = np.append(q, np.uint8(0))

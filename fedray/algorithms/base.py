@@ -63,6 +63,7 @@ class ClientResult:
     error: str = ""
     upload_bytes: int = 0
     seconds: float = 0.0
+    executor: str = ""
 
     @property
     def ok(self) -> bool:

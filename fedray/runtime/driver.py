@@ -194,6 +194,7 @@ class Driver:
                 up += res.upload_bytes
                 down += d
                 row.update(status=res.status, error=res.error, attempts=attempts[c],
+                           executor=res.executor,
                            num_samples=res.num_samples, upload_bytes=res.upload_bytes,
                            download_bytes=d, seconds=res.seconds,
                            **{k: float(v) for k, v in res.metrics.items()})

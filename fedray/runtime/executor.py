@@ -29,6 +29,7 @@ class ClientExecutor:
 
         torch.set_num_threads(cfg.runtime.threads_per_executor)
         self.cfg, self.tier, self.index = cfg, tier, index
+        self.name = f"{tier}/{index}"
         self.data = data
         self.device = "cuda" if torch.cuda.is_available() and cfg.runtime.device != "cpu" \
             else "cpu"
@@ -75,11 +76,13 @@ class ClientExecutor:
                     metrics["state_bytes"] = float(self.store.save(cid, round, result.state))
                 out.append(ClientResult(cid, round, "ok", result.num_samples, payload, metrics,
                                         upload_bytes=payload.nbytes,
-                                        seconds=time.perf_counter() - t0))
+                                        seconds=time.perf_counter() - t0,
+                                        executor=self.name))
             except Exception as e:  # noqa: BLE001 — reported per client, never swallowed
                 tb = traceback.format_exception_only(type(e), e)[-1].strip()
                 out.append(ClientResult(cid, round, "error", error=tb,
-                                        seconds=time.perf_counter() - t0))
+                                        seconds=time.perf_counter() - t0,
+                                        executor=self.name))
         return out
 
     def evaluate_clients(self, key: str, broadcast: Payload, round: int, clients: list[int]

@@ -39,75 +39,125 @@ def init_ray(cfg: ExperimentConfig) -> bool:
     return True
 
 
+class Experiment:
+    """One experiment's lifetime: ``start()`` places the driver and executors, ``step()``
+    runs one round, ``close()`` writes the summary and releases everything.
+
+    Validation and data building happen in ``__init__``, before any Ray work.
+    """
+
+    def __init__(self, cfg: ExperimentConfig, run_dir: str | None = None, *,
+                 resume: bool = False, algorithm_cls: type | None = None):
+        from fedray.algorithms import get_algorithm
+        from fedray.data import build_federated
+
+        self.cfg, self.resume = cfg, resume
+        self.algorithm_cls = algorithm_cls or get_algorithm(cfg.algorithm["name"])
+        self.run_dir = run_dir or cfg.run_dir or default_run_dir(cfg)
+        self.storage = Storage(self.run_dir)
+        if not resume and self.storage.exists("checkpoints/LATEST"):
+            raise ConfigError("run_dir", self.run_dir, "a new directory (this one holds a "
+                                                       "run: use --resume to continue it)")
+        self.data = build_federated(cfg.data, cfg.clients.num_clients, cfg.seed)
+        if not resume:
+            self.storage.write_bytes("config.yaml", yaml.safe_dump(
+                cfg.to_dict(), sort_keys=False).encode())
+            self.storage.write_bytes("data.json", json.dumps(self.data.summary()).encode())
+        self.driver: Any = None
+        self.started_ray = False
+        self.round = 0
+        self.rows: list[dict] = []
+        self.t_start = time.perf_counter()
+
+    def start(self) -> dict:
+        import ray
+
+        from fedray.runtime.driver import Driver
+        from fedray.runtime.pool import check_fits
+
+        self.t_start = time.perf_counter()
+        self.started_ray = init_ray(self.cfg)
+        if self.started_ray:
+            check_fits(self.cfg)
+        data_ref = ray.put(self.data)
+        self.driver = ray.remote(Driver).options(num_cpus=0, max_restarts=0).remote(
+            self.cfg, self.algorithm_cls, [data_ref], self.storage.uri)
+        try:
+            self.info = ray.get(self.driver.setup.remote(self.resume))
+        except Exception:
+            self.release()
+            raise
+        self.round = self.info["round"]
+        return self.info
+
+    @property
+    def done(self) -> bool:
+        return self.round >= self.cfg.rounds
+
+    def step(self) -> dict:
+        import ray
+
+        row = ray.get(self.driver.run_round.remote())
+        self.round = row["round"]
+        self.rows.append(row)
+        return row
+
+    def close(self) -> dict[str, Any]:
+        import ray
+
+        finish = ray.get(self.driver.finish.remote())
+        self.release()
+        summary = _summary(self.cfg, self.run_dir, self.rows, finish, self.info,
+                           time.perf_counter() - self.t_start)
+        self.storage.write_bytes("summary.json", json.dumps(summary, indent=2).encode())
+        return summary
+
+    def release(self) -> None:
+        import ray
+
+        if self.driver is not None:
+            try:
+                ray.get(self.driver.shutdown.remote())
+            except Exception:  # noqa: BLE001 — the driver may already be gone
+                pass
+            ray.kill(self.driver)
+            self.driver = None
+        if self.started_ray:
+            ray.shutdown()
+            self.started_ray = False
+
+
 def run_experiment(cfg: ExperimentConfig, run_dir: str | None = None, *, resume: bool = False,
                    progress: bool = True, algorithm_cls: type | None = None,
                    on_round: Callable[[dict], None] | None = None) -> dict[str, Any]:
     """Run ``cfg`` (or continue the run in ``run_dir`` when ``resume``); return the summary."""
-    import ray
-
-    from fedray.algorithms import get_algorithm
-    from fedray.data import build_federated
-    from fedray.runtime.driver import Driver
-    from fedray.runtime.pool import check_fits
-
-    algorithm_cls = algorithm_cls or get_algorithm(cfg.algorithm["name"])
-    run_dir = run_dir or cfg.run_dir or default_run_dir(cfg)
-    storage = Storage(run_dir)
-    if not resume and storage.exists("checkpoints/LATEST"):
-        raise ConfigError("run_dir", run_dir,
-                          "a new directory (this one holds a run: use --resume to continue it)")
-    data = build_federated(cfg.data, cfg.clients.num_clients, cfg.seed)
-    if not resume:
-        storage.write_bytes("config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False)
-                            .encode())
-        storage.write_bytes("data.json", json.dumps(data.summary()).encode())
-
-    t_start = time.perf_counter()
-    started = init_ray(cfg)
-    if started:
-        check_fits(cfg)
-    driver = None
-    try:
-        data_ref = ray.put(data)
-        driver = ray.remote(Driver).options(num_cpus=0, max_restarts=0).remote(
-            cfg, algorithm_cls, [data_ref], storage.uri)
-        info = ray.get(driver.setup.remote(resume))
-        rows = _loop(driver, cfg, info["round"], progress, on_round)
-        finish = ray.get(driver.finish.remote())
-        ray.get(driver.shutdown.remote())
-    finally:
-        if driver is not None:
-            ray.kill(driver)
-        if started:
-            ray.shutdown()
-    summary = _summary(cfg, run_dir, rows, finish, info, time.perf_counter() - t_start)
-    storage.write_bytes("summary.json", json.dumps(summary, indent=2).encode())
-    return summary
-
-
-def _loop(driver: Any, cfg: ExperimentConfig, start: int, progress: bool,
-          on_round: Callable[[dict], None] | None) -> list[dict]:
-    import ray
     from tqdm.auto import tqdm
 
-    rows = []
-    bar = tqdm(total=cfg.rounds, initial=start, desc=cfg.name, unit="round",
-               disable=not progress, file=sys.stderr, dynamic_ncols=True)
-    for _ in range(start, cfg.rounds):
-        row = ray.get(driver.run_round.remote())
-        rows.append(row)
-        bar.update(1)
-        post = {"loss": row["train_loss"]}
-        for key, short in (("global_accuracy", "acc"), ("personalized_accuracy", "pacc")):
-            if not math.isnan(row[key]):
-                post[short] = row[key]
-        if row["failed"] or row["rejected"]:
-            post["failed"] = row["failed"] + row["rejected"]
-        bar.set_postfix({k: round(v, 4) for k, v in post.items()})
-        if on_round is not None:
-            on_round(row)
-    bar.close()
-    return rows
+    exp = Experiment(cfg, run_dir, resume=resume, algorithm_cls=algorithm_cls)
+    try:
+        exp.start()
+        bar = tqdm(total=cfg.rounds, initial=exp.round, desc=cfg.name, unit="round",
+                   disable=not progress, file=sys.stderr, dynamic_ncols=True)
+        while not exp.done:
+            row = exp.step()
+            bar.update(1)
+            bar.set_postfix(_postfix(row))
+            if on_round is not None:
+                on_round(row)
+        bar.close()
+        return exp.close()
+    finally:
+        exp.release()
+
+
+def _postfix(row: dict) -> dict[str, float]:
+    post = {"loss": row["train_loss"]}
+    for key, short in (("global_accuracy", "acc"), ("personalized_accuracy", "pacc")):
+        if not math.isnan(row[key]):
+            post[short] = row[key]
+    if row["failed"] or row["rejected"]:
+        post["failed"] = row["failed"] + row["rejected"]
+    return {k: round(v, 4) for k, v in post.items()}
 
 
 def _summary(cfg: ExperimentConfig, run_dir: str, rows: list[dict], finish: dict,
@@ -157,4 +207,4 @@ def resume_config(run_dir: str, overrides: list[str] = ()) -> ExperimentConfig:
     return load_config(None, overrides, base=base)
 
 
-__all__ = ["init_ray", "resume_config", "run_experiment"]
+__all__ = ["Experiment", "init_ray", "resume_config", "run_experiment"]

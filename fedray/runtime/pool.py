@@ -131,12 +131,17 @@ class ExecutorPool:
         flight: dict[Any, tuple[str, int, int, tuple[str, tuple]]] = {}
 
         def fill(tier: str) -> None:
-            for index, actor in enumerate(self.executors[tier]):
-                key = (tier, index, self.generation.get((tier, index), 0))
-                while pending[tier] and busy.get(key, 0) < self.inflight:
-                    method, args = pending[tier].popleft()
-                    flight[getattr(actor, method).remote(*args)] = (*key, (method, args))
-                    busy[key] = busy.get(key, 0) + 1
+            """Round-robin over the tier's executors, up to ``inflight`` calls each."""
+            room = True
+            while pending[tier] and room:
+                room = False
+                for index, actor in enumerate(self.executors[tier]):
+                    key = (tier, index, self.generation.get((tier, index), 0))
+                    if pending[tier] and busy.get(key, 0) < self.inflight:
+                        method, args = pending[tier].popleft()
+                        flight[getattr(actor, method).remote(*args)] = (*key, (method, args))
+                        busy[key] = busy.get(key, 0) + 1
+                        room = True
 
         for tier in pending:
             fill(tier)

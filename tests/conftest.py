@@ -1,0 +1,43 @@
+"""Shared fixtures: one real local Ray instance per test session (2 CPUs, plus one
+declared GPU so fractional-GPU placement can be tested without a GPU)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    import ray
+
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")
+    yield ray
+    ray.shutdown()
+
+
+def tiny_overrides(**extra) -> list[str]:
+    """A small, fast experiment: 6 clients on digits, MLP, 2 executors of 0.5 CPU."""
+    base = {
+        "rounds": 3, "seed": 7, "clients.num_clients": 6, "clients.fraction": 1.0,
+        "model.hidden": "[32]", "local.batch_size": 16, "local.epochs": 1,
+        "data.partition": "dirichlet", "data.alpha": 1.0,
+        "runtime.tiers": "[{name: default, executors: 2, num_cpus: 0.5}]",
+        "runtime.placement_timeout_s": 60,
+    }
+    base.update(extra)
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+@pytest.fixture
+def tiny_cfg():
+    from fedray.config import load_config
+
+    def make(**extra):
+        return load_config(None, tiny_overrides(**extra))
+
+    return make

@@ -1,0 +1,69 @@
+import json
+
+import numpy as np
+import pytest
+
+from fedray.payload import Payload
+
+
+def tensors(seed=0):
+    g = np.random.default_rng(seed)
+    return {"w": g.normal(size=(33, 7)).astype(np.float32),
+            "b": g.normal(size=(7,)).astype(np.float32),
+            "s": np.array(3.5, dtype=np.float32)}
+
+
+def header_len(t, codec):
+    entries = [[k, list(np.shape(v))] for k, v in t.items()]
+    return len(json.dumps({"codec": codec, "tensors": entries}, separators=(",", ":")).encode())
+
+
+@pytest.mark.parametrize("codec,per_value,extra", [
+    ("fp32", 4.0, 0), ("bf16", 2.0, 0), ("int8", 1.0, 8), ("int4", 0.5, 8)])
+def test_exact_bytes(codec, per_value, extra):
+    t = tensors()
+    p = Payload.encode(t, codec)
+    values = 0
+    for v in t.values():
+        values += int(np.ceil(v.size * per_value)) + extra
+    assert p.nbytes == header_len(t, codec) + values
+
+
+def test_fp32_roundtrip_is_exact():
+    t = tensors()
+    d = Payload.encode(t, "fp32").decode()
+    for k in t:
+        assert np.array_equal(d[k], t[k])
+
+
+@pytest.mark.parametrize("codec,bits", [("int8", 8), ("int4", 4)])
+def test_quantization_error_within_half_step(codec, bits):
+    t = tensors(1)
+    d = Payload.encode(t, codec).decode()
+    for k, v in t.items():
+        step = (v.max() - v.min()) / (2 ** bits - 1) if v.size > 1 else 0.0
+        assert np.abs(d[k] - v).max() <= step / 2 + 1e-6
+        assert d[k].shape == v.shape
+
+
+def test_bf16_relative_error():
+    t = tensors(2)
+    d = Payload.encode(t, "bf16").decode()
+    for k, v in t.items():
+        assert np.all(np.abs(d[k] - v) <= np.abs(v) * 2 ** -8 + 1e-30)
+
+
+@pytest.mark.parametrize("codec", ["fp32", "bf16", "int8", "int4"])
+def test_nonfinite_detected(codec):
+    t = tensors()
+    assert Payload.encode(t, codec).all_finite()
+    t["w"][3, 2] = np.nan
+    assert not Payload.encode(t, codec).all_finite()
+    t = tensors()
+    t["b"][0] = np.inf
+    assert not Payload.encode(t, codec).all_finite()
+
+
+def test_unknown_codec():
+    with pytest.raises(ValueError, match="int4"):
+        Payload.encode(tensors(), "int3")

@@ -1,0 +1,207 @@
+"""The Ray runtime for real: determinism across executor counts, tiers, fractional GPUs,
+client state, fault tolerance, NaN rejection, placement errors, bytes and metrics."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from ray import cloudpickle as ray_cloudpickle
+
+from fedray.algorithms.fedavg import FedAvg
+from fedray.config import load_config
+from fedray.payload import Payload
+from fedray.runtime import Experiment, run_experiment
+from fedray.runtime.pool import PlacementError
+from fedray.runtime.storage import Storage
+
+ray_cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pytestmark = pytest.mark.ray
+
+
+def final_state(run_dir):
+    s = Storage(str(run_dir))
+    latest = int(s.read_bytes("checkpoints/LATEST").decode())
+    return s.read_pickle(f"checkpoints/{latest:06d}.pkl")["global_state"]
+
+
+def assert_bitwise_equal(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
+
+
+def test_bitwise_identical_with_1_2_3_executors_and_across_runs(ray_session, tiny_cfg, tmp_path):
+    states = []
+    for i, n in enumerate([1, 2, 3, 2]):
+        cfg = tiny_cfg(**{"runtime.tiers": f"[{{name: default, executors: {n}, num_cpus: 0.5}}]",
+                          "clients.fraction": 0.67, "local.momentum": 0.5,
+                          "local.keep_optimizer_state": "true"})
+        run_experiment(cfg, str(tmp_path / f"r{i}"), progress=False)
+        states.append(final_state(tmp_path / f"r{i}"))
+    for s in states[1:]:
+        assert_bitwise_equal(states[0], s)
+    clients = pq.read_table(tmp_path / "r2" / "clients.parquet").to_pandas()
+    assert clients["executor"].dropna().nunique() == 3
+
+
+def test_metrics_bytes_and_outputs(ray_session, tiny_cfg, tmp_path):
+    cfg = tiny_cfg(**{"payload.upload": "int8", "eval.local_before_after": "true"})
+    summary = run_experiment(cfg, str(tmp_path / "run"), progress=False)
+    run = tmp_path / "run"
+    for f in ["config.yaml", "data.json", "summary.json", "rounds.parquet", "clients.parquet"]:
+        assert (run / f).exists(), f
+    rounds = pq.read_table(run / "rounds.parquet").to_pandas()
+    clients = pq.read_table(run / "clients.parquet").to_pandas()
+    assert list(rounds["round"]) == [1, 2, 3]
+    g = final_state(run)
+    down = Payload.encode(g, "fp32").nbytes
+    up = Payload.encode(g, "int8").nbytes
+    trained = clients[clients["sampled"]]
+    assert (trained["download_bytes"] == down).all()
+    assert (trained["upload_bytes"] == up).all()
+    assert rounds["upload_bytes"].sum() == summary["total_upload_bytes"] == up * 6 * 3
+    assert rounds["cum_bytes"].iloc[-1] == (up + down) * 18
+    assert {"acc_before", "acc_after", "train_loss", "eval_accuracy"} <= set(clients.columns)
+    assert rounds["global_accuracy"].notna().all()
+    assert 0 <= summary["final_personalized_accuracy"] <= 1
+
+
+def test_tiers_and_fractional_gpu_placement(ray_session, tiny_cfg, tmp_path):
+    """Clients of tier T run only on tier-T executors; GPU executors get 0.25 of the
+    declared (fake) GPU, so four share it and CUDA_VISIBLE_DEVICES is set."""
+    cfg = tiny_cfg(**{
+        "runtime.device": "cuda",
+        "runtime.tiers": "[{name: big, executors: 1, num_cpus: 0.25, num_gpus: 0.25},"
+                         " {name: small, executors: 2, num_cpus: 0.25, num_gpus: 0.25}]",
+        "clients.tiers": "[big, small, small, big, small, small]", "rounds": 2})
+    exp = Experiment(cfg, str(tmp_path / "t"))
+    info = exp.start()
+    try:
+        assert sorted(e["tier"] for e in info["executors"]) == ["big", "small", "small"]
+        assert all(e["cuda_visible_devices"] != "" for e in info["executors"])
+        while not exp.done:
+            exp.step()
+        exp.close()
+    finally:
+        exp.release()
+    clients = pq.read_table(tmp_path / "t" / "clients.parquet").to_pandas()
+    trained = clients[clients["sampled"]]
+    assert (trained["executor"].str.split("/").str[0] == trained["tier"]).all()
+    assert set(trained[trained["tier"] == "big"]["client_id"]) == {0, 3}
+
+
+def test_unplaceable_executors_fail_clearly(ray_session, tiny_cfg, tmp_path):
+    cfg = tiny_cfg(**{"runtime.tiers": "[{name: default, executors: 3, num_cpus: 1}]",
+                      "runtime.placement_timeout_s": 3})
+    exp = Experiment(cfg, str(tmp_path / "p"))
+    t0 = time.monotonic()
+    with pytest.raises(PlacementError, match="placement_timeout_s"):
+        exp.start()
+    assert time.monotonic() - t0 < 60
+    exp.release()
+
+
+class FlakyFedAvg(FedAvg):
+    """Client 1 always raises; client 2 uploads NaN."""
+
+    name = "flaky-fedavg"
+
+    def client_update(self, ctx, broadcast):
+        if ctx.client_id == 1:
+            raise RuntimeError("disk on fire")
+        out = super().client_update(ctx, broadcast)
+        if ctx.client_id == 2:
+            first = next(iter(out.upload))
+            out.upload[first][...] = np.nan
+        return out
+
+
+def test_failing_client_recorded_and_nan_rejected(ray_session, tiny_cfg, tmp_path):
+    cfg = tiny_cfg(**{"runtime.max_client_retries": 2, "rounds": 2})
+    summary = run_experiment(cfg, str(tmp_path / "f"), progress=False,
+                             algorithm_cls=FlakyFedAvg)
+    clients = pq.read_table(tmp_path / "f" / "clients.parquet").to_pandas()
+    c1 = clients[(clients["client_id"] == 1) & clients["sampled"]]
+    assert (c1["status"] == "error").all() and (c1["attempts"] == 3).all()
+    assert c1["error"].str.contains("disk on fire").all()
+    c2 = clients[(clients["client_id"] == 2) & clients["sampled"]]
+    assert (c2["status"] == "rejected").all() and c2["error"].str.contains("NaN").all()
+    rounds = pq.read_table(tmp_path / "f" / "rounds.parquet").to_pandas()
+    assert (rounds["failed"] == 1).all() and (rounds["rejected"] == 1).all()
+    assert (rounds["ok"] == 4).all()
+    assert summary["client_failures"] == 2 and summary["rejected_uploads"] == 2
+    state = final_state(tmp_path / "f")
+    assert all(np.isfinite(v).all() for v in state.values())
+
+
+class SlowFedAvg(FedAvg):
+    """FedAvg whose clients take 0.3 s, so a round lasts long enough to kill an executor."""
+
+    name = "slow-fedavg"
+
+    def client_update(self, ctx, broadcast):
+        time.sleep(0.3)
+        return super().client_update(ctx, broadcast)
+
+
+def test_killed_executor_is_replaced_and_nothing_is_lost(ray_session, tiny_cfg, tmp_path):
+    import ray
+
+    cfg = tiny_cfg(**{"rounds": 2, "runtime.chunk_size": 1})
+    run_experiment(cfg, str(tmp_path / "ref"), progress=False, algorithm_cls=SlowFedAvg)
+    exp = Experiment(cfg, str(tmp_path / "k"), algorithm_cls=SlowFedAvg)
+    exp.start()
+    try:
+        exp.step()
+        victim = ray.get(exp.driver.executor_handles.remote())["default"][0]
+        killer = threading.Timer(0.5, lambda: ray.kill(victim))
+        killer.start()
+        row = exp.step()
+        killer.join()
+        exp.close()
+    finally:
+        exp.release()
+    assert row["executor_restarts"] == 1
+    assert row["ok"] == 6 and row["failed"] == 0
+    assert_bitwise_equal(final_state(tmp_path / "ref"), final_state(tmp_path / "k"))
+
+
+def test_resume_after_interrupt_matches_uninterrupted(ray_session, tiny_cfg, tmp_path):
+    """In-process variant: stop after round 2, resume in a new Experiment."""
+    cfg = tiny_cfg(**{"rounds": 4, "local.momentum": 0.9, "local.keep_optimizer_state": "true",
+                      "clients.fraction": 0.5})
+    run_experiment(cfg, str(tmp_path / "full"), progress=False)
+    exp = Experiment(cfg, str(tmp_path / "cut"))
+    exp.start()
+    exp.step()
+    exp.step()
+    exp.release()
+    summary = run_experiment(cfg, str(tmp_path / "cut"), resume=True, progress=False)
+    assert summary["rounds"] == 4 and summary["rounds_this_session"] == 2
+    assert_bitwise_equal(final_state(tmp_path / "full"), final_state(tmp_path / "cut"))
+    a = pq.read_table(tmp_path / "full" / "rounds.parquet").to_pandas()
+    b = pq.read_table(tmp_path / "cut" / "rounds.parquet").to_pandas()
+    assert list(b["round"]) == [1, 2, 3, 4]
+    assert np.array_equal(a["global_accuracy"].values, b["global_accuracy"].values)
+
+
+def test_new_run_refuses_existing_run_dir(ray_session, tiny_cfg, tmp_path):
+    from fedray.config import ConfigError
+
+    cfg = tiny_cfg(rounds=1)
+    run_experiment(cfg, str(tmp_path / "x"), progress=False)
+    with pytest.raises(ConfigError, match="--resume"):
+        Experiment(cfg, str(tmp_path / "x"))
+
+
+def test_config_errors_before_any_ray_work(tmp_path):
+    from fedray.config import ConfigError
+
+    cfg = load_config(None, ["clients.num_clients=1000", "data.min_samples=4"])
+    with pytest.raises(ConfigError, match="num_clients"):
+        Experiment(cfg, str(tmp_path / "e"))
