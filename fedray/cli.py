@@ -9,7 +9,7 @@ import sys
 import time
 from importlib import resources
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -70,13 +70,13 @@ def _summary_text(s: dict) -> str:
 
 
 @app.command()
-def run(config: Optional[Path] = typer.Argument(
+def run(config: Path | None = typer.Argument(
             None, help="Experiment config (.yaml/.toml/.json). Omit with --resume."),
-        set_: Optional[list[str]] = SET_OPT,
-        run_dir: Optional[str] = typer.Option(
+        set_: list[str] | None = SET_OPT,
+        run_dir: str | None = typer.Option(
             None, "--run-dir", "-o", help="Where the run is written (path or pyarrow.fs URI;"
                                           " default runs/NAME-TIMESTAMP)."),
-        resume: Optional[str] = typer.Option(
+        resume: str | None = typer.Option(
             None, "--resume", help="Continue the run in this directory from its latest "
                                    "checkpoint (only -s rounds=N may change)."),
         progress: bool = typer.Option(True, "--progress/--no-progress",
@@ -102,8 +102,8 @@ def run(config: Optional[Path] = typer.Argument(
 
 
 @app.command()
-def demo(rounds: Optional[int] = typer.Option(None, help="Rounds (default: the config's 30)."),
-         run_dir: Optional[str] = typer.Option(None, "--run-dir", "-o",
+def demo(rounds: int | None = typer.Option(None, help="Rounds (default: the config's 30)."),
+         run_dir: str | None = typer.Option(None, "--run-dir", "-o",
                                                help="Where the run is written."),
          report_: bool = typer.Option(True, "--report/--no-report",
                                       help="Draw the report after the run."),
@@ -124,7 +124,7 @@ def demo(rounds: Optional[int] = typer.Option(None, help="Rounds (default: the c
 
 @app.command()
 def report(run_dir: str = typer.Argument(..., help="A run directory."),
-           out: Optional[str] = typer.Option(None, help="Output folder (default RUN_DIR/report)."),
+           out: str | None = typer.Option(None, help="Output folder (default RUN_DIR/report)."),
            as_json: bool = JSON_OPT) -> None:
     """Plot a run (accuracy vs round, accuracy vs cumulative bytes, per tier) and write a
     Markdown summary."""
@@ -141,7 +141,7 @@ def report(run_dir: str = typer.Argument(..., help="A run directory."),
 
 @app.command()
 def compare(run_dirs: list[str] = typer.Argument(..., help="Two or more run directories."),
-            out: Optional[str] = typer.Option(None, help="Output folder "
+            out: str | None = typer.Option(None, help="Output folder "
                                                          "(default compare-TIMESTAMP)."),
             as_json: bool = JSON_OPT) -> None:
     """Overlay several runs in the same plots and one Markdown table."""
@@ -159,8 +159,8 @@ def compare(run_dirs: list[str] = typer.Argument(..., help="Two or more run dire
 
 
 @app.command("config")
-def config_cmd(config: Optional[Path] = typer.Argument(None, help="A config file to resolve."),
-               set_: Optional[list[str]] = SET_OPT,
+def config_cmd(config: Path | None = typer.Argument(None, help="A config file to resolve."),
+               set_: list[str] | None = SET_OPT,
                keys: bool = typer.Option(False, "--keys", help="List every key with its "
                                                                "type and meaning."),
                as_json: bool = JSON_OPT) -> None:
@@ -204,10 +204,10 @@ def models_list(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
 @models_app.command("show")
 def models_show(name: str = typer.Argument(..., help="Model name, see `fedray models`."),
                 num_classes: int = typer.Option(10, "--num-classes", min=2),
-                input_shape: Optional[str] = typer.Option(
+                input_shape: str | None = typer.Option(
                     None, "--input-shape", help="Per-sample shape, e.g. 3,32,32 "
                                                 "(default depends on the model)."),
-                set_: Optional[list[str]] = typer.Option(
+                set_: list[str] | None = typer.Option(
                     None, "--set", "-s", help="Builder keyword, e.g. -s width=32."),
                 as_json: bool = JSON_OPT) -> None:
     """Build one model and print its parameters and forward FLOPs for one input

@@ -16,7 +16,7 @@ import inspect
 import json
 import math
 import os
-import tomllib
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -24,6 +24,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 
 class ConfigError(ValueError):
@@ -246,7 +251,7 @@ def check_bounds(value: Any, meta: typing.Mapping[str, Any], path: str) -> None:
         return
     rules = [("ge", lambda a, b: a >= b, ">="), ("gt", lambda a, b: a > b, ">"),
              ("le", lambda a, b: a <= b, "<="), ("lt", lambda a, b: a < b, "<")]
-    for key, ok, sym in rules:
+    for key, ok, _ in rules:
         bound = meta.get(key)
         if bound is not None and not ok(value, bound):
             text = " and ".join(f"{s} {meta[k]}" for k, _, s in rules if meta.get(k) is not None)
@@ -354,7 +359,7 @@ def read_file(path: str | os.PathLike) -> dict[str, Any]:
         else:
             data = yaml.safe_load(text)
     except (yaml.YAMLError, tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError("config file", str(path), f"valid {p.suffix[1:] or 'YAML'}: {e}")
+        raise ConfigError("config file", str(path), f"valid {p.suffix[1:] or 'YAML'}: {e}") from e
     if data is None:
         data = {}
     if not isinstance(data, dict):

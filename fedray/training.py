@@ -3,7 +3,7 @@ run local SGD, evaluate. No Ray, no federated logic."""
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch

@@ -15,8 +15,9 @@ inside them; the algorithm never sees an actor, an object ref or a resource.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 

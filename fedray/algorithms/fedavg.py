@@ -32,7 +32,7 @@ def weighted_mean(updates: list[tuple[int, int, State]], weighted: bool = True) 
     out = {}
     for name in updates[0][2]:
         acc = np.zeros(np.shape(updates[0][2][name]), dtype=np.float64)
-        for wi, (_, _, delta) in zip(w, updates):
+        for wi, (_, _, delta) in zip(w, updates, strict=True):
             acc += wi * delta[name]
         out[name] = acc
     return out

@@ -32,7 +32,7 @@ class FedProx(FedAvg):
                    for n, p in model.named_parameters() if p.requires_grad]
 
         def hook(params):
-            for p, a in zip(params, anchors):
+            for p, a in zip(params, anchors, strict=True):
                 p.grad.add_(p.detach() - a, alpha=mu)
 
         return hook

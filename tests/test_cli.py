@@ -1,0 +1,144 @@
+"""The CLI and the job entry point, for real (Ray runs via the session's instance or, for
+subprocesses, by joining it through RAY_ADDRESS)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from fedray.cli import app
+from fedray.runtime.storage import Storage
+
+from conftest import tiny_overrides
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+runner = CliRunner()
+
+
+def one_json(result) -> dict:
+    assert result.exit_code == 0, result.output
+    lines = [ln for ln in result.stdout.splitlines() if ln.strip()]
+    assert len(lines) == 1, result.stdout
+    return json.loads(lines[0])
+
+
+def test_models_json():
+    out = one_json(runner.invoke(app, ["models", "--json"]))
+    assert {m["name"] for m in out["models"]} >= {"mlp", "cnn", "lstm", "resnet18", "resnet34"}
+    out = one_json(runner.invoke(app, ["models", "show", "resnet18", "--num-classes", "100",
+                                       "--json"]))
+    assert out["parameters"] == 11_220_132 and round(out["flops"] / 1e9, 3) == 1.111
+    out = one_json(runner.invoke(app, ["models", "show", "mlp", "--input-shape", "784",
+                                       "--json"]))
+    assert out["parameters"] == 203_530 and out["flops"] == 2 * (784 * 256 + 256 * 10)
+
+
+def test_models_show_errors():
+    res = runner.invoke(app, ["models", "show", "vgg", "--json"])
+    assert res.exit_code == 2 and "resnet18" in json.loads(res.stdout)["error"]
+
+
+def test_config_json_and_keys():
+    out = one_json(runner.invoke(app, ["config", "-s", "local.lr=0.3", "--json"]))
+    assert out["local"]["lr"] == 0.3 and out["runtime"]["tiers"][0]["name"] == "default"
+    keys = one_json(runner.invoke(app, ["config", "--keys", "--json"]))["keys"]
+    assert any(k["key"] == "data.alpha" and "Dirichlet" in k["help"] for k in keys)
+
+
+def test_run_bad_config_fails_before_ray(tmp_path):
+    res = runner.invoke(app, ["run", str(tmp_path / "nope.yaml"), "--json"])
+    assert res.exit_code == 2 and "config file" in json.loads(res.stdout)["error"]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("rounds: 2\nlocal:\n  lr: -1\n")
+    res = runner.invoke(app, ["run", str(cfg)])
+    assert res.exit_code == 2 and "local.lr" in res.output and "> 0" in res.output
+
+
+@pytest.mark.ray
+def test_run_report_compare(ray_session, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("name: cli\n")
+    runs = []
+    for algo in ["fedavg", "fedprox"]:
+        sets = []
+        for o in tiny_overrides(**{"algorithm.name": algo, "rounds": 2}):
+            sets += ["-s", o]
+        out = one_json(runner.invoke(app, ["run", str(cfg), *sets, "-o",
+                                           str(tmp_path / algo), "--json", "--no-progress"]))
+        assert out["algorithm"] == algo and out["rounds"] == 2
+        runs.append(str(tmp_path / algo))
+    rep = one_json(runner.invoke(app, ["report", runs[0], "--json"]))
+    assert all(os.path.getsize(p) > 10_000 for p in rep["plots"])
+    assert "| cli |" in open(rep["markdown"]).read()
+    cmp = one_json(runner.invoke(app, ["compare", *runs, "--out", str(tmp_path / "cmp"),
+                                       "--json"]))
+    assert len(cmp["metrics"]) == 2 and len(cmp["plots"]) == 2
+
+
+def _env(ray_session) -> dict:
+    env = dict(os.environ)
+    env["RAY_ADDRESS"] = ray_session.get_runtime_context().gcs_address
+    return env
+
+
+@pytest.mark.ray
+def test_kill_then_resume_reaches_uninterrupted_state(ray_session, tmp_path):
+    """Start `fedray run` in a subprocess, SIGKILL it after its second checkpoint,
+    `fedray run --resume`, compare with an uninterrupted run bitwise."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("name: killme\n")
+    sets = []
+    for o in tiny_overrides(rounds=6, **{"local.momentum": 0.9,
+                                         "local.keep_optimizer_state": "true",
+                                         "clients.fraction": 0.5}):
+        sets += ["-s", o]
+    cmd = [sys.executable, "-m", "fedray", "run", str(cfg), *sets, "--no-progress", "--json"]
+    full = subprocess.run(cmd + ["-o", str(tmp_path / "full")], env=_env(ray_session),
+                          capture_output=True, text=True, timeout=300)
+    assert full.returncode == 0, full.stderr[-2000:]
+
+    victim = subprocess.Popen(cmd + ["-o", str(tmp_path / "cut")], env=_env(ray_session),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    latest = tmp_path / "cut" / "checkpoints" / "LATEST"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if latest.exists() and int(latest.read_text() or 0) >= 2:
+            break
+        time.sleep(0.05)
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait()
+    cut_at = int(latest.read_text())
+    assert 2 <= cut_at < 6, "the run finished before it could be killed"
+
+    res = subprocess.run([sys.executable, "-m", "fedray", "run", "--resume", str(tmp_path / "cut"),
+                          "--no-progress", "--json"], env=_env(ray_session),
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["rounds"] == 6 and summary["rounds_this_session"] == 6 - cut_at
+
+    def final(d):
+        return Storage(str(d)).read_pickle("checkpoints/000006.pkl")["global_state"]
+
+    a, b = final(tmp_path / "full"), final(tmp_path / "cut")
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.ray
+def test_job_entry_point_joins_ray_address(ray_session, tmp_path):
+    res = subprocess.run([sys.executable, "jobs/fedavg_digits.py", "--smoke", "--no-progress",
+                          "--run-dir", str(tmp_path / "job")], cwd=ROOT, env=_env(ray_session),
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["rounds"] == 3 and summary["final_global_accuracy"] > 0.3
+    assert os.path.exists(summary["report"])
