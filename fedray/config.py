@@ -123,6 +123,9 @@ class TierConfig:
     num_cpus: float = spec(1.0, ge=0)
     num_gpus: float = spec(0.0, ge=0, le=1, help="fraction of one GPU per executor")
     capacity: float = spec(1.0, gt=0, le=1, help="model-capacity ceiling of this tier")
+    resources: dict[str, float] = spec(
+        default_factory=dict, help="custom Ray resources per executor (maps tiers to node "
+                                   "types, e.g. {tier_full: 0.25})")
 
 
 @dataclass
@@ -218,7 +221,8 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ConfigError(path, value, "a mapping")
-        return dict(value)
+        _, vt = typing.get_args(tp) or (str, Any)
+        return {k: coerce(v, vt, f"{path}.{k}") for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         return build_dataclass(tp, value, path)
     if tp is bool:

@@ -54,6 +54,8 @@ BAD = [
     (["payload.upload=int2"], "payload.upload", "'int4'"),
     (["data.drift_round=50", "rounds=10"], "data.drift_round", "rounds"),
     (["local.momentum=1"], "local.momentum", "< 1"),
+    (["runtime.tiers=[{name: a, resources: {tier_full: x}}]"],
+     "runtime.tiers[0].resources.tier_full", "a number"),
 ]
 
 

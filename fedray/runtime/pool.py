@@ -31,11 +31,14 @@ def use_gpus(cfg: Any) -> bool:
     return ray.cluster_resources().get("GPU", 0) > 0
 
 
-def executor_options(cfg: Any, tier: Any) -> dict[str, float]:
+def executor_options(cfg: Any, tier: Any) -> dict[str, Any]:
     """Resource shape of one executor of ``tier``: fractional GPU on GPU clusters,
-    CPU fraction otherwise."""
+    CPU fraction otherwise, plus the tier's custom resources."""
     gpus = tier.num_gpus if use_gpus(cfg) else 0.0
-    return {"num_cpus": tier.num_cpus, "num_gpus": gpus}
+    opts: dict[str, Any] = {"num_cpus": tier.num_cpus, "num_gpus": gpus}
+    if tier.resources:
+        opts["resources"] = dict(tier.resources)
+    return opts
 
 
 def requested_resources(cfg: Any) -> dict[str, float]:
@@ -44,6 +47,8 @@ def requested_resources(cfg: Any) -> dict[str, float]:
         opts = executor_options(cfg, tier)
         total["CPU"] += tier.executors * opts["num_cpus"]
         total["GPU"] += tier.executors * opts["num_gpus"]
+        for name, amount in tier.resources.items():
+            total[name] = total.get(name, 0.0) + tier.executors * amount
     return total
 
 
