@@ -5,7 +5,9 @@ samples per client, batch 32, 1 local epoch, SGD lr 0.05, N clients all sampled,
 no evaluation.
 
 - bound: the identical computation in this process, no runtime — the same FedAvg client
-  update and aggregation code fedray runs, called in a loop (torch's default threads).
+  update and aggregation code fedray runs, called in a loop. Run twice, with torch's
+  default thread count and with one thread (as fedray's executors use); the faster of the
+  two is the bound, and the one-thread run must end in fedray's bitwise-identical state.
 - fedray: ``run_experiment`` on a fresh local Ray (started inside the timing), 2 executors
   of 1 CPU each.
 - flower: ``benchmarks/flower_sim.py`` under ``.venv-flower`` (Flower pins its own Ray),
@@ -45,12 +47,16 @@ def workload(n: int, rounds: int, seed: int) -> list[str]:
     ]
 
 
-def run_bound(cfg) -> dict:
+def run_bound(cfg, threads: int | None = None) -> dict:
     """The same client updates and aggregation, in a loop, in this process."""
+    import torch
+
     from fedray.algorithms import make_algorithm
     from fedray.algorithms.base import ClientContext
     from fedray.data import build_federated
 
+    default_threads = torch.get_num_threads()
+    torch.set_num_threads(threads or default_threads)
     t0 = time.perf_counter()
     algo = make_algorithm(cfg)
     data = build_federated(cfg.data, cfg.clients.num_clients, cfg.seed)
@@ -69,8 +75,10 @@ def run_bound(cfg) -> dict:
             ups.append((c, out.num_samples, out.upload))
         state, _ = policy.aggregate(state, ups, r)
         times.append(time.perf_counter() - tr)
+    e2e = time.perf_counter() - t0
+    torch.set_num_threads(default_threads)
     samples = [data.num_samples(c, "train") for c in range(cfg.clients.num_clients)]
-    return {"round_seconds": times, "e2e_seconds": time.perf_counter() - t0,
+    return {"round_seconds": times, "e2e_seconds": e2e, "threads": threads or default_threads,
             "state": state, "mean_train_samples": float(np.mean(samples))}
 
 
@@ -126,12 +134,17 @@ def main() -> None:
     rows = []
     for n in args.clients:
         cfg = load_config(None, workload(n, args.rounds, args.seed))
-        bound = run_bound(cfg)
+        bounds = [run_bound(cfg), run_bound(cfg, threads=1)]
+        bound = min(bounds, key=lambda b: steady(b["round_seconds"]))
         fed = run_fedray(cfg, os.path.join(args.out, f"run-n{n}-{int(time.time())}"))
-        same = all(np.array_equal(bound["state"][k], fed["state"][k]) for k in bound["state"])
+        same = all(np.array_equal(bounds[1]["state"][k], fed["state"][k])
+                   for k in fed["state"])
         flower = None if args.no_flower else run_flower(n, args.rounds, args.seed)
         row = {
             "clients": n, "mean_train_samples": bound["mean_train_samples"],
+            "bound_threads": bound["threads"],
+            "bound_round_s_by_threads": {b["threads"]: steady(b["round_seconds"])
+                                         for b in bounds},
             "bound_round_s": steady(bound["round_seconds"]),
             "fedray_round_s": steady(fed["round_seconds"]),
             "flower_round_s": steady(flower["round_seconds"]) if flower else None,

@@ -98,6 +98,7 @@ class LocalConfig:
     max_steps: int | None = spec(None, ge=1, help="cap on local steps per round")
     keep_optimizer_state: bool = spec(
         False, help="keep each client's momentum buffer between rounds (client state store)")
+    bf16: bool = spec(False, help="autocast forward passes to bfloat16 (fp32 master weights)")
 
 
 @dataclass

@@ -43,16 +43,64 @@ def batches(n: int, batch_size: int, epochs: int, seed: int, round: int, client:
             steps += 1
 
 
+class SGD:
+    """SGD with momentum and weight decay, the update of ``torch.optim.SGD`` (dampening 0,
+    no Nesterov: ``b = μ b + (g + λ θ)``, first ``b = g + λ θ``; ``θ -= lr b``).
+
+    Written out because constructing any ``torch.optim`` optimizer imports
+    ``torch._dynamo`` (≈2.4 s per process here), which every new executor would pay.
+    """
+
+    def __init__(self, params: list[torch.Tensor], lr: float, momentum: float = 0.0,
+                 weight_decay: float = 0.0):
+        self.params, self.lr, self.momentum, self.weight_decay = params, lr, momentum, weight_decay
+        self.buffers: list[torch.Tensor | None] = [None] * len(params)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+            g = p.grad if not self.weight_decay else p.grad.add(p, alpha=self.weight_decay)
+            if self.momentum:
+                b = self.buffers[i]
+                if b is None:
+                    b = self.buffers[i] = g.detach().clone()
+                else:
+                    b.mul_(self.momentum).add_(g)
+                g = b
+            p.add_(g, alpha=-self.lr)
+
+    def state_dict(self) -> dict:
+        return {"momentum_buffers": [None if b is None else b.detach().cpu().numpy().copy()
+                                     for b in self.buffers]}
+
+    def load_state_dict(self, state: dict) -> None:
+        bufs = state["momentum_buffers"]
+        if len(bufs) != len(self.params):
+            raise ValueError(f"optimizer state has {len(bufs)} buffers for "
+                             f"{len(self.params)} parameters")
+        self.buffers = [None if b is None else torch.from_numpy(np.array(b)).to(p.device)
+                        for b, p in zip(bufs, self.params, strict=True)]
+
+
 def train_local(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int,
                 batch_size: int, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
                 seed: int, round: int, client: int, max_steps: int | None = None,
                 device: str = "cpu",
                 grad_hook: Callable[[list[torch.Tensor]], None] | None = None,
-                optimizer_state: dict | None = None) -> tuple[dict[str, float], dict | None]:
+                optimizer_state: dict | None = None,
+                bf16: bool = False) -> tuple[dict[str, float], dict | None]:
     """Local SGD on (x, y). ``grad_hook(params)`` may edit gradients before each step
-    (FedProx adds its proximal gradient there). Returns (metrics, optimizer state)."""
+    (FedProx adds its proximal gradient there). ``bf16`` autocasts the forward pass to
+    bfloat16 (weights, gradients and the optimizer stay fp32). Returns (metrics, optimizer
+    state)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    opt = SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     if optimizer_state is not None:
         opt.load_state_dict(optimizer_state)
     xt = torch.from_numpy(x).to(device)
@@ -63,8 +111,10 @@ def train_local(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int,
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(seed, round, client, "torch-local"))
         for idx in batches(len(x), batch_size, epochs, seed, round, client, max_steps):
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(xt[idx]), yt[idx])
+            opt.zero_grad()
+            with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16,
+                                enabled=bf16):
+                loss = loss_fn(model(xt[idx]).float(), yt[idx])
             loss.backward()
             if grad_hook is not None:
                 grad_hook(params)

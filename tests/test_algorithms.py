@@ -63,6 +63,41 @@ def test_fedprox_mu_zero_equals_fedavg_and_mu_shrinks_update():
 
 def test_keep_optimizer_state_returns_momentum():
     _, _, _, out = _run(["local.momentum=0.9", "local.keep_optimizer_state=true"])
-    assert out.state is not None and out.state["optimizer"]["state"]
+    assert out.state is not None
+    assert all(b is not None for b in out.state["optimizer"]["momentum_buffers"])
     _, _, _, plain = _run(["local.momentum=0.9"])
     assert plain.state is None
+
+
+def test_bf16_autocast_trains_and_differs_from_fp32():
+    _, _, _, fp32 = _run([])
+    _, _, _, bf16 = _run(["local.bf16=true"])
+    assert all(np.isfinite(v).all() for v in bf16.upload.values())
+    assert bf16.metrics["train_loss"] == pytest.approx(fp32.metrics["train_loss"], rel=0.05)
+    assert any(not np.array_equal(bf16.upload[k], fp32.upload[k]) for k in fp32.upload)
+
+
+@pytest.mark.parametrize("momentum,wd", [(0.0, 0.0), (0.9, 0.0), (0.9, 1e-3), (0.0, 5e-4)])
+def test_sgd_matches_torch_optim(momentum, wd):
+    import torch
+
+    from fedray.training import SGD
+
+    torch.manual_seed(0)
+    a = torch.nn.Linear(5, 3)
+    b = torch.nn.Linear(5, 3)
+    b.load_state_dict(a.state_dict())
+    ours = SGD(list(a.parameters()), lr=0.1, momentum=momentum, weight_decay=wd)
+    ref = torch.optim.SGD(b.parameters(), lr=0.1, momentum=momentum, weight_decay=wd)
+    for step in range(4):
+        x = torch.randn(8, 5, generator=torch.Generator().manual_seed(step))
+        for m, opt in ((a, ours), (b, ref)):
+            opt.zero_grad()
+            m(x).pow(2).sum().backward()
+            opt.step()
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-6)
+    state = ours.state_dict()
+    again = SGD(list(a.parameters()), lr=0.1, momentum=momentum)
+    again.load_state_dict(state)
+    assert len(again.buffers) == 2

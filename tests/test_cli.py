@@ -12,12 +12,11 @@ import time
 
 import numpy as np
 import pytest
+from conftest import tiny_overrides
 from typer.testing import CliRunner
 
 from fedray.cli import app
 from fedray.runtime.storage import Storage
-
-from conftest import tiny_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 runner = CliRunner()

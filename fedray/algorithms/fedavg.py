@@ -102,7 +102,8 @@ class FedAvg(Algorithm):
             model, ctx.x_train, ctx.y_train, epochs=loc.epochs, batch_size=loc.batch_size,
             lr=loc.lr, momentum=loc.momentum, weight_decay=loc.weight_decay, seed=ctx.seed,
             round=ctx.round, client=ctx.client_id, max_steps=loc.max_steps, device=ctx.device,
-            grad_hook=self.grad_hook(model, broadcast, ctx.device), optimizer_state=opt_state)
+            grad_hook=self.grad_hook(model, broadcast, ctx.device), optimizer_state=opt_state,
+            bf16=loc.bf16)
         metrics.update(train_metrics)
         if self.cfg.eval.local_before_after:
             metrics["acc_after"] = evaluate(model, ctx.x_test, ctx.y_test, ctx.device)["accuracy"]

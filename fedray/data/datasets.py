@@ -100,11 +100,15 @@ def make_synthetic(num_samples: int = 6000, num_features: int = 784, num_classes
     y = y[gen.permutation(num_samples)].astype(np.int64)
     cluster = gen.integers(0, 2, num_samples)
     z = centres[y, cluster] + 0.6 * gen.standard_normal((num_samples, latent))
-    x = z @ basis.T + 0.5 * gen.standard_normal((num_samples, num_features)) / np.sqrt(
-        max(1.0, num_features / latent))
+    noise_scale = np.float32(0.5 / np.sqrt(max(1.0, num_features / latent)))
+    x = gen.standard_normal((num_samples, num_features), dtype=np.float32)
+    x *= noise_scale
+    x += z.astype(np.float32) @ basis.T.astype(np.float32)
     train, test = stratified_split(y, test_fraction, gen)
-    mean, std = x[train].mean(axis=0), x[train].std(axis=0) + 1e-6
-    x = ((x - mean) / std).astype(np.float32)
+    mean = x[train].mean(axis=0)
+    std = x[train].std(axis=0) + np.float32(1e-6)
+    x -= mean
+    x /= std
     return Dataset("synthetic", x[train], y[train], x[test], y[test], num_classes,
                    (num_features,))
 

@@ -41,16 +41,14 @@ def chunks(items: list, size: int) -> list[list]:
 
 
 class Driver:
-    def __init__(self, cfg: Any, algorithm_cls: type, data_box: list, run_uri: str):
+    def __init__(self, cfg: Any, algorithm_cls: type, pool: ExecutorPool, run_uri: str):
         self.cfg = cfg
-        self.algorithm_cls = algorithm_cls
-        self.data_ref = data_box[0]
+        self.pool = pool
         self.run_uri = run_uri
         self.storage = Storage(run_uri)
         self.metrics = MetricsWriter(self.storage)
         self.algorithm = make_algorithm_from_class(algorithm_cls, cfg)
         self.policy = self.algorithm.make_policy()
-        self.pool: ExecutorPool | None = None
         self.round = 0
         self.global_state: dict[str, np.ndarray] = {}
         self.versions: dict[int, int] = {}
@@ -61,8 +59,8 @@ class Driver:
     # ------------------------------------------------------------------ setup / resume
 
     def setup(self, resume: bool = False) -> dict:
-        """Place the executors, then load the latest checkpoint or initialise the model."""
-        self.pool = ExecutorPool(self.cfg, self.algorithm_cls, self.data_ref, self.run_uri)
+        """Wait for the executors, then load the latest checkpoint or initialise the model."""
+        self.pool.wait_placed()
         if resume and self.storage.exists("checkpoints/LATEST"):
             latest = int(self.storage.read_bytes("checkpoints/LATEST").decode())
             ck = self.storage.read_pickle(f"checkpoints/{latest:06d}.pkl")
@@ -265,5 +263,4 @@ class Driver:
                 "executor_restarts": self.pool.restarts}
 
     def shutdown(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown()
+        self.pool.shutdown()

@@ -65,6 +65,7 @@ class Experiment:
                 cfg.to_dict(), sort_keys=False).encode())
             self.storage.write_bytes("data.json", json.dumps(self.data.summary()).encode())
         self.driver: Any = None
+        self.pool: Any = None
         self.started_ray = False
         self.round = 0
         self.rows: list[dict] = []
@@ -74,15 +75,16 @@ class Experiment:
         import ray
 
         from fedray.runtime.driver import Driver
-        from fedray.runtime.pool import check_fits
+        from fedray.runtime.pool import ExecutorPool, check_fits
 
         self.t_start = time.perf_counter()
         self.started_ray = init_ray(self.cfg)
         if self.started_ray:
             check_fits(self.cfg)
-        data_ref = ray.put(self.data)
+        self.pool = ExecutorPool(self.cfg, self.algorithm_cls, ray.put(self.data),
+                                 self.storage.uri)
         self.driver = ray.remote(Driver).options(num_cpus=0, max_restarts=0).remote(
-            self.cfg, self.algorithm_cls, [data_ref], self.storage.uri)
+            self.cfg, self.algorithm_cls, self.pool, self.storage.uri)
         try:
             self.info = ray.get(self.driver.setup.remote(self.resume))
         except Exception:
@@ -123,6 +125,9 @@ class Experiment:
                 pass
             ray.kill(self.driver)
             self.driver = None
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
         if self.started_ray:
             ray.shutdown()
             self.started_ray = False

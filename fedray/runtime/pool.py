@@ -68,6 +68,9 @@ def check_fits(cfg: Any) -> None:
 
 
 class ExecutorPool:
+    """Created where the run starts (so the executors boot while the driver actor does) and
+    then handed to the driver, which calls :meth:`wait_placed` and :meth:`run`."""
+
     def __init__(self, cfg: Any, algorithm_cls: type, data_ref: Any, run_uri: str,
                  inflight: int = 2):
         self.cfg, self.algorithm_cls, self.data_ref, self.run_uri = (
@@ -75,13 +78,16 @@ class ExecutorPool:
         self.inflight = inflight
         self.run_id = uuid.uuid4().hex[:8]
         self.restarts = 0
-        self.actor_cls = ray.remote(max_restarts=0, max_task_retries=0)(ClientExecutor)
         self.tiers = {t.name: t for t in cfg.runtime.tiers}
         self.executors: dict[str, list[Any]] = {}
         self.generation: dict[tuple[str, int], int] = {}
+        self.info: list[dict] = []
         for name, tier in self.tiers.items():
             self.executors[name] = [self._spawn(name, i) for i in range(tier.executors)]
-        self._wait_placed()
+
+    @property
+    def actor_cls(self) -> Any:
+        return ray.remote(max_restarts=0, max_task_retries=0)(ClientExecutor)
 
     def name_of(self, tier: str, index: int) -> str:
         return f"fedray-{self.run_id}-{tier}-{index}-g{self.generation.get((tier, index), 0)}"
@@ -91,7 +97,7 @@ class ExecutorPool:
         return self.actor_cls.options(name=self.name_of(tier, index), **opts).remote(
             self.cfg, self.algorithm_cls, self.data_ref, self.run_uri, tier, index)
 
-    def _wait_placed(self) -> None:
+    def wait_placed(self) -> None:
         handles = [(t, i, a) for t, hs in self.executors.items() for i, a in enumerate(hs)]
         refs = {a.ready.remote(): (t, i) for t, i, a in handles}
         timeout = self.cfg.runtime.placement_timeout_s
