@@ -106,6 +106,17 @@ def test_unplaceable_executors_fail_clearly(ray_session, tiny_cfg, tmp_path):
     exp.release()
 
 
+def test_static_fit_check_names_the_shortfall(ray_session, tiny_cfg):
+    from fedray.runtime.pool import check_fits
+
+    check_fits(tiny_cfg())
+    with pytest.raises(PlacementError, match=r"ask for 4 CPU .* has 2 CPU"):
+        check_fits(tiny_cfg(**{"runtime.tiers": "[{name: d, executors: 8, num_cpus: 0.5}]"}))
+    with pytest.raises(PlacementError, match="GPU"):
+        check_fits(tiny_cfg(**{"runtime.device": "cuda", "runtime.tiers":
+                               "[{name: d, executors: 8, num_cpus: 0, num_gpus: 0.25}]"}))
+
+
 class FlakyFedAvg(FedAvg):
     """Client 1 always raises; client 2 uploads NaN."""
 
