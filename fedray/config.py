@@ -435,6 +435,8 @@ def validate(cfg: ExperimentConfig) -> None:
     aname = algo.pop("name", "fedavg")
     algorithm_cls = get_algorithm(aname, path="algorithm.name")
     params = build_dataclass(algorithm_cls.Params, algo, "algorithm")
+    if hasattr(params, "validate"):
+        params.validate(cfg.clients.num_clients)
     cfg.algorithm = {"name": aname, **dataclasses.asdict(params)}
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from fedray.algorithms import make_algorithm
 from fedray.algorithms.base import ClientContext
-from fedray.algorithms.fedavg import FedAvgPolicy
+from fedray.policies.fedavg import FedAvgPolicy
 from fedray.config import load_config
 from fedray.data import build_federated
 

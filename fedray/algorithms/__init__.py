@@ -11,6 +11,7 @@ from fedray.algorithms.base import (
 )
 from fedray.algorithms.fedavg import FedAvg
 from fedray.algorithms.fedprox import FedProx
+from fedray.algorithms.orders import Orders
 
 ALGORITHMS: dict[str, type[Algorithm]] = {}
 
@@ -20,7 +21,7 @@ def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
     return cls
 
 
-for _cls in (FedAvg, FedProx):
+for _cls in (FedAvg, FedProx, Orders):
     register_algorithm(_cls)
 
 
@@ -46,6 +47,6 @@ def make_algorithm(cfg) -> Algorithm:
 
 
 __all__ = ["ALGORITHMS", "AggregationPolicy", "Algorithm", "ClientContext", "ClientOutput",
-           "ClientResult", "FedAvg", "FedProx", "get_algorithm", "make_algorithm",
+           "ClientResult", "FedAvg", "FedProx", "Orders", "get_algorithm", "make_algorithm",
            "make_algorithm_from_class",
            "register_algorithm"]

@@ -21,7 +21,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-State = dict[str, np.ndarray]
+from fedray.policies.base import AggregationPolicy, State
+
+__all__ = ["AggregationPolicy", "Algorithm", "ClientContext", "ClientOutput", "ClientResult",
+           "State"]
 
 
 @dataclass
@@ -69,25 +72,6 @@ class ClientResult:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
-
-
-class AggregationPolicy:
-    """Server-side state and the aggregation rule. Pure numpy; checkpointable."""
-
-    def broadcast(self, global_state: State, round: int, tier: str) -> State:
-        """The tensors sent to the clients of ``tier`` in ``round`` (default: everything)."""
-        return global_state
-
-    def aggregate(self, global_state: State, updates: list[tuple[int, int, State]],
-                  round: int) -> tuple[State, dict[str, float]]:
-        """``updates`` holds ``(client_id, num_samples, decoded upload)`` in client-id order."""
-        raise NotImplementedError
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
 
 
 class Algorithm:

@@ -122,8 +122,9 @@ def pathological(labels: np.ndarray, num_clients: int, classes_per_client: int,
 
     Every class is given to at least one client (the first clients in a random order cover
     all classes, the remaining slots pick classes at random); each class's samples are then
-    dealt evenly among the clients holding it. A client can end up with fewer classes only if
-    a class has fewer samples than holders.
+    dealt evenly among the clients holding it, the remainder going to the holders with the
+    fewest samples so far. A client can end up with fewer classes only if a class has fewer
+    samples than holders.
     """
     labels = _dense_labels(labels)
     n = len(labels)
@@ -148,14 +149,23 @@ def pathological(labels: np.ndarray, num_clients: int, classes_per_client: int,
     chosen = np.argsort(keys, axis=1)[:, :classes_per_client]
     holds = np.zeros((num_classes, num_clients), dtype=bool)
     holds[chosen, np.arange(num_clients)[:, None]] = True
-    holders = holds.sum(axis=1)  # >= 1 for every class
-    _, holder_ids = np.nonzero(holds)  # clients sorted by class, then id
-    offsets = np.concatenate([[0], np.cumsum(holders)[:-1]])
-    cls = np.repeat(np.arange(num_classes), class_sizes)
-    rank = np.arange(n) - np.repeat(np.cumsum(class_sizes) - class_sizes, class_sizes)
-    slot = offsets[cls] + rank * holders[cls] // class_sizes[cls]
+    # Deal each class among its holders: an equal share each, and the remainder to the
+    # holders with the fewest samples so far (random tie-break), so small classes do not
+    # always land on the same clients.
+    counts = np.zeros((num_classes, num_clients), dtype=np.int64)
+    total = np.zeros(num_clients, dtype=np.int64)
+    tie = rng.random(num_clients)
+    for c in rng.permutation(num_classes):
+        who = np.flatnonzero(holds[c])
+        base, extra = divmod(int(class_sizes[c]), who.size)
+        counts[c, who] = base
+        if extra:
+            first = who[np.lexsort((tie[who], total[who]))[:extra]]
+            counts[c, first] += 1
+        total += counts[c]
+    owner = np.repeat(np.tile(np.arange(num_clients), num_classes), counts.ravel())
     client_of = np.empty(n, dtype=np.int64)
-    client_of[grouped] = holder_ids[slot]
+    client_of[grouped] = owner
     return _group(client_of, num_clients)
 
 

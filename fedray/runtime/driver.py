@@ -180,6 +180,7 @@ class Driver:
 
     def _log(self, r, sampled, final, attempts, bcast, evaluated, policy_metrics, restarts,
              seconds) -> dict:
+        per_client = policy_metrics.pop("per_client", {})
         client_rows = []
         up = down = 0
         ok = [final[c] for c in sampled if final[c].ok]
@@ -200,6 +201,7 @@ class Driver:
                     self.totals["failures"] += 1
                 if res.status == "rejected":
                     self.totals["rejected"] += 1
+            row.update({k: float(v) for k, v in per_client.get(c, {}).items()})
             ev = evaluated.get("clients", {}).get(c)
             if ev is not None:
                 row.update(eval_loss=ev["loss"], eval_accuracy=ev["accuracy"],

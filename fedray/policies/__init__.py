@@ -1,0 +1,1 @@
+"""Server-side aggregation policies: pure numpy, no Ray, checkpointable state."""
