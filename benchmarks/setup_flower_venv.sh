@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Create .venv-flower (repo root) with Flower's simulation engine and CPU torch.
 #
-# flwr[simulation] pins its own ray, so it cannot share fedray's .venv.
-# Idempotent: does nothing when .venv-flower already imports flwr and torch.
+# flwr[simulation] pins its own ray, so it cannot share fedray's .venv. pyyaml is there so
+# that fedray's integration modules (fedray.integrations.flower -> fedray.config) import.
+# Idempotent: does nothing when .venv-flower already imports flwr, torch and yaml.
 #
 # Usage: bash benchmarks/setup_flower_venv.sh
 set -euo pipefail
@@ -13,8 +14,8 @@ PY="$VENV/bin/python"
 PYTHON_BIN="${PYTHON_BIN:-python3.11}"
 FLWR_VERSION="${FLWR_VERSION:-1.42.0}"
 
-if [[ -x "$PY" ]] && "$PY" -c "import flwr, torch" >/dev/null 2>&1; then
-    echo "[setup_flower_venv] $VENV already has flwr and torch; nothing to do" >&2
+if [[ -x "$PY" ]] && "$PY" -c "import flwr, torch, yaml" >/dev/null 2>&1; then
+    echo "[setup_flower_venv] $VENV already has flwr, torch and yaml; nothing to do" >&2
     exit 0
 fi
 
@@ -32,8 +33,14 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
 fi
 
 # Flower with the Ray-based simulation engine; fall back to the newest 1.x.
-"$PY" -m pip install numpy "flwr[simulation]==$FLWR_VERSION" >&2 \
-    || "$PY" -m pip install numpy "flwr[simulation]>=1.0,<2" >&2
+if ! "$PY" -c "import flwr" >/dev/null 2>&1; then
+    "$PY" -m pip install numpy "flwr[simulation]==$FLWR_VERSION" >&2 \
+        || "$PY" -m pip install numpy "flwr[simulation]>=1.0,<2" >&2
+fi
 
-"$PY" -c "import flwr, torch, ray, numpy; \
-print('flwr', flwr.__version__, 'torch', torch.__version__, 'ray', ray.__version__)" >&2
+# pyyaml: fedray.config (imported by fedray.integrations.flower) needs it.
+"$PY" -m pip install pyyaml >&2
+
+"$PY" -c "import flwr, torch, ray, numpy, yaml; \
+print('flwr', flwr.__version__, 'torch', torch.__version__, 'ray', ray.__version__, \
+'pyyaml', yaml.__version__)" >&2

@@ -115,6 +115,8 @@ class EvalConfig:
     global_test: bool = True
     local_before_after: bool = spec(
         False, help="clients report local test accuracy before and after their update")
+    finetune_epochs: int = spec(0, ge=0, help="also report personalized accuracy after this "
+                                              "many local fine-tuning epochs (0: off)")
 
 
 @dataclass

@@ -150,17 +150,30 @@ def _markdown(rows: list[dict], title: str, plots: list[str], out_dir: str) -> s
 
 
 def report(run_dir: str, out_dir: str | None = None) -> dict[str, Any]:
-    """Plots and REPORT.md for one run (default into RUN_DIR/report)."""
+    """Plots and REPORT.md for one run (default into RUN_DIR/report), plus the method's
+    diagnostics when the run has them (ORDERS: norms, ranks, weights)."""
+    from fedray.diagnostics import orders
+
     run = _load(run_dir)
     out_dir = out_dir or os.path.join(run_dir, "report")
     os.makedirs(out_dir, exist_ok=True)
     plots = _accuracy_plots([run], out_dir)
     row = _row(run)
+    text = _markdown([row], f"fedray run: {run['label']}", plots, out_dir)
+    diagnostics: dict[str, Any] = {}
+    if orders.applies(run["clients"]):
+        diagnostics["orders"] = orders.summarize(run["clients"])
+        extra = orders.plots(run["clients"], out_dir, run["label"])
+        plots += extra
+        text += "\n## ORDERS diagnostics\n\n" + "\n".join(
+            f"- {k}: {v:.4f}" if isinstance(v, float) else f"- {k}: {v}"
+            for k, v in diagnostics["orders"].items()) + "\n\n" + "\n".join(
+            f"![{os.path.basename(p)}]({os.path.relpath(p, out_dir)})" for p in extra) + "\n"
     md = os.path.join(out_dir, "REPORT.md")
     with open(md, "w") as f:
-        f.write(_markdown([row], f"fedray run: {run['label']}", plots, out_dir))
+        f.write(text)
     return {"run_dir": run_dir, "out_dir": out_dir, "plots": plots, "markdown": md,
-            "metrics": row}
+            "metrics": row, "diagnostics": diagnostics}
 
 
 def compare(run_dirs: list[str], out_dir: str) -> dict[str, Any]:

@@ -30,12 +30,12 @@ def set_state(model: nn.Module, state: Mapping[str, np.ndarray]) -> None:
 
 
 def batches(n: int, batch_size: int, epochs: int, seed: int, round: int, client: int,
-            max_steps: int | None = None):
+            max_steps: int | None = None, purpose: str = "local"):
     """Index batches for local training: a fresh permutation per epoch from
-    (seed, round, client, "shuffle-e{epoch}")."""
+    (seed, round, client, "{purpose}-shuffle-e{epoch}")."""
     steps = 0
     for epoch in range(epochs):
-        perm = rng(seed, round, client, f"shuffle-e{epoch}").permutation(n)
+        perm = rng(seed, round, client, f"{purpose}-shuffle-e{epoch}").permutation(n)
         for start in range(0, n, batch_size):
             if max_steps is not None and steps >= max_steps:
                 return
@@ -93,8 +93,8 @@ def train_local(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int,
                 seed: int, round: int, client: int, max_steps: int | None = None,
                 device: str = "cpu",
                 grad_hook: Callable[[list[torch.Tensor]], None] | None = None,
-                optimizer_state: dict | None = None,
-                bf16: bool = False) -> tuple[dict[str, float], dict | None]:
+                optimizer_state: dict | None = None, bf16: bool = False,
+                purpose: str = "local") -> tuple[dict[str, float], dict | None]:
     """Local SGD on (x, y). ``grad_hook(params)`` may edit gradients before each step
     (FedProx adds its proximal gradient there). ``bf16`` autocasts the forward pass to
     bfloat16 (weights, gradients and the optimizer stay fp32). Returns (metrics, optimizer
@@ -109,8 +109,8 @@ def train_local(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int,
     model.train()
     total, steps = 0.0, 0
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed(seed, round, client, "torch-local"))
-        for idx in batches(len(x), batch_size, epochs, seed, round, client, max_steps):
+        torch.manual_seed(derive_seed(seed, round, client, f"{purpose}-torch"))
+        for idx in batches(len(x), batch_size, epochs, seed, round, client, max_steps, purpose):
             opt.zero_grad()
             with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16,
                                 enabled=bf16):

@@ -6,9 +6,9 @@ import pytest
 
 from fedray.algorithms import make_algorithm
 from fedray.algorithms.base import ClientContext
-from fedray.policies.fedavg import FedAvgPolicy
 from fedray.config import load_config
 from fedray.data import build_federated
+from fedray.policies.fedavg import FedAvgPolicy
 
 
 def test_fedavg_policy_hand_computed():

@@ -100,5 +100,11 @@ class Algorithm:
         """Loss/accuracy of the broadcast model on (x, y); keys ``loss``, ``accuracy``, ``n``."""
         raise NotImplementedError
 
+    def finetune_evaluate(self, ctx: ClientContext, broadcast: State, epochs: int
+                          ) -> dict[str, float]:
+        """Personalized accuracy after ``epochs`` of local fine-tuning of the broadcast model
+        on the client's train split (nothing is uploaded or kept)."""
+        raise NotImplementedError
+
     def make_policy(self) -> AggregationPolicy:
         raise NotImplementedError

@@ -87,5 +87,16 @@ class FedAvg(Algorithm):
         set_state(resident, broadcast)
         return evaluate(resident, x, y, device)
 
+    def finetune_evaluate(self, ctx, broadcast, epochs):
+        from fedray.training import evaluate, set_state, train_local
+
+        loc = self.cfg.local
+        set_state(ctx.resident, broadcast)
+        train_local(ctx.resident, ctx.x_train, ctx.y_train, epochs=epochs,
+                    batch_size=loc.batch_size, lr=loc.lr, momentum=loc.momentum,
+                    weight_decay=loc.weight_decay, seed=ctx.seed, round=ctx.round,
+                    client=ctx.client_id, device=ctx.device, bf16=loc.bf16, purpose="finetune")
+        return evaluate(ctx.resident, ctx.x_test, ctx.y_test, ctx.device)
+
     def make_policy(self) -> AggregationPolicy:
         return FedAvgPolicy(self.params.server_lr, self.params.weighted)

@@ -206,10 +206,14 @@ class Driver:
             if ev is not None:
                 row.update(eval_loss=ev["loss"], eval_accuracy=ev["accuracy"],
                            eval_samples=ev["n"])
+                if "ft_accuracy" in ev:
+                    row.update(ft_loss=ev["ft_loss"], ft_accuracy=ev["ft_accuracy"])
             client_rows.append(row)
         self.totals["upload_bytes"] += up
         self.totals["download_bytes"] += down
         accs = np.array([e["accuracy"] for e in evaluated.get("clients", {}).values()])
+        ft = np.array([e["ft_accuracy"] for e in evaluated.get("clients", {}).values()
+                       if "ft_accuracy" in e])
         n_ok = [res.num_samples for res in ok]
         losses = [res.metrics.get("train_loss", math.nan) for res in ok]
         g = evaluated.get("global", {})
@@ -220,6 +224,7 @@ class Driver:
             "train_loss": float(np.average(losses, weights=n_ok)) if ok else math.nan,
             "personalized_accuracy": float(accs.mean()) if accs.size else math.nan,
             "personalized_accuracy_std": float(accs.std()) if accs.size else math.nan,
+            "personalized_accuracy_ft": float(ft.mean()) if ft.size else math.nan,
             "global_accuracy": float(g.get("accuracy", math.nan)),
             "global_loss": float(g.get("loss", math.nan)),
             "upload_bytes": up, "download_bytes": down,

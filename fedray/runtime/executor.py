@@ -63,12 +63,9 @@ class ClientExecutor:
         for cid, version in clients:
             t0 = time.perf_counter()
             try:
-                x_tr, y_tr = self.data.client_arrays(cid, round, "train")
-                x_te, y_te = self.data.client_arrays(cid, round, "test")
                 state = self.store.load(cid, version) if self.algorithm.uses_client_state \
                     else None
-                ctx = ClientContext(cid, round, self.cfg.seed, self.tier, x_tr, y_tr, x_te, y_te,
-                                    self.resident, self.device, state)
+                ctx = self._context(cid, round, state)
                 result = self.algorithm.client_update(ctx, tensors)
                 payload = Payload.encode(result.upload, self.cfg.payload.upload)
                 metrics = dict(result.metrics)
@@ -85,14 +82,27 @@ class ClientExecutor:
                                         executor=self.name))
         return out
 
+    def _context(self, cid: int, round: int, state: Any = None) -> ClientContext:
+        x_tr, y_tr = self.data.client_arrays(cid, round, "train")
+        x_te, y_te = self.data.client_arrays(cid, round, "test")
+        return ClientContext(cid, round, self.cfg.seed, self.tier, x_tr, y_tr, x_te, y_te,
+                             self.resident, self.device, state)
+
     def evaluate_clients(self, key: str, broadcast: Payload, round: int, clients: list[int]
                          ) -> list[tuple[int, dict]]:
-        """The broadcast model on each client's local test split (personalized accuracy)."""
+        """The broadcast model on each client's local test split (personalized accuracy),
+        and, with ``eval.finetune_epochs``, after that much local fine-tuning."""
         tensors = self._decoded(key, broadcast)
+        epochs = self.cfg.eval.finetune_epochs
         out = []
         for cid in clients:
-            x, y = self.data.client_arrays(cid, round, "test")
-            out.append((cid, self.algorithm.evaluate(self.resident, tensors, x, y, self.device)))
+            ctx = self._context(cid, round)
+            res = self.algorithm.evaluate(self.resident, tensors, ctx.x_test, ctx.y_test,
+                                          self.device)
+            if epochs:
+                ft = self.algorithm.finetune_evaluate(ctx, tensors, epochs)
+                res.update(ft_loss=ft["loss"], ft_accuracy=ft["accuracy"])
+            out.append((cid, res))
         return out
 
     def evaluate_global(self, key: str, broadcast: Payload) -> dict:

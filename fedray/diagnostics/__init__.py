@@ -1,0 +1,1 @@
+"""Method-specific diagnostics drawn by ``fedray report`` when a run has their metrics."""

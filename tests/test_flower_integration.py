@@ -1,0 +1,45 @@
+"""OrdersStrategy (fedray.integrations.flower) in Flower's own simulation.
+
+Flower pins its own ray, so the run happens in ``.venv-flower`` (created here by
+``benchmarks/setup_flower_venv.sh`` when missing; idempotent) as a subprocess running
+``tests/flower_orders_run.py``, which prints one JSON line with its checks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FLOWER_PY = ROOT / ".venv-flower" / "bin" / "python"
+
+
+@pytest.mark.flower
+@pytest.mark.timeout(3600)
+def test_orders_strategy_in_flower_simulation():
+    subprocess.run(["bash", str(ROOT / "benchmarks" / "setup_flower_venv.sh")], cwd=ROOT,
+                   check=True, timeout=2400)
+    assert FLOWER_PY.exists(), FLOWER_PY
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = str(ROOT)
+    env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    proc = subprocess.run([str(FLOWER_PY), str(ROOT / "tests" / "flower_orders_run.py")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-8000:])
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    assert lines, f"no JSON output (rc {proc.returncode}); stderr tail:\n{proc.stderr[-4000:]}"
+    out = json.loads(lines[-1])
+    assert proc.returncode == 0, out
+    assert out["ok"], out
+    assert out["all_replies"] and out["replies_per_round"] == [6, 6, 6], out
+    assert out["ranked_per_round"] == [6, 6, 6], out
+    assert out["replay_equal"] and out["replay_max_abs_diff"] == 0.0, out
+    assert out["sent_is_aggregated"], out
+    assert out["model_moved"] and out["moved_l2"] > 0, out
