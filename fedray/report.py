@@ -43,6 +43,17 @@ def _plt():
     return plt
 
 
+def save(fig: Any, out_dir: str, name: str, dpi: int = 120) -> str:
+    """Lay out, write ``out_dir/name`` and close a figure; returns the path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path = os.path.join(out_dir, name)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def _accuracy_plots(runs: list[dict], out_dir: str) -> list[str]:
     plt = _plt()
     paths = []
@@ -63,10 +74,7 @@ def _accuracy_plots(runs: list[dict], out_dir: str) -> list[str]:
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(os.path.join(out_dir, "accuracy_vs_round.png"))
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(save(fig, out_dir, "accuracy_vs_round.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for run in runs:
@@ -78,10 +86,7 @@ def _accuracy_plots(runs: list[dict], out_dir: str) -> list[str]:
            ylabel="global test accuracy")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(os.path.join(out_dir, "accuracy_vs_bytes.png"))
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(save(fig, out_dir, "accuracy_vs_bytes.png"))
 
     tiered = [run for run in runs if run["clients"] is not None
               and "eval_accuracy" in run["clients"] and run["clients"]["tier"].nunique() > 1]
@@ -95,10 +100,7 @@ def _accuracy_plots(runs: list[dict], out_dir: str) -> list[str]:
         ax.set(title="Personalized accuracy per tier", xlabel="round", ylabel="accuracy")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        paths.append(os.path.join(out_dir, "accuracy_per_tier.png"))
-        fig.savefig(paths[-1], dpi=120)
-        plt.close(fig)
+        paths.append(save(fig, out_dir, "accuracy_per_tier.png"))
     return paths
 
 

@@ -41,3 +41,17 @@ def tiny_cfg():
         return load_config(None, tiny_overrides(**extra))
 
     return make
+
+
+def full_and_resumed(cfg, tmp_path, stop_after: int = 2):
+    """Run ``cfg`` uninterrupted into tmp_path/full, and into tmp_path/cut stopped after
+    ``stop_after`` rounds then resumed. Returns (full summary, resumed summary)."""
+    from fedray.runtime import Experiment, run_experiment
+
+    full = run_experiment(cfg, str(tmp_path / "full"), progress=False)
+    exp = Experiment(cfg, str(tmp_path / "cut"))
+    exp.start()
+    for _ in range(stop_after):
+        exp.step()
+    exp.release()
+    return full, run_experiment(cfg, str(tmp_path / "cut"), resume=True, progress=False)

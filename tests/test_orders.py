@@ -262,20 +262,14 @@ def test_orders_end_to_end_on_ray_with_resume(ray_session, tiny_cfg, tmp_path):
     """`algorithm=orders` through the real runtime: per-client diagnostics land in the
     metrics, and stopping after round 2 then resuming gives the uninterrupted state."""
     import pyarrow.parquet as pq
+    from conftest import full_and_resumed
 
-    from fedray.runtime import Experiment, run_experiment
     from fedray.runtime.storage import Storage
 
     cfg = tiny_cfg(**{"algorithm.name": "orders", "algorithm.combine": "rank_mean",
                       "rounds": 4, "clients.fraction": 0.67, "eval.local_before_after": "true",
                       "eval.finetune_epochs": 1})
-    run_experiment(cfg, str(tmp_path / "full"), progress=False)
-    exp = Experiment(cfg, str(tmp_path / "cut"))
-    exp.start()
-    exp.step()
-    exp.step()
-    exp.release()
-    run_experiment(cfg, str(tmp_path / "cut"), resume=True, progress=False)
+    full_and_resumed(cfg, tmp_path)
 
     def final(d):
         return Storage(str(d)).read_pickle("checkpoints/000004.pkl")

@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from conftest import full_and_resumed
 from ray import cloudpickle as ray_cloudpickle
 
 from fedray.algorithms.fedavg import FedAvg
@@ -186,13 +187,7 @@ def test_resume_after_interrupt_matches_uninterrupted(ray_session, tiny_cfg, tmp
     """In-process variant: stop after round 2, resume in a new Experiment."""
     cfg = tiny_cfg(**{"rounds": 4, "local.momentum": 0.9, "local.keep_optimizer_state": "true",
                       "clients.fraction": 0.5})
-    run_experiment(cfg, str(tmp_path / "full"), progress=False)
-    exp = Experiment(cfg, str(tmp_path / "cut"))
-    exp.start()
-    exp.step()
-    exp.step()
-    exp.release()
-    summary = run_experiment(cfg, str(tmp_path / "cut"), resume=True, progress=False)
+    _, summary = full_and_resumed(cfg, tmp_path)
     assert summary["rounds"] == 4 and summary["rounds_this_session"] == 2
     assert_bitwise_equal(final_state(tmp_path / "full"), final_state(tmp_path / "cut"))
     a = pq.read_table(tmp_path / "full" / "rounds.parquet").to_pandas()

@@ -6,7 +6,6 @@ weights and coefficients by rank."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -46,6 +45,8 @@ def plots(clients: pd.DataFrame, out_dir: str, label: str) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from fedray.report import save
+
     c = clients.dropna(subset=["orders/norm"])
     rounds = sorted(c["round"].unique())
     pick = sorted({rounds[0], rounds[len(rounds) // 2], rounds[-1]})
@@ -58,10 +59,7 @@ def plots(clients: pd.DataFrame, out_dir: str, label: str) -> list[str]:
         ax.set(title=f"round {r}: skewness {skewness(v):.2f}", xlabel="‖Δθ_i‖")
     axes[0][0].set_ylabel("clients")
     fig.suptitle(f"{label}: update-norm histograms")
-    fig.tight_layout()
-    paths.append(os.path.join(out_dir, "orders_norm_histograms.png"))
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(save(fig, out_dir, "orders_norm_histograms.png", dpi=110))
 
     if {"acc_before", "acc_after"} <= set(c.columns):
         gain = c["acc_after"] - c["acc_before"]
@@ -71,10 +69,7 @@ def plots(clients: pd.DataFrame, out_dir: str, label: str) -> list[str]:
         ax.axhline(0, color="grey", lw=0.8)
         ax.set(title=f"{label}: norm vs local accuracy gain", xlabel="‖Δθ_i‖",
                ylabel="ΔAcc_i (after − before)")
-        fig.tight_layout()
-        paths.append(os.path.join(out_dir, "orders_norm_vs_gain.png"))
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+        paths.append(save(fig, out_dir, "orders_norm_vs_gain.png", dpi=110))
 
     ranked = c.dropna(subset=["orders/rank"])
     if len(ranked):
@@ -92,8 +87,5 @@ def plots(clients: pd.DataFrame, out_dir: str, label: str) -> list[str]:
         axes[1].set(title="weights by rank (mean over rounds)", xlabel="rank k")
         axes[1].legend(fontsize=8)
         fig.suptitle(label)
-        fig.tight_layout()
-        paths.append(os.path.join(out_dir, "orders_ranks_and_weights.png"))
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+        paths.append(save(fig, out_dir, "orders_ranks_and_weights.png", dpi=110))
     return paths
