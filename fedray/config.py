@@ -146,6 +146,24 @@ class RuntimeConfig:
 
 
 @dataclass
+class PretrainConfig:
+    """Central pretraining of a shared base (``fedray pretrain``); the FLITE paper's recipe:
+    SGD momentum 0.9, lr 0.05 with a 3-epoch linear warmup then cosine decay, weight decay
+    5e-4, batch 128."""
+
+    epochs: int = spec(100, ge=1)
+    lr: float = spec(0.05, gt=0)
+    momentum: float = spec(0.9, ge=0, lt=1)
+    weight_decay: float = spec(5e-4, ge=0)
+    batch_size: int = spec(128, ge=1)
+    warmup_epochs: int = spec(3, ge=0)
+    head: Literal["orthogonal", "kaiming", "trainable"] = spec(
+        "orthogonal", help="classifier head: frozen orthogonal (FLITE), frozen Kaiming, trainable")
+    classes: list[int] | None = spec(None, help="pretrain on these classes only (default all)")
+    fraction: float = spec(1.0, gt=0, le=1, help="share of the (selected) train set used")
+
+
+@dataclass
 class ExperimentConfig:
     name: str = "experiment"
     seed: int = spec(0, ge=0)
@@ -159,6 +177,7 @@ class ExperimentConfig:
     payload: PayloadConfig = spec(default_factory=PayloadConfig)
     eval: EvalConfig = spec(default_factory=EvalConfig)
     runtime: RuntimeConfig = spec(default_factory=RuntimeConfig)
+    pretrain: PretrainConfig = spec(default_factory=PretrainConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

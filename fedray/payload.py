@@ -12,6 +12,9 @@ Codecs (per tensor):
 - ``int8`` / ``int4``: uniform affine per-tensor quantization,
   ``q = round((x - lo) / s)`` with ``s = (hi - lo) / (2^b - 1)``; one float32 scale and
   one float32 zero-point (``lo``) per tensor; int4 codes are packed two per byte.
+
+Integer tensors (e.g. top-k indices) travel as they are, whatever the codec: exact, and
+counted at their own item size.
 """
 
 from __future__ import annotations
@@ -77,12 +80,16 @@ class Payload:
         return json.loads(self.header)["codec"]
 
     @classmethod
-    def encode(cls, tensors: Mapping[str, np.ndarray], codec: str = "fp32") -> "Payload":
+    def encode(cls, tensors: Mapping[str, np.ndarray], codec: str = "fp32") -> Payload:
         if codec not in CODECS:
             raise ValueError(f"unknown codec {codec!r}; allowed: {', '.join(CODECS)}")
         entries, buffers = [], []
         for name, value in tensors.items():
             arr = np.asarray(value)
+            if arr.dtype.kind in "iu":
+                entries.append([name, list(arr.shape), arr.dtype.str])
+                buffers.append(np.ascontiguousarray(arr).reshape(-1))
+                continue
             entries.append([name, list(arr.shape)])
             if codec == "fp32":
                 buffers.append(np.ascontiguousarray(arr, dtype=np.float32).reshape(-1))
@@ -95,22 +102,38 @@ class Payload:
                             separators=(",", ":")).encode()
         return cls(header, tuple(buffers))
 
-    def decode(self) -> dict[str, np.ndarray]:
+    def _entries(self):
+        """(name, shape, kind, buffers) per tensor; kind is the codec or "int"."""
         meta = json.loads(self.header)
-        codec, out, i = meta["codec"], {}, 0
-        for name, shape in meta["tensors"]:
+        i = 0
+        for entry in meta["tensors"]:
+            kind = "int" if len(entry) == 3 else meta["codec"]
+            n = 2 if kind in ("int8", "int4") else 1
+            yield entry[0], entry[1], kind, self.buffers[i:i + n], entry[2:]
+            i += n
+
+    def decode(self) -> dict[str, np.ndarray]:
+        out = {}
+        for name, shape, kind, bufs, extra in self._entries():
             size = int(np.prod(shape)) if shape else 1
-            if codec == "fp32":
-                arr, i = self.buffers[i], i + 1
-            elif codec == "bf16":
-                arr, i = _from_bf16(self.buffers[i]), i + 1
+            if kind == "int":
+                arr = bufs[0].view(np.dtype(extra[0]))
+            elif kind == "fp32":
+                arr = bufs[0]
+            elif kind == "bf16":
+                arr = _from_bf16(bufs[0])
             else:
-                bits = 8 if codec == "int8" else 4
-                arr, i = _dequantize(self.buffers[i], self.buffers[i + 1], bits, size), i + 2
+                arr = _dequantize(bufs[0], bufs[1], 8 if kind == "int8" else 4, size)
             out[name] = arr.reshape(shape)
         return out
 
     def all_finite(self) -> bool:
         """False when any encoded value is NaN or Inf (float codecs and quantizer scales)."""
-        return all(np.isfinite(b).all() for b in self.buffers if b.dtype.kind == "f") and (
-            self.codec != "bf16" or all(np.isfinite(_from_bf16(b)).all() for b in self.buffers))
+        for _, _, kind, bufs, _ in self._entries():
+            if kind == "int":
+                continue
+            vals = _from_bf16(bufs[0]) if kind == "bf16" else bufs[-1] if kind in (
+                "int8", "int4") else bufs[0]
+            if not np.isfinite(vals).all():
+                return False
+        return True

@@ -29,6 +29,43 @@ def set_state(model: nn.Module, state: Mapping[str, np.ndarray]) -> None:
             v.copy_(torch.from_numpy(np.asarray(state[k])).reshape(v.shape))
 
 
+class Adam:
+    """Adam with L2 weight decay, the update of ``torch.optim.Adam`` (``g += λθ``;
+    bias-corrected moments; ``θ -= lr m̂ / (√v̂ + ε)``), written out for the same reason as
+    :class:`SGD`. ``clip`` rescales the gradients to at most that total L2 norm first
+    (``torch.nn.utils.clip_grad_norm_``'s rule: factor max_norm / (norm + 1e-6), capped at 1).
+    """
+
+    def __init__(self, params: list[torch.Tensor], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, clip: float | None = None):
+        self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
+        self.weight_decay, self.clip, self.t = weight_decay, clip, 0
+        self.m = [torch.zeros_like(p) for p in params]
+        self.v = [torch.zeros_like(p) for p in params]
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        if self.clip is not None:
+            total = torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
+            factor = min(1.0, self.clip / (float(total) + 1e-6))
+            grads = [g * factor for g in grads]
+        self.t += 1
+        b1, b2 = self.betas
+        for p, g, m, v in zip(self.params, grads, self.m, self.v, strict=True):
+            if self.weight_decay:
+                g = g.add(p, alpha=self.weight_decay)
+            m.mul_(b1).add_(g, alpha=1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            denom = (v / (1 - b2 ** self.t)).sqrt_().add_(self.eps)
+            p.addcdiv_(m, denom, value=-self.lr / (1 - b1 ** self.t))
+
+
 def batches(n: int, batch_size: int, epochs: int, seed: int, round: int, client: int,
             max_steps: int | None = None, purpose: str = "local"):
     """Index batches for local training: a fresh permutation per epoch from

@@ -101,3 +101,27 @@ def test_sgd_matches_torch_optim(momentum, wd):
     again = SGD(list(a.parameters()), lr=0.1, momentum=momentum)
     again.load_state_dict(state)
     assert len(again.buffers) == 2
+
+
+@pytest.mark.parametrize("wd,clip", [(0.0, None), (1e-4, None), (1e-4, 1.0)])
+def test_adam_matches_torch_optim(wd, clip):
+    import torch
+
+    from fedray.training import Adam
+
+    torch.manual_seed(1)
+    a = torch.nn.Linear(6, 4)
+    b = torch.nn.Linear(6, 4)
+    b.load_state_dict(a.state_dict())
+    ours = Adam(list(a.parameters()), lr=1e-2, weight_decay=wd, clip=clip)
+    ref = torch.optim.Adam(b.parameters(), lr=1e-2, weight_decay=wd)
+    for step in range(5):
+        x = torch.randn(8, 6, generator=torch.Generator().manual_seed(step)) * 10
+        for m, opt in ((a, ours), (b, ref)):
+            opt.zero_grad()
+            m(x).pow(2).sum().backward()
+            if opt is ref and clip is not None:
+                torch.nn.utils.clip_grad_norm_(b.parameters(), clip)
+            opt.step()
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-6, rtol=1e-5)

@@ -67,3 +67,16 @@ def test_nonfinite_detected(codec):
 def test_unknown_codec():
     with pytest.raises(ValueError, match="int4"):
         Payload.encode(tensors(), "int3")
+
+
+@pytest.mark.parametrize("codec", ["fp32", "bf16", "int8", "int4"])
+def test_integer_tensors_travel_exactly_at_their_width(codec):
+    idx = np.array([0, 7, 65535, 3], dtype=np.uint16)
+    big = np.array([2**31 + 5], dtype=np.uint32)
+    t = {"v": np.array([1.5, -2.0], np.float32), "i": idx, "j": big}
+    p = Payload.encode(t, codec)
+    d = p.decode()
+    assert d["i"].dtype == np.uint16 and np.array_equal(d["i"], idx)
+    assert np.array_equal(d["j"], big) and p.all_finite()
+    assert sum(b.nbytes for b in p.buffers if b.dtype.kind == "u" and b.dtype.itemsize > 1) \
+        == idx.nbytes + big.nbytes

@@ -92,6 +92,10 @@ class Algorithm:
     def init_global_state(self, resident: Any, seed: int) -> State:
         raise NotImplementedError
 
+    def base_bytes(self) -> int:
+        """Bytes every client downloads once, at its first round (a pretrained base)."""
+        return 0
+
     def client_update(self, ctx: ClientContext, broadcast: State) -> ClientOutput:
         raise NotImplementedError
 

@@ -16,8 +16,36 @@ from fedray.algorithms.base import (
     ClientOutput,
     State,
 )
-from fedray.config import spec
+from fedray.config import ConfigError, spec
+from fedray.payload import Payload
 from fedray.policies.fedavg import FedAvgPolicy
+
+
+def check_base(base: str | None, num_clients: int | None = None) -> None:
+    """Fail at config time when ``algorithm.base`` is not a `fedray pretrain` output."""
+    if base is None:
+        return
+    from fedray.runtime.storage import Storage
+
+    if not Storage(base).exists("base.npz"):
+        raise ConfigError("algorithm.base", base,
+                          "a directory written by `fedray pretrain` (holding base.npz)")
+
+
+def apply_base(model: Any, base: str, model_cfg: dict) -> None:
+    """Load the pretrained weights into ``model`` and freeze its head if it was pretrained
+    frozen (FLITE §3.5: the frozen head is never trained nor communicated)."""
+    from fedray.models.heads import classifier
+    from fedray.pretrain import load_base
+    from fedray.training import set_state
+
+    state, meta = load_base(base)
+    if meta["model"] != model_cfg:
+        raise ConfigError("algorithm.base", base, f"a base pretrained with model = {model_cfg}"
+                                                  f" (this one: {meta['model']})")
+    set_state(model, state)
+    if meta["head"] != "trainable":
+        classifier(model).requires_grad_(False)
 
 
 class FedAvg(Algorithm):
@@ -29,17 +57,38 @@ class FedAvg(Algorithm):
     class Params:
         server_lr: float = spec(1.0, gt=0, help="server learning rate η_s")
         weighted: bool = spec(True, help="weight clients by sample count (else uniform)")
+        base: str | None = spec(None, help="fine-tune from this `fedray pretrain` output "
+                                           "(its frozen head stays frozen, not uploaded)")
+
+        def validate(self, num_clients: int | None = None) -> None:
+            check_base(self.base, num_clients)
 
     @property
     def uses_client_state(self) -> bool:  # type: ignore[override]
         return self.cfg.local.keep_optimizer_state and self.cfg.local.momentum > 0
 
+    @property
+    def base(self) -> str | None:
+        return getattr(self.params, "base", None)
+
     def build_resident(self, input_shape, num_classes, device):
         from fedray.models import build_model
 
         kwargs = {k: v for k, v in self.cfg.model.items() if k != "name"}
-        return build_model(self.cfg.model["name"], tuple(input_shape), num_classes,
-                           **kwargs).to(device)
+        model = build_model(self.cfg.model["name"], tuple(input_shape), num_classes, **kwargs)
+        if self.base:
+            apply_base(model, self.base, self.cfg.model)
+        return model.to(device)
+
+    def base_bytes(self) -> int:
+        """Bytes of the pretrained base each client downloads once (0 without a base)."""
+        from fedray.pretrain import load_base
+
+        return Payload.encode(load_base(self.base)[0]).nbytes if self.base else 0
+
+    def trainable(self, model: Any) -> list[str]:
+        """Names of the parameters clients train and upload."""
+        return [n for n, q in model.named_parameters() if q.requires_grad]
 
     def init_global_state(self, resident, seed):
         import torch
@@ -47,6 +96,8 @@ class FedAvg(Algorithm):
         from fedray.seeding import derive_seed
         from fedray.training import get_state
 
+        if self.base:
+            return get_state(resident)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(seed, -1, -1, "model-init"))
             for m in resident.modules():
@@ -77,7 +128,8 @@ class FedAvg(Algorithm):
         if self.cfg.eval.local_before_after:
             metrics["acc_after"] = evaluate(model, ctx.x_test, ctx.y_test, ctx.device)["accuracy"]
         local = get_state(model)
-        delta = {k: local[k] - np.asarray(broadcast[k], dtype=np.float32) for k in local}
+        delta = {k: local[k] - np.asarray(broadcast[k], dtype=np.float32)
+                 for k in self.trainable(model)}
         state = {"optimizer": opt_state} if self.uses_client_state else None
         return ClientOutput(delta, len(ctx.x_train), metrics, state)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedray.algorithms.fedavg import FedAvg
+from fedray.algorithms.fedavg import FedAvg, check_base
 from fedray.config import spec
 
 
@@ -23,6 +23,10 @@ class FedProx(FedAvg):
         mu: float = spec(0.01, ge=0, help="proximal coefficient μ")
         server_lr: float = spec(1.0, gt=0, help="server learning rate η_s")
         weighted: bool = spec(True, help="weight clients by sample count (else uniform)")
+        base: str | None = spec(None, help="fine-tune from this `fedray pretrain` output")
+
+        def validate(self, num_clients: int | None = None) -> None:
+            check_base(self.base, num_clients)
 
     def grad_hook(self, model, broadcast, device):
         import torch

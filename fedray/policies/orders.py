@@ -295,7 +295,7 @@ class OrdersPolicy(AggregationPolicy):
     def aggregate(self, global_state: State, updates: list, round: int):
         from fedray.seeding import rng
 
-        names = list(global_state)
+        names = [k for k in global_state if k in updates[0][2]]
         prev = np.concatenate([global_state[k].reshape(-1) for k in names]).astype(np.float32)
         deltas = np.stack([np.concatenate([np.asarray(u[k], dtype=np.float32).reshape(-1)
                                            for k in names]) for _, _, u in updates])
@@ -304,12 +304,13 @@ class OrdersPolicy(AggregationPolicy):
         norms = None if not self.p.client_norms or any(r is None for r in reported) else np.array(
             [float(np.asarray(r).reshape(-1)[0]) for r in reported])
         tiers = np.array([self.tier_of[c] for c in ids]) if self.tier_of else None
-        mask = key_layer_mask(global_state, self.p.key_layers) if self.p.norm == "key_layer" \
-            else None
+        mask = None
+        if self.p.norm == "key_layer":
+            mask = key_layer_mask({k: global_state[k] for k in names}, self.p.key_layers)
         new, self.state, diag = orders_step(
             prev, deltas, ids, round, self.state, self.p, norms=norms, tiers=tiers,
             rng=rng(self.seed, round, -1, "orders-dp"), key_mask=mask)
-        out, offset = {}, 0
+        out, offset = dict(global_state), 0
         for k in names:
             size = global_state[k].size
             out[k] = new[offset:offset + size].reshape(global_state[k].shape)

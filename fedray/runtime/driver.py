@@ -53,6 +53,8 @@ class Driver:
         self.global_state: dict[str, np.ndarray] = {}
         self.versions: dict[int, int] = {}
         self.totals = {"upload_bytes": 0, "download_bytes": 0, "failures": 0, "rejected": 0}
+        self.base_bytes = self.algorithm.base_bytes()
+        self.has_base: set[int] = set()
         self.num_clients = cfg.clients.num_clients
         self.tier_of = [cfg.tier_of(c) for c in range(self.num_clients)]
 
@@ -66,6 +68,7 @@ class Driver:
             ck = self.storage.read_pickle(f"checkpoints/{latest:06d}.pkl")
             self.round, self.global_state = ck["round"], ck["global_state"]
             self.versions, self.totals = ck["versions"], ck["totals"]
+            self.has_base = set(ck["has_base"])
             self.policy.load_state_dict(ck["policy_state"])
             self.pool.restarts = ck["restarts"]
         else:
@@ -190,6 +193,9 @@ class Driver:
             if c in final:
                 res = final[c]
                 d = bcast[self.tier_of[c]][2] * attempts[c]
+                if self.base_bytes and c not in self.has_base:
+                    d += self.base_bytes
+                    self.has_base.add(c)
                 up += res.upload_bytes
                 down += d
                 row.update(status=res.status, error=res.error, attempts=attempts[c],
@@ -245,7 +251,8 @@ class Driver:
         of (seed, round))."""
         ck = {"round": self.round, "global_state": self.global_state,
               "policy_state": self.policy.state_dict(), "versions": dict(self.versions),
-              "totals": dict(self.totals), "restarts": self.pool.restarts}
+              "totals": dict(self.totals), "restarts": self.pool.restarts,
+              "has_base": sorted(self.has_base)}
         self.storage.write_pickle(f"checkpoints/{self.round:06d}.pkl", ck)
         self.storage.write_bytes("checkpoints/LATEST", str(self.round).encode())
         saved = [f for f in self.storage.listdir("checkpoints") if f.endswith(".pkl")]

@@ -1,0 +1,157 @@
+"""Central pretraining of the shared base that fine-tuning methods (FLITE and its
+baselines) start from — ``fedray pretrain CONFIG``.
+
+The FLITE paper's recipe (§4): SGD, momentum 0.9, lr 0.05 with a linear warmup over
+``warmup_epochs`` (3) then cosine decay to 0, weight decay 5e-4, batch 128; the classifier
+head frozen from initialisation (orthogonal by default, §3.5). Optionally only some classes
+(``pretrain.classes``) or a share of the data (``pretrain.fraction``) are used, so that a
+small study can pretrain on part of the data and fine-tune federatedly on the rest.
+
+Every epoch writes a checkpoint (model, momentum buffers, epoch, history) to
+``OUT/checkpoints``; ``--resume`` continues from the latest one to the same result as an
+uninterrupted run (shuffles are drawn from (seed, epoch)). The result is ``OUT/base.npz``
+(the state dict as numpy) and ``OUT/base.json`` (model, head, classes, accuracy).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from fedray.config import ConfigError, ExperimentConfig
+from fedray.runtime.storage import Storage
+from fedray.seeding import derive_seed, rng
+
+
+def lr_at(step: int, steps_per_epoch: int, epochs: int, warmup_epochs: int, lr: float) -> float:
+    """Linear warmup over ``warmup_epochs`` then cosine decay to 0 (per optimizer step)."""
+    warm = warmup_epochs * steps_per_epoch
+    total = epochs * steps_per_epoch
+    if step < warm:
+        return lr * (step + 1) / warm
+    progress = (step - warm) / max(1, total - warm)
+    return 0.5 * lr * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def select(y: np.ndarray, classes: list[int] | None, fraction: float, seed: int,
+           purpose: str) -> np.ndarray:
+    """Indices of the samples of ``classes`` (all when None), a seeded ``fraction`` of them."""
+    idx = np.arange(len(y)) if classes is None else np.flatnonzero(np.isin(y, classes))
+    if fraction < 1.0:
+        keep = max(1, int(round(fraction * idx.size)))
+        idx = np.sort(rng(seed, -1, -1, purpose).choice(idx, keep, replace=False))
+    return idx
+
+
+def build_base_model(cfg: ExperimentConfig, input_shape: tuple[int, ...], num_classes: int):
+    """The model with seeded initial weights and the configured head."""
+    import torch
+
+    from fedray.models import build_model
+    from fedray.models.heads import configure_head
+
+    kwargs = {k: v for k, v in cfg.model.items() if k != "name"}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(cfg.seed, -1, -1, "model-init"))
+        model = build_model(cfg.model["name"], tuple(input_shape), num_classes, **kwargs)
+    return configure_head(model, cfg.pretrain.head, cfg.seed)
+
+
+def pretrain(cfg: ExperimentConfig, out: str, *, resume: bool = False,
+             progress: bool = True,
+             on_epoch: Callable[[dict], None] | None = None) -> dict[str, Any]:
+    """Train the base centrally; returns base.json's content. ``on_epoch(history_row)`` is
+    called after each epoch's checkpoint is written (progress reporting, e.g. to Tune)."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from fedray.data import load_dataset
+    from fedray.training import SGD, evaluate, get_state, set_state
+
+    p = cfg.pretrain
+    storage = Storage(out)
+    if not resume and storage.exists("checkpoints/LATEST"):
+        raise ConfigError("--out", out, "a new directory (or --resume to continue)")
+    data = load_dataset(cfg.data, cfg.seed)
+    if p.classes is not None:
+        bad = [c for c in p.classes if not 0 <= c < data.num_classes]
+        if bad:
+            raise ConfigError("pretrain.classes", bad, f"class ids in 0..{data.num_classes - 1}")
+    tr = select(data.y_train, p.classes, p.fraction, cfg.seed, "pretrain-subset")
+    te = select(data.y_test, p.classes, 1.0, cfg.seed, "pretrain-test")
+    x, y = data.x_train[tr], data.y_train[tr]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    model = build_base_model(cfg, data.input_shape, data.num_classes).to(device)
+    params = [q for q in model.parameters() if q.requires_grad]
+    opt = SGD(params, lr=p.lr, momentum=p.momentum, weight_decay=p.weight_decay)
+    start, history = 0, []
+    if resume and storage.exists("checkpoints/LATEST"):
+        ck = storage.read_pickle(f"checkpoints/{storage.read_bytes('checkpoints/LATEST').decode()}")
+        set_state(model, ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        start, history = ck["epoch"], ck["history"]
+    steps_per_epoch = math.ceil(len(x) / p.batch_size)
+    xt, yt = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    bar = tqdm(range(start, p.epochs), initial=start, total=p.epochs, desc="pretrain",
+               unit="epoch", disable=not progress, file=sys.stderr)
+    for epoch in bar:
+        model.train()
+        perm = rng(cfg.seed, epoch, -1, "pretrain-shuffle").permutation(len(x))
+        total = 0.0
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(cfg.seed, epoch, -1, "pretrain-torch"))
+            for b in range(steps_per_epoch):
+                opt.lr = lr_at(epoch * steps_per_epoch + b, steps_per_epoch, p.epochs,
+                               p.warmup_epochs, p.lr)
+                idx = perm[b * p.batch_size:(b + 1) * p.batch_size]
+                opt.zero_grad()
+                loss = loss_fn(model(xt[idx]), yt[idx])
+                loss.backward()
+                opt.step()
+                total += float(loss.detach())
+        ev = evaluate(model, data.x_test[te], data.y_test[te], device)
+        history.append({"epoch": epoch + 1, "train_loss": total / steps_per_epoch,
+                        "test_accuracy": ev["accuracy"], "test_loss": ev["loss"]})
+        bar.set_postfix(loss=round(total / steps_per_epoch, 4), acc=round(ev["accuracy"], 4))
+        name = f"epoch_{epoch + 1:04d}.pkl"
+        storage.write_pickle(f"checkpoints/{name}", {
+            "epoch": epoch + 1, "model": get_state(model), "optimizer": opt.state_dict(),
+            "history": history})
+        storage.write_bytes("checkpoints/LATEST", name.encode())
+        for old in storage.listdir("checkpoints")[:-3]:
+            if old.endswith(".pkl"):
+                storage.delete(f"checkpoints/{old}")
+        if on_epoch is not None:
+            on_epoch(history[-1])
+    state = get_state(model)
+    buf = io.BytesIO()
+    np.savez(buf, **state)
+    storage.write_bytes("base.npz", buf.getvalue())
+    meta = {"model": cfg.model, "num_classes": data.num_classes,
+            "input_shape": list(data.input_shape), "dataset": cfg.data.dataset,
+            "head": p.head, "classes": p.classes, "fraction": p.fraction,
+            "epochs": p.epochs, "seed": cfg.seed, "train_samples": int(len(x)),
+            "test_accuracy": history[-1]["test_accuracy"] if history else None,
+            "history": history}
+    storage.write_bytes("base.json", json.dumps(meta, indent=2).encode())
+    return meta
+
+
+def load_base(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """(state dict as float32 numpy, metadata) of a base written by :func:`pretrain`;
+    ``path`` is its directory (local or a pyarrow.fs URI)."""
+    storage = Storage(path)
+    if not storage.exists("base.npz"):
+        raise ConfigError("algorithm.base", path,
+                          "a directory written by `fedray pretrain` (holding base.npz)")
+    with np.load(io.BytesIO(storage.read_bytes("base.npz"))) as f:
+        state = {k: f[k] for k in f.files}
+    return state, json.loads(storage.read_bytes("base.json").decode())

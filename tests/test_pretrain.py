@@ -1,0 +1,81 @@
+"""Central pretraining (the shared base for fine-tuning) and fine-tuning from it."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from fedray.config import ConfigError, load_config
+from fedray.models.heads import head_parameter_names
+from fedray.pretrain import build_base_model, load_base, lr_at, pretrain
+
+BASE = ["model.name=cnn", "model.channels=[8,16]", "model.hidden=32", "pretrain.epochs=4",
+        "pretrain.batch_size=64", "pretrain.warmup_epochs=1", "pretrain.classes=[0,1,2,3,4]"]
+
+
+def test_schedule_warmup_then_cosine():
+    lrs = [lr_at(s, 10, 5, 1, 0.05) for s in range(50)]
+    assert lrs[0] == pytest.approx(0.005) and lrs[9] == pytest.approx(0.05)
+    assert lrs[10] == pytest.approx(0.05) and lrs[-1] < 0.001
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:], strict=False))
+    assert lr_at(30, 10, 5, 1, 0.05) == pytest.approx(0.5 * 0.05 * (1 + math.cos(math.pi / 2)))
+
+
+def test_pretrain_writes_base_and_resumes_exactly(tmp_path):
+    cfg = load_config(None, BASE)
+    meta = pretrain(cfg, str(tmp_path / "full"), progress=False)
+    assert meta["test_accuracy"] > 0.5 and meta["classes"] == [0, 1, 2, 3, 4]
+    assert json.loads((tmp_path / "full" / "base.json").read_text())["head"] == "orthogonal"
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_two(row):
+        if row["epoch"] == 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        pretrain(cfg, str(tmp_path / "cut"), progress=False, on_epoch=stop_at_two)
+    pretrain(cfg, str(tmp_path / "cut"), resume=True, progress=False)
+    a, _ = load_base(str(tmp_path / "full"))
+    b, _ = load_base(str(tmp_path / "cut"))
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    head = [k for k in a if a[k].ndim == 2][-1]
+    w = a[head]
+    assert np.allclose(w @ w.T, np.eye(w.shape[0]), atol=1e-5)  # still the orthogonal init
+
+
+def test_bad_pretrain_inputs(tmp_path):
+    with pytest.raises(ConfigError, match="pretrain.classes"):
+        pretrain(load_config(None, BASE + ["pretrain.classes=[3, 12]"]), str(tmp_path / "x"),
+                 progress=False)
+    with pytest.raises(ConfigError, match="algorithm.base"):
+        load_config(None, ["algorithm.base=" + str(tmp_path / "nothing")])
+
+
+@pytest.mark.ray
+def test_finetune_from_base_counts_base_once_and_skips_frozen_head(ray_session, tiny_cfg,
+                                                                  tmp_path):
+    import pyarrow.parquet as pq
+
+    from fedray.payload import Payload
+    from fedray.runtime import run_experiment
+
+    pcfg = load_config(None, BASE + ["pretrain.epochs=2"])
+    pretrain(pcfg, str(tmp_path / "base"), progress=False)
+    cfg = tiny_cfg(**{"model.name": "cnn", "model.channels": "[8,16]", "model.hidden": 32,
+                      "algorithm.base": str(tmp_path / "base"), "rounds": 2})
+    run_experiment(cfg, str(tmp_path / "run"), progress=False)
+    clients = pq.read_table(tmp_path / "run" / "clients.parquet").to_pandas()
+    base, _ = load_base(str(tmp_path / "base"))
+    model = build_base_model(pcfg, (1, 8, 8), 10)
+    head = set(head_parameter_names(model))
+    r1 = clients[clients["round"] == 1].sort_values("client_id")
+    r2 = clients[clients["round"] == 2].sort_values("client_id")
+    assert (r1["download_bytes"].values - r2["download_bytes"].values
+            == Payload.encode(base).nbytes).all()
+    uploaded = {k: v for k, v in base.items() if k not in head}
+    assert len(head) == 2 and (r1["upload_bytes"] == Payload.encode(uploaded).nbytes).all()
