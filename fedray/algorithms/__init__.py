@@ -9,6 +9,7 @@ from fedray.algorithms.base import (
     ClientOutput,
     ClientResult,
 )
+from fedray.algorithms.compressed import PowerSGD, TopK
 from fedray.algorithms.fedavg import FedAvg
 from fedray.algorithms.fedprox import FedProx
 from fedray.algorithms.orders import Orders
@@ -21,7 +22,7 @@ def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
     return cls
 
 
-for _cls in (FedAvg, FedProx, Orders):
+for _cls in (FedAvg, FedProx, Orders, TopK, PowerSGD):
     register_algorithm(_cls)
 
 
@@ -47,6 +48,5 @@ def make_algorithm(cfg) -> Algorithm:
 
 
 __all__ = ["ALGORITHMS", "AggregationPolicy", "Algorithm", "ClientContext", "ClientOutput",
-           "ClientResult", "FedAvg", "FedProx", "Orders", "get_algorithm", "make_algorithm",
-           "make_algorithm_from_class",
-           "register_algorithm"]
+           "ClientResult", "FedAvg", "FedProx", "Orders", "PowerSGD", "TopK", "get_algorithm",
+           "make_algorithm", "make_algorithm_from_class", "register_algorithm"]
