@@ -457,7 +457,7 @@ def validate(cfg: ExperimentConfig) -> None:
     algorithm_cls = get_algorithm(aname, path="algorithm.name")
     params = build_dataclass(algorithm_cls.Params, algo, "algorithm")
     if hasattr(params, "validate"):
-        params.validate(cfg.clients.num_clients)
+        params.validate(cfg)
     cfg.algorithm = {"name": aname, **dataclasses.asdict(params)}
 
 

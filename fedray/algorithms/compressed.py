@@ -6,6 +6,7 @@ rounds; the server decompresses and averages (:mod:`fedray.policies.compressed`)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from fedray.algorithms.fedavg import FedAvg, check_base
 from fedray.compression import Compressor
@@ -47,8 +48,8 @@ class TopK(_Compressed):
         weighted: bool = spec(True)
         base: str | None = spec(None, help="fine-tune from this `fedray pretrain` output")
 
-        def validate(self, num_clients: int | None = None) -> None:
-            check_base(self.base, num_clients)
+        def validate(self, cfg: Any) -> None:
+            check_base(self.base)
 
     def compressor(self) -> Compressor:
         return Compressor("topk", density=self.params.density)
@@ -66,8 +67,8 @@ class PowerSGD(_Compressed):
         weighted: bool = spec(True)
         base: str | None = spec(None, help="fine-tune from this `fedray pretrain` output")
 
-        def validate(self, num_clients: int | None = None) -> None:
-            check_base(self.base, num_clients)
+        def validate(self, cfg: Any) -> None:
+            check_base(self.base)
 
     def compressor(self) -> Compressor:
         return Compressor("powersgd", rank=self.params.rank)

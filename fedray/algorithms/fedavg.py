@@ -21,7 +21,7 @@ from fedray.payload import Payload
 from fedray.policies.fedavg import FedAvgPolicy
 
 
-def check_base(base: str | None, num_clients: int | None = None) -> None:
+def check_base(base: str | None) -> None:
     """Fail at config time when ``algorithm.base`` is not a `fedray pretrain` output."""
     if base is None:
         return
@@ -60,8 +60,8 @@ class FedAvg(Algorithm):
         base: str | None = spec(None, help="fine-tune from this `fedray pretrain` output "
                                            "(its frozen head stays frozen, not uploaded)")
 
-        def validate(self, num_clients: int | None = None) -> None:
-            check_base(self.base, num_clients)
+        def validate(self, cfg: Any) -> None:
+            check_base(self.base)
 
     @property
     def uses_client_state(self) -> bool:  # type: ignore[override]

@@ -8,6 +8,7 @@ building the extra graph. Server side is FedAvg's (sample-weighted, server learn
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from fedray.algorithms.fedavg import FedAvg, check_base
 from fedray.config import spec
@@ -25,8 +26,8 @@ class FedProx(FedAvg):
         weighted: bool = spec(True, help="weight clients by sample count (else uniform)")
         base: str | None = spec(None, help="fine-tune from this `fedray pretrain` output")
 
-        def validate(self, num_clients: int | None = None) -> None:
-            check_base(self.base, num_clients)
+        def validate(self, cfg: Any) -> None:
+            check_base(self.base)
 
     def grad_hook(self, model, broadcast, device):
         import torch

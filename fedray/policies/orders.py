@@ -97,7 +97,8 @@ class OrdersParams:
     client_norms: bool = spec(True, help="clients report their norm with the upload (the "
                                          "text's one extra float); else the server computes it")
 
-    def validate(self, num_clients: int | None = None) -> None:
+    def validate(self, cfg: Any = None) -> None:
+        num_clients = cfg.clients.num_clients if cfg is not None else None
         if self.participation_threshold > self.participation_horizon:
             raise ConfigError("algorithm.participation_threshold", self.participation_threshold,
                               f"at most algorithm.participation_horizon = "
