@@ -4,6 +4,7 @@ run local SGD, evaluate. No Ray, no federated logic."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -131,13 +132,15 @@ def train_local(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int,
                 device: str = "cpu",
                 grad_hook: Callable[[list[torch.Tensor]], None] | None = None,
                 optimizer_state: dict | None = None, bf16: bool = False,
-                purpose: str = "local") -> tuple[dict[str, float], dict | None]:
+                purpose: str = "local", optimizer: Any = None
+                ) -> tuple[dict[str, float], dict | None]:
     """Local SGD on (x, y). ``grad_hook(params)`` may edit gradients before each step
     (FedProx adds its proximal gradient there). ``bf16`` autocasts the forward pass to
-    bfloat16 (weights, gradients and the optimizer stay fp32). Returns (metrics, optimizer
-    state)."""
+    bfloat16 (weights, gradients and the optimizer stay fp32). ``optimizer`` replaces the
+    default :class:`SGD` (e.g. FLITE's :class:`Adam` on latents). Returns (metrics, SGD
+    momentum state)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    opt = optimizer or SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     if optimizer_state is not None:
         opt.load_state_dict(optimizer_state)
     xt = torch.from_numpy(x).to(device)
@@ -158,7 +161,7 @@ def train_local(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int,
             opt.step()
             total += float(loss.detach())
             steps += 1
-    state = opt.state_dict() if momentum > 0 else None
+    state = opt.state_dict() if momentum > 0 and optimizer is None else None
     return {"train_loss": total / max(steps, 1), "steps": float(steps)}, state
 
 

@@ -12,6 +12,7 @@ from fedray.algorithms.base import (
 from fedray.algorithms.compressed import PowerSGD, TopK
 from fedray.algorithms.fedavg import FedAvg
 from fedray.algorithms.fedprox import FedProx
+from fedray.algorithms.flite import Flite
 from fedray.algorithms.orders import Orders
 
 ALGORITHMS: dict[str, type[Algorithm]] = {}
@@ -22,7 +23,7 @@ def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
     return cls
 
 
-for _cls in (FedAvg, FedProx, Orders, TopK, PowerSGD):
+for _cls in (FedAvg, FedProx, Orders, TopK, PowerSGD, Flite):
     register_algorithm(_cls)
 
 
@@ -48,5 +49,5 @@ def make_algorithm(cfg) -> Algorithm:
 
 
 __all__ = ["ALGORITHMS", "AggregationPolicy", "Algorithm", "ClientContext", "ClientOutput",
-           "ClientResult", "FedAvg", "FedProx", "Orders", "PowerSGD", "TopK", "get_algorithm",
-           "make_algorithm", "make_algorithm_from_class", "register_algorithm"]
+           "ClientResult", "FedAvg", "FedProx", "Flite", "Orders", "PowerSGD", "TopK",
+           "get_algorithm", "make_algorithm", "make_algorithm_from_class", "register_algorithm"]

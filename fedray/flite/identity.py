@@ -71,3 +71,38 @@ class IdentityChecker:
                 direct = pre[rows] + u @ abar     # θ(z̄), float32
                 worst = max(worst, float(np.abs(avg - direct).max()))
         return worst
+
+
+def payload_info(model_name: str, num_classes: int, d: int, r: int,
+                 input_shape: tuple[int, ...] = (3, 32, 32), layers: list[str] | None = None,
+                 **model_kwargs) -> dict:
+    """Mapped layers, D, exact per-round payload bytes at fp32/int8/int4 (one quantizer for
+    the whole latent, or one per layer) and the compression ratio Σ P_l / D — what
+    ``fedray flite info`` prints. Builds the model (no factors, no weights downloaded)."""
+    from fedray.flite.factors import check_dims, mapped_layers
+    from fedray.models import build_model
+    from fedray.payload import Payload
+
+    model = build_model(model_name, input_shape, num_classes, **model_kwargs)
+    params = dict(model.named_parameters())
+    names = mapped_layers(model, layers)
+    for n in names:
+        check_dims(n, params[n].numel(), d, r)
+    total = sum(p.numel() for p in params.values())
+    mapped = sum(params[n].numel() for n in names)
+    D = d * len(names)
+    vector = {"z": np.zeros(D, np.float32)}
+    per_layer = {f"z/{n}": np.zeros(d, np.float32) for n in names}
+    out: dict = {"model": model_name, "num_classes": num_classes, "d": d, "r": r,
+                 "mapped_layers": [{"name": n, "shape": list(params[n].shape),
+                                    "parameters": params[n].numel()} for n in names],
+                 "num_mapped_layers": len(names), "D": D, "mapped_parameters": mapped,
+                 "model_parameters": total, "compression_ratio_mapped": mapped / D,
+                 "compression_ratio_model": total / D,
+                 "stored_factor_bytes": 4 * r * (mapped + D)}
+    for codec in ("fp32", "int8", "int4"):
+        pv, pl = Payload.encode(vector, codec), Payload.encode(per_layer, codec)
+        out[f"payload_{codec}_bytes"] = pv.nbytes - len(pv.header)
+        out[f"payload_{codec}_bytes_with_header"] = pv.nbytes
+        out[f"payload_{codec}_per_layer_scale_bytes"] = pl.nbytes - len(pl.header)
+    return out

@@ -1,0 +1,93 @@
+"""FLITE end to end: payload figures, latents through the runtime, the identity check every
+round, quantized uploads, and clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from fedray.cli import app
+from fedray.config import ConfigError, load_config
+from fedray.payload import Payload
+from fedray.pretrain import pretrain
+
+PRE = ["model.name=cnn", "model.channels=[8,16]", "model.hidden=32", "pretrain.epochs=2",
+       "pretrain.batch_size=64", "pretrain.warmup_epochs=1"]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    out = tmp_path_factory.mktemp("base")
+    pretrain(load_config(None, PRE), str(out), progress=False)
+    return str(out)
+
+
+def test_info_reproduces_the_papers_resnet18_figures():
+    res = CliRunner().invoke(app, ["flite", "info", "--model", "resnet18", "--num-classes",
+                                   "100", "--d", "64", "--r", "32", "--json"])
+    info = json.loads(res.stdout)
+    assert info["num_mapped_layers"] == 20 and info["D"] == 1280
+    assert round(info["compression_ratio_mapped"]) == 8718
+    assert info["payload_fp32_bytes"] == 5120 and info["payload_int4_bytes"] == 648
+    assert info["payload_int8_bytes"] == 1288
+    assert info["payload_int4_per_layer_scale_bytes"] == 20 * (32 + 8)
+
+
+def test_server_and_client_agree_on_mapped_layers():
+    from fedray.flite.factors import mapped_layers
+    from fedray.flite.identity import mapped_names
+    from fedray.models import build_model
+    from fedray.training import get_state
+
+    for name, shape in [("resnet18", (3, 32, 32)), ("cnn", (1, 8, 8))]:
+        m = build_model(name, shape, 10)
+        assert mapped_names(get_state(m), None) == mapped_layers(m)
+        assert mapped_names(get_state(m), ["*.conv2.weight"] if name == "resnet18"
+                            else ["0.weight"]) == mapped_layers(
+            m, ["*.conv2.weight"] if name == "resnet18" else ["0.weight"])
+
+
+def test_bad_inputs(base):
+    common = PRE + ["algorithm.name=flite", f"algorithm.base={base}"]
+    cases = [(["algorithm.d=8", "algorithm.r=16"], "algorithm.r"),
+             (["algorithm.d=0"], "algorithm.d"),
+             (["algorithm.layers=[nothing.*]"], "algorithm.layers"),
+             (["algorithm.d=4096", "algorithm.r=300"], "algorithm.r"),
+             (["local.momentum=0.9"], "local.momentum")]
+    for extra, field in cases:
+        with pytest.raises(ConfigError) as e:
+            load_config(None, common + extra)
+        assert e.value.path == field, (extra, e.value)
+    with pytest.raises(ConfigError, match="identity_check"):
+        load_config(None, PRE + ["algorithm.name=flite"])
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("codec,scope", [("fp32", "vector"), ("int4", "vector"),
+                                         ("int8", "layer")])
+def test_flite_runs_with_identity_check(ray_session, tiny_cfg, base, tmp_path, codec, scope):
+    from fedray.runtime import run_experiment
+    from fedray.runtime.storage import Storage
+
+    cfg = tiny_cfg(**{"model.name": "cnn", "model.channels": "[8,16]", "model.hidden": 32,
+                      "algorithm.name": "flite", "algorithm.base": base, "algorithm.d": 16,
+                      "algorithm.r": 8, "algorithm.quant_scope": scope,
+                      "payload.upload": codec, "rounds": 3})
+    run_experiment(cfg, str(tmp_path / "run"), progress=False)
+    rounds = pq.read_table(tmp_path / "run" / "rounds.parquet").to_pandas()
+    clients = pq.read_table(tmp_path / "run" / "clients.parquet").to_pandas()
+    assert (rounds["policy/identity_error"] <= 1e-6).all()
+    z = Storage(str(tmp_path / "run")).read_pickle("checkpoints/000003.pkl")["global_state"]
+    assert set(z) == {"z"} and z["z"].shape == (32,) and np.abs(z["z"]).sum() > 0
+    upload = {"z": z["z"]} if scope == "vector" else {
+        f"z/{n}": z["z"][i * 16:(i + 1) * 16] for i, n in enumerate(["0.weight", "3.weight"])}
+    expected = Payload.encode(upload, codec).nbytes
+    trained = clients[clients["sampled"]]
+    assert (trained["upload_bytes"] == expected).all()
+    if codec == "int4" and scope == "vector":
+        assert expected - len(Payload.encode(upload, codec).header) == 32 // 2 + 8
+    assert rounds["global_accuracy"].notna().all()
