@@ -124,14 +124,28 @@ def _row(run: dict) -> dict[str, Any]:
         if last is not None else None,
         "total_bytes": f(r["cum_bytes"].iloc[-1]),
         "upload_bytes_per_round": f(r["upload_bytes"].mean()),
+        **_payload(run),
         "mean_round_seconds": f(r["seconds"].mean()),
         "client_failures": f(r["failed"].sum() + r["rejected"].sum()),
     }
 
 
+def _payload(run: dict) -> dict[str, Any]:
+    """Mean upload per client per round and the compression ratio against sending the
+    whole model in fp32 (4 bytes per parameter)."""
+    c, params = run["clients"], run["summary"].get("model_parameters")
+    if c is None or "upload_bytes" not in c:
+        return {}
+    ok = c[c["sampled"] & (c["status"] == "ok")]["upload_bytes"]
+    per = float(ok.mean()) if len(ok) else None
+    ratio = 4 * params / per if per and params else None
+    return {"upload_bytes_per_client_round": per, "compression_ratio": ratio}
+
+
 def _markdown(rows: list[dict], title: str, plots: list[str], out_dir: str) -> str:
     cols = list(rows[0])
-    fmt = {"total_bytes": "{:,.0f}", "upload_bytes_per_round": "{:,.0f}"}
+    fmt = {"total_bytes": "{:,.0f}", "upload_bytes_per_round": "{:,.0f}",
+           "upload_bytes_per_client_round": "{:,.0f}", "compression_ratio": "{:,.1f}×"}
     lines = [f"# {title}", "", "| " + " | ".join(cols) + " |",
              "|" + "---|" * len(cols)]
     for row in rows:

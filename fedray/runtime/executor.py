@@ -41,8 +41,11 @@ class ClientExecutor:
         self._broadcast: dict | None = None
 
     def ready(self) -> dict:
+        model = getattr(self.resident, "model", self.resident)
+        params = sum(p.numel() for p in model.parameters()) if hasattr(model, "parameters") \
+            else None
         return {"pid": os.getpid(), "tier": self.tier, "index": self.index,
-                "device": self.device,
+                "device": self.device, "model_parameters": params,
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
 
     def init_global_state(self, seed: int) -> Payload:

@@ -183,6 +183,7 @@ def _summary(cfg: ExperimentConfig, run_dir: str, rows: list[dict], finish: dict
         "model": cfg.model["name"], "dataset": cfg.data.dataset,
         "num_clients": cfg.clients.num_clients, "rounds": finish["round"],
         "parameters": info["parameters"],
+        "model_parameters": info["executors"][0].get("model_parameters"),
         "final_global_accuracy": clean(final_eval.get("global_accuracy", math.nan)),
         "final_personalized_accuracy": clean(final_eval.get("personalized_accuracy",
                                                             math.nan)),
