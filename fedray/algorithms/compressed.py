@@ -6,9 +6,8 @@ rounds; the server decompresses and averages (:mod:`fedray.policies.compressed`)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from fedray.algorithms.fedavg import FedAvg, check_base
+from fedray.algorithms.fedavg import FedAvg, FedAvgParams
 from fedray.compression import Compressor
 from fedray.config import spec
 from fedray.policies.compressed import CompressedFedAvgPolicy
@@ -42,14 +41,8 @@ class TopK(_Compressed):
     name = "topk"
 
     @dataclass
-    class Params:
+    class Params(FedAvgParams):
         density: float = spec(0.01, gt=0, le=1, help="share of each tensor's entries sent")
-        server_lr: float = spec(1.0, gt=0)
-        weighted: bool = spec(True)
-        base: str | None = spec(None, help="fine-tune from this `fedray pretrain` output")
-
-        def validate(self, cfg: Any) -> None:
-            check_base(self.base)
 
     def compressor(self) -> Compressor:
         return Compressor("topk", density=self.params.density)
@@ -61,14 +54,8 @@ class PowerSGD(_Compressed):
     name = "powersgd"
 
     @dataclass
-    class Params:
+    class Params(FedAvgParams):
         rank: int = spec(2, ge=1, help="rank of the P Qᵀ approximation")
-        server_lr: float = spec(1.0, gt=0)
-        weighted: bool = spec(True)
-        base: str | None = spec(None, help="fine-tune from this `fedray pretrain` output")
-
-        def validate(self, cfg: Any) -> None:
-            check_base(self.base)
 
     def compressor(self) -> Compressor:
         return Compressor("powersgd", rank=self.params.rank)

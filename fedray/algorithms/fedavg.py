@@ -48,20 +48,24 @@ def apply_base(model: Any, base: str, model_cfg: dict) -> None:
         classifier(model).requires_grad_(False)
 
 
+@dataclass
+class FedAvgParams:
+    """FedAvg's knobs; FedProx and the compressed baselines extend them."""
+
+    server_lr: float = spec(1.0, gt=0, help="server learning rate η_s")
+    weighted: bool = spec(True, help="weight clients by sample count (else uniform)")
+    base: str | None = spec(None, help="fine-tune from this `fedray pretrain` output "
+                                       "(its frozen head stays frozen, not uploaded)")
+
+    def validate(self, cfg: Any) -> None:
+        check_base(self.base)
+
+
 class FedAvg(Algorithm):
     """Local SGD on every sampled client, sample-weighted mean of the updates."""
 
     name = "fedavg"
-
-    @dataclass
-    class Params:
-        server_lr: float = spec(1.0, gt=0, help="server learning rate η_s")
-        weighted: bool = spec(True, help="weight clients by sample count (else uniform)")
-        base: str | None = spec(None, help="fine-tune from this `fedray pretrain` output "
-                                           "(its frozen head stays frozen, not uploaded)")
-
-        def validate(self, cfg: Any) -> None:
-            check_base(self.base)
+    Params = FedAvgParams
 
     @property
     def uses_client_state(self) -> bool:  # type: ignore[override]

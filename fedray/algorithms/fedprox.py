@@ -8,9 +8,8 @@ building the extra graph. Server side is FedAvg's (sample-weighted, server learn
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from fedray.algorithms.fedavg import FedAvg, check_base
+from fedray.algorithms.fedavg import FedAvg, FedAvgParams
 from fedray.config import spec
 
 
@@ -20,14 +19,8 @@ class FedProx(FedAvg):
     name = "fedprox"
 
     @dataclass
-    class Params:
+    class Params(FedAvgParams):
         mu: float = spec(0.01, ge=0, help="proximal coefficient μ")
-        server_lr: float = spec(1.0, gt=0, help="server learning rate η_s")
-        weighted: bool = spec(True, help="weight clients by sample count (else uniform)")
-        base: str | None = spec(None, help="fine-tune from this `fedray pretrain` output")
-
-        def validate(self, cfg: Any) -> None:
-            check_base(self.base)
 
     def grad_hook(self, model, broadcast, device):
         import torch
