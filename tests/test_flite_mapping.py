@@ -230,5 +230,5 @@ def test_bad_input_names_the_field(kwargs, path):
 
 
 def test_r_greater_than_d_message_names_d():
-    with pytest.raises(ConfigError, match="at most flite.d = 8"):
+    with pytest.raises(ConfigError, match="at most algorithm.d = 8"):
         LatentMapping(small_resnet(), d=8, r=16, seed=0)

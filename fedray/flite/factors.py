@@ -53,7 +53,7 @@ def mapped_layers(model: nn.Module, patterns: list[str] | None = None) -> list[s
     CIFAR ResNet-18 that is 20 tensors including the three 1x1 shortcut convs, the paper's
     D = 20·64 = 1280 setting). With ``patterns`` (fnmatch-style, case-sensitive, matched
     against parameter names such as ``"9.conv1.weight"`` or ``"layer4.*.weight"``) every
-    matching parameter instead. Raises :class:`ConfigError` at ``flite.layers`` when nothing
+    matching parameter instead. Raises :class:`ConfigError` at ``algorithm.layers`` when nothing
     is selected.
     """
     if patterns is None:
@@ -78,7 +78,7 @@ def mapped_layers(model: nn.Module, patterns: list[str] | None = None) -> list[s
 
 
 def check_seed(seed: Any) -> int:
-    """``seed`` as a python int; :class:`ConfigError` at ``flite.seed`` unless 0 <= seed < 2**64."""
+    """``seed`` as a python int; :class:`ConfigError` at ``algorithm.factor_seed`` unless 0 <= seed < 2**64."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) \
             or not 0 <= int(seed) < SEED_BOUND:
         raise ConfigError("algorithm.factor_seed", seed, "an integer in [0, 2**64)")
