@@ -16,13 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
-try:
-    import fedray  # noqa: F401
-except ImportError:  # running from a submitted working dir without an installed package
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -78,7 +78,8 @@ def mapped_layers(model: nn.Module, patterns: list[str] | None = None) -> list[s
 
 
 def check_seed(seed: Any) -> int:
-    """``seed`` as a python int; :class:`ConfigError` at ``algorithm.factor_seed`` unless 0 <= seed < 2**64."""
+    """``seed`` as a python int; :class:`ConfigError` at ``algorithm.factor_seed`` unless
+    0 <= seed < 2**64."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) \
             or not 0 <= int(seed) < SEED_BOUND:
         raise ConfigError("algorithm.factor_seed", seed, "an integer in [0, 2**64)")

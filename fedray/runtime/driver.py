@@ -81,6 +81,19 @@ class Driver:
 
     # ------------------------------------------------------------------ one round
 
+    def _jobs(self, method: str, clients: list[int], bcast: dict[str, tuple], round: int,
+              item=lambda c: c) -> list[tuple[str, str, tuple]]:
+        """Pool jobs running ``method`` over ``clients``: grouped by tier, in batches."""
+        by_tier: dict[str, list[int]] = {}
+        for c in clients:
+            by_tier.setdefault(self.tier_of[c], []).append(c)
+        jobs = []
+        for tier, cids in by_tier.items():
+            key, ref, _ = bcast[tier]
+            for part in chunks(cids, self._chunk_size(len(cids), tier)):
+                jobs.append((tier, method, (key, ref, round, [item(c) for c in part])))
+        return jobs
+
     def _chunk_size(self, n: int, tier: str) -> int:
         if self.cfg.runtime.chunk_size:
             return self.cfg.runtime.chunk_size
@@ -110,16 +123,10 @@ class Driver:
         todo = list(sampled)
         restarts_before = self.pool.restarts
         while todo:
-            jobs = []
-            by_tier: dict[str, list[int]] = {}
             for c in todo:
                 attempts[c] += 1
-                by_tier.setdefault(self.tier_of[c], []).append(c)
-            for tier, cids in by_tier.items():
-                key, ref, _ = bcast[tier]
-                for part in chunks(cids, self._chunk_size(len(cids), tier)):
-                    jobs.append((tier, "run_clients",
-                                 (key, ref, r, [(c, self.versions.get(c)) for c in part])))
+            jobs = self._jobs("run_clients", todo, bcast, r,
+                              item=lambda c: (c, self.versions.get(c)))
             todo = []
             for batch in self.pool.run(jobs):
                 for res in batch:
@@ -160,14 +167,7 @@ class Driver:
         who = {"all": list(range(self.num_clients)), "sampled": sampled, "none": []}[ev.clients]
         tiers = {self.tier_of[c] for c in who} | {self.cfg.runtime.tiers[0].name}
         bcast = self._broadcasts(r, tiers, "eval")
-        jobs = []
-        by_tier: dict[str, list[int]] = {}
-        for c in who:
-            by_tier.setdefault(self.tier_of[c], []).append(c)
-        for tier, cids in by_tier.items():
-            key, ref, _ = bcast[tier]
-            for part in chunks(cids, self._chunk_size(len(cids), tier)):
-                jobs.append((tier, "evaluate_clients", (key, ref, r, part)))
+        jobs = self._jobs("evaluate_clients", who, bcast, r)
         if ev.global_test:
             tier = self.cfg.runtime.tiers[0].name
             jobs.append((tier, "evaluate_global", bcast[tier][:2]))
