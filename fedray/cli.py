@@ -125,17 +125,25 @@ def demo(rounds: int | None = typer.Option(None, help="Rounds (default: the conf
 
 
 @app.command()
-def report(run_dir: str = typer.Argument(..., help="A run directory."),
-           out: str | None = typer.Option(None, help="Output folder (default RUN_DIR/report)."),
+def report(run_dirs: list[str] = typer.Argument(..., help="One run directory, or several "
+                                                         "to overlay (as `fedray compare`)."),
+           out: str | None = typer.Option(None, help="Output folder (default RUN_DIR/report; "
+                                                     "several runs: compare-TIMESTAMP)."),
            as_json: bool = JSON_OPT) -> None:
-    """Plot a run (accuracy vs round, accuracy vs cumulative bytes, per tier) and write a
-    Markdown summary."""
+    """Plot a run (accuracy vs round, accuracy vs cumulative bytes on a log axis, per tier,
+    method diagnostics) and write a Markdown summary with the payload per client per round
+    and the compression ratio; several runs are overlaid (the bandwidth/accuracy Pareto)."""
+    from fedray.report import compare as make_compare
     from fedray.report import report as make_report
 
-    if not os.path.isdir(run_dir):
-        fail(f"run directory {run_dir!r} does not exist", as_json)
+    missing = [d for d in run_dirs if not os.path.isdir(d)]
+    if missing:
+        fail(f"not run directories: {missing}", as_json)
     try:
-        res = make_report(run_dir, out)
+        if len(run_dirs) == 1:
+            res = make_report(run_dirs[0], out)
+        else:
+            res = make_compare(run_dirs, out or f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
     except FileNotFoundError as e:
         fail(str(e), as_json)
     emit(res, as_json, f"wrote {res['markdown']}\n" + "\n".join(res["plots"]))
@@ -144,20 +152,10 @@ def report(run_dir: str = typer.Argument(..., help="A run directory."),
 @app.command()
 def compare(run_dirs: list[str] = typer.Argument(..., help="Two or more run directories."),
             out: str | None = typer.Option(None, help="Output folder "
-                                                         "(default compare-TIMESTAMP)."),
+                                                      "(default compare-TIMESTAMP)."),
             as_json: bool = JSON_OPT) -> None:
     """Overlay several runs in the same plots and one Markdown table."""
-    from fedray.report import compare as make_compare
-
-    missing = [d for d in run_dirs if not os.path.isdir(d)]
-    if missing:
-        fail(f"not run directories: {missing}", as_json)
-    out = out or f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
-    try:
-        res = make_compare(run_dirs, out)
-    except FileNotFoundError as e:
-        fail(str(e), as_json)
-    emit(res, as_json, f"wrote {res['markdown']}\n" + "\n".join(res["plots"]))
+    report(run_dirs, out or f"compare-{time.strftime('%Y%m%d-%H%M%S')}", as_json)
 
 
 @app.command()
