@@ -174,7 +174,8 @@ def pretrain(config: Path = typer.Argument(..., help="Experiment config: its dat
     from fedray.pretrain import pretrain as run_pretrain
 
     try:
-        cfg = load_config(config, set_ or [])
+        # The algorithm section is for the federated run (its base is what this writes).
+        cfg = load_config(config, (set_ or []) + ["algorithm={name: fedavg}"])
         meta = run_pretrain(cfg, out, resume=resume, progress=progress)
     except ConfigError as e:
         fail(str(e), as_json)

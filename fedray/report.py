@@ -195,6 +195,9 @@ def report(run_dir: str, out_dir: str | None = None) -> dict[str, Any]:
 def compare(run_dirs: list[str], out_dir: str) -> dict[str, Any]:
     """Overlay several runs in the same plots and one table."""
     runs = [_load(d) for d in run_dirs]
+    if len({r["label"] for r in runs}) < len(runs):
+        for r in runs:
+            r["label"] = os.path.basename(os.path.normpath(r["dir"]))
     os.makedirs(out_dir, exist_ok=True)
     plots = _accuracy_plots(runs, out_dir)
     rows = [_row(r) for r in runs]
