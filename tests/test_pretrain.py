@@ -79,3 +79,20 @@ def test_finetune_from_base_counts_base_once_and_skips_frozen_head(ray_session, 
             == Payload.encode(base).nbytes).all()
     uploaded = {k: v for k, v in base.items() if k not in head}
     assert len(head) == 2 and (r1["upload_bytes"] == Payload.encode(uploaded).nbytes).all()
+
+
+def test_cli_pretrain_before_the_base_exists(tmp_path):
+    """The README flow: the config names `algorithm.base` = the directory pretrain writes."""
+    from typer.testing import CliRunner
+
+    from fedray.cli import app
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model: {{name: cnn, channels: [8, 16], hidden: 32}}\n"
+                   f"pretrain: {{epochs: 1, batch_size: 64, warmup_epochs: 0}}\n"
+                   f"algorithm: {{name: flite, base: {tmp_path / 'base'}, d: 8, r: 4}}\n")
+    res = CliRunner().invoke(app, ["pretrain", str(cfg), "-o", str(tmp_path / "base"),
+                                   "--json", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["epochs"] == 1
+    assert load_config(cfg).algorithm["d"] == 8  # now the federated config validates
