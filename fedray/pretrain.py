@@ -49,8 +49,9 @@ def select(y: np.ndarray, classes: list[int] | None, fraction: float, seed: int,
     return idx
 
 
-def build_base_model(cfg: ExperimentConfig, input_shape: tuple[int, ...], num_classes: int):
-    """The model with seeded initial weights and the configured head."""
+def build_base_model(cfg: ExperimentConfig, input_shape: tuple[int, ...], num_classes: int,
+                     head: str | None = None):
+    """The model with seeded initial weights and ``head`` (default: ``pretrain.head``)."""
     import torch
 
     from fedray.models import build_model
@@ -60,7 +61,7 @@ def build_base_model(cfg: ExperimentConfig, input_shape: tuple[int, ...], num_cl
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(cfg.seed, -1, -1, "model-init"))
         model = build_model(cfg.model["name"], tuple(input_shape), num_classes, **kwargs)
-    return configure_head(model, cfg.pretrain.head, cfg.seed)
+    return configure_head(model, head or cfg.pretrain.head, cfg.seed)
 
 
 def pretrain(cfg: ExperimentConfig, out: str, *, resume: bool = False,

@@ -159,10 +159,13 @@ def _markdown(rows: list[dict], title: str, plots: list[str], out_dir: str) -> s
             else:
                 cells.append(f"{v:,}" if isinstance(v, int) else str(v))
         lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
-    for p in plots:
-        lines.append(f"![{os.path.basename(p)}]({os.path.relpath(p, out_dir)})")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + _images(plots, out_dir)
+
+
+def _images(paths: list[str], out_dir: str) -> str:
+    """Markdown image links to ``paths``, relative to the Markdown file's folder."""
+    return "".join(f"![{os.path.basename(p)}]({os.path.relpath(p, out_dir)})\n"
+                   for p in paths)
 
 
 def report(run_dir: str, out_dir: str | None = None) -> dict[str, Any]:
@@ -183,8 +186,7 @@ def report(run_dir: str, out_dir: str | None = None) -> dict[str, Any]:
         plots += extra
         text += "\n## ORDERS diagnostics\n\n" + "\n".join(
             f"- {k}: {v:.4f}" if isinstance(v, float) else f"- {k}: {v}"
-            for k, v in diagnostics["orders"].items()) + "\n\n" + "\n".join(
-            f"![{os.path.basename(p)}]({os.path.relpath(p, out_dir)})" for p in extra) + "\n"
+            for k, v in diagnostics["orders"].items()) + "\n\n" + _images(extra, out_dir)
     md = os.path.join(out_dir, "REPORT.md")
     with open(md, "w") as f:
         f.write(text)

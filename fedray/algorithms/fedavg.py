@@ -21,15 +21,22 @@ from fedray.payload import Payload
 from fedray.policies.fedavg import FedAvgPolicy
 
 
-def check_base(base: str | None) -> None:
-    """Fail at config time when ``algorithm.base`` is not a `fedray pretrain` output."""
+def check_base(base: str | None, model_cfg: dict | None = None) -> None:
+    """Fail at config time when ``algorithm.base`` is not a `fedray pretrain` output of the
+    configured model."""
     if base is None:
         return
+    from fedray.pretrain import load_base
     from fedray.runtime.storage import Storage
 
     if not Storage(base).exists("base.npz"):
         raise ConfigError("algorithm.base", base,
                           "a directory written by `fedray pretrain` (holding base.npz)")
+    if model_cfg is not None:
+        _, meta = load_base(base)
+        if meta["model"] != model_cfg:
+            raise ConfigError("algorithm.base", base, f"a base pretrained with model = "
+                                                      f"{model_cfg} (this one: {meta['model']})")
 
 
 def apply_base(model: Any, base: str, model_cfg: dict) -> None:
@@ -58,7 +65,7 @@ class FedAvgParams:
                                        "(its frozen head stays frozen, not uploaded)")
 
     def validate(self, cfg: Any) -> None:
-        check_base(self.base)
+        check_base(self.base, cfg.model if cfg is not None else None)
 
 
 class FedAvg(Algorithm):

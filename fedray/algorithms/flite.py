@@ -55,7 +55,7 @@ class FliteParams:
     def validate(self, cfg: Any) -> None:
         if self.r > self.d:
             raise ConfigError("algorithm.r", self.r, f"at most algorithm.d = {self.d}")
-        check_base(self.base)
+        check_base(self.base, cfg.model if cfg is not None else None)
         if self.base is None and self.identity_check:
             raise ConfigError("algorithm.identity_check", True,
                               "false without algorithm.base (the server has no θ^pre)")
@@ -69,10 +69,7 @@ class FliteParams:
             from fedray.flite.identity import mapped_names
             from fedray.pretrain import load_base
 
-            pre, meta = load_base(self.base)
-            if meta["model"] != cfg.model:
-                raise ConfigError("algorithm.base", self.base, f"a base pretrained with model "
-                                                               f"= {cfg.model}")
+            pre, _ = load_base(self.base)
             for name in mapped_names(pre, self.layers):
                 check_dims(name, int(pre[name].size), self.d, self.r)
 
@@ -114,22 +111,12 @@ class Flite(FedAvg):
     Params = FliteParams
 
     def build_resident(self, input_shape, num_classes, device):
-        import torch
-
         from fedray.flite import LatentMapping
-        from fedray.models import build_model
-        from fedray.models.heads import configure_head
-        from fedray.seeding import derive_seed
+        from fedray.pretrain import build_base_model
 
-        kwargs = {k: v for k, v in self.cfg.model.items() if k != "name"}
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(self.cfg.seed, -1, -1, "model-init"))
-            model = build_model(self.cfg.model["name"], tuple(input_shape), num_classes,
-                                **kwargs)
+        model = build_base_model(self.cfg, input_shape, num_classes, head="orthogonal")
         if self.params.base:
             apply_base(model, self.params.base, self.cfg.model)
-        else:
-            configure_head(model, "orthogonal", self.cfg.seed)
         p = self.params
         return LatentMapping(model, d=p.d, r=p.r, seed=p.factor_seed, layers=p.layers,
                              mode=p.mode).to(device)
@@ -137,7 +124,8 @@ class Flite(FedAvg):
     def init_global_state(self, resident, seed):
         return {"z": np.zeros(resident.D, dtype=np.float32)}
 
-    def client_update(self, ctx: ClientContext, broadcast) -> ClientOutput:
+    def _train(self, ctx: ClientContext, broadcast, epochs: int, purpose: str) -> dict:
+        """Set z ← z̄ and train only the latents (Adam, wd, clip) for ``epochs``."""
         from fedray.training import Adam, train_local
 
         mapping, p, loc = ctx.resident, self.params, self.cfg.local
@@ -145,9 +133,15 @@ class Flite(FedAvg):
         opt = Adam(mapping.latent_parameters(), lr=p.lr, weight_decay=p.weight_decay,
                    clip=p.clip)
         metrics, _ = train_local(
-            mapping, ctx.x_train, ctx.y_train, epochs=loc.epochs, batch_size=loc.batch_size,
+            mapping, ctx.x_train, ctx.y_train, epochs=epochs, batch_size=loc.batch_size,
             lr=p.lr, seed=ctx.seed, round=ctx.round, client=ctx.client_id,
-            max_steps=loc.max_steps, device=ctx.device, bf16=loc.bf16, optimizer=opt)
+            max_steps=loc.max_steps if purpose == "local" else None, device=ctx.device,
+            bf16=loc.bf16, optimizer=opt, purpose=purpose)
+        return metrics
+
+    def client_update(self, ctx: ClientContext, broadcast) -> ClientOutput:
+        mapping, p = ctx.resident, self.params
+        metrics = self._train(ctx, broadcast, self.cfg.local.epochs, "local")
         if p.quant_scope == "vector":
             upload = {"z": mapping.latent_vector().cpu().numpy()}
         else:
@@ -161,16 +155,10 @@ class Flite(FedAvg):
         return evaluate(resident, x, y, device)
 
     def finetune_evaluate(self, ctx, broadcast, epochs):
-        from fedray.training import Adam, evaluate, train_local
+        from fedray.training import evaluate
 
-        mapping, p, loc = ctx.resident, self.params, self.cfg.local
-        mapping.set_latent_vector(broadcast["z"])
-        opt = Adam(mapping.latent_parameters(), lr=p.lr, weight_decay=p.weight_decay,
-                   clip=p.clip)
-        train_local(mapping, ctx.x_train, ctx.y_train, epochs=epochs,
-                    batch_size=loc.batch_size, lr=p.lr, seed=ctx.seed, round=ctx.round,
-                    client=ctx.client_id, device=ctx.device, optimizer=opt, purpose="finetune")
-        return evaluate(mapping, ctx.x_test, ctx.y_test, ctx.device)
+        self._train(ctx, broadcast, epochs, "finetune")
+        return evaluate(ctx.resident, ctx.x_test, ctx.y_test, ctx.device)
 
     def make_policy(self) -> FlitePolicy:
         from fedray.flite.factors import LayerFactors
