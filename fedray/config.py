@@ -125,7 +125,8 @@ class TierConfig:
     executors: int = spec(2, ge=1)
     num_cpus: float = spec(1.0, ge=0)
     num_gpus: float = spec(0.0, ge=0, le=1, help="fraction of one GPU per executor")
-    capacity: float = spec(1.0, gt=0, le=1, help="model-capacity ceiling of this tier")
+    capacity: float = spec(1.0, gt=0, le=1, help="budget ρ: the share of the full model's parameters "
+                                 "(or FLOPs) this tier's sub-model holds (sub-model methods)")
     resources: dict[str, float] = spec(
         default_factory=dict, help="custom Ray resources per executor (maps tiers to node "
                                    "types, e.g. {tier_full: 0.25})")
@@ -143,6 +144,34 @@ class RuntimeConfig:
     chunk_size: int | None = spec(None, ge=1, help="clients per executor call (default auto)")
     ray_address: str | None = spec(None, help="Ray cluster; default RAY_ADDRESS or local")
     include_dashboard: bool = False
+
+
+@dataclass
+class ContinualConfig:
+    """Federated class-incremental learning (DROD §3): the classes are cut, in a fixed order,
+    into ``tasks`` disjoint tasks that reach every client at the same round boundaries;
+    one shared head, no task id. Each task's samples are split among the clients with
+    Dirichlet(``data.alpha``), redrawn per task."""
+
+    tasks: int = spec(0, ge=0, help="number of tasks (0: no task stream)")
+    rounds_per_task: int = spec(1, ge=1, help="communication rounds per task")
+    class_order: list[int] | None = spec(None, help="class order cut into tasks "
+                                                    "(default 0..C-1, the paper's fixed order)")
+    method: Literal["none", "er", "derpp", "bic", "ewc"] = spec(
+        "er", help="continual-learning objective: none (fine-tune), er (experience replay), "
+                   "derpp (DER++), bic (bias correction), ewc (online EWC)")
+    buffer_total: int = spec(200, ge=0, help="fleet-wide replay exemplars, split uniformly "
+                                             "over the clients")
+    replay_batch: int | None = spec(None, ge=1, help="exemplars appended per local batch "
+                                                     "(default local.batch_size)")
+    derpp_alpha: float = spec(0.1, ge=0, help="DER++ weight of the logit-matching term")
+    derpp_beta: float = spec(0.5, ge=0, help="DER++ weight of the replayed-label term")
+    ewc_lambda: float = spec(10.0, ge=0, help="EWC penalty strength λ")
+    ewc_gamma: float = spec(1.0, ge=0, le=1, help="online-EWC decay of the old Fisher")
+    ewc_samples: int = spec(256, ge=1, help="samples per Fisher estimate")
+    bic_steps: int = spec(100, ge=1, help="optimisation steps of BiC's two-parameter stage")
+    bic_lr: float = spec(0.01, gt=0, help="learning rate of BiC's stage")
+    bic_temperature: float = spec(2.0, gt=0, help="BiC distillation temperature")
 
 
 @dataclass
@@ -178,6 +207,7 @@ class ExperimentConfig:
     eval: EvalConfig = spec(default_factory=EvalConfig)
     runtime: RuntimeConfig = spec(default_factory=RuntimeConfig)
     pretrain: PretrainConfig = spec(default_factory=PretrainConfig)
+    continual: ContinualConfig = spec(default_factory=ContinualConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -447,6 +477,8 @@ def validate(cfg: ExperimentConfig) -> None:
         raise ConfigError("data.drift_round", cfg.data.drift_round,
                           f"a round in 1..rounds = {cfg.rounds}")
 
+    _validate_continual(cfg)
+
     model = dict(cfg.model)
     name = model.pop("name", "mlp")
     builder = get_model_builder(name, path="model.name")
@@ -459,6 +491,33 @@ def validate(cfg: ExperimentConfig) -> None:
     if hasattr(params, "validate"):
         params.validate(cfg)
     cfg.algorithm = {"name": aname, **dataclasses.asdict(params)}
+
+
+def _validate_continual(cfg: ExperimentConfig) -> None:
+    from fedray.algorithms import get_algorithm
+
+    cl = cfg.continual
+    if not cl.tasks:
+        return
+    classes = _num_classes(cfg)
+    if classes % cl.tasks:
+        raise ConfigError("continual.tasks", cl.tasks,
+                          f"a divisor of the dataset's {classes} classes")
+    if cl.class_order is not None and sorted(cl.class_order) != list(range(classes)):
+        raise ConfigError("continual.class_order", cl.class_order,
+                          f"a permutation of 0..{classes - 1}")
+    if cfg.rounds > cl.tasks * cl.rounds_per_task:
+        raise ConfigError("rounds", cfg.rounds, f"at most continual.tasks x rounds_per_task = "
+                                                f"{cl.tasks * cl.rounds_per_task}")
+    if cl.buffer_total and cl.buffer_total < cfg.clients.num_clients and cl.method != "none":
+        raise ConfigError("continual.buffer_total", cl.buffer_total,
+                          f"0 or at least one exemplar per client "
+                          f"({cfg.clients.num_clients})")
+    algorithm = get_algorithm(cfg.algorithm.get("name", "fedavg"), path="algorithm.name")
+    if not getattr(algorithm, "supports_continual", False):
+        raise ConfigError("algorithm.name", cfg.algorithm.get("name"),
+                          "a method that supports continual.tasks (the sub-model family: "
+                          "drod, fjord, heterofl, fedrolex, shortcut_fjord, depthfl)")
 
 
 def _num_classes(cfg: ExperimentConfig) -> int:

@@ -171,7 +171,7 @@ def _images(paths: list[str], out_dir: str) -> str:
 def report(run_dir: str, out_dir: str | None = None) -> dict[str, Any]:
     """Plots and REPORT.md for one run (default into RUN_DIR/report), plus the method's
     diagnostics when the run has them (ORDERS: norms, ranks, weights)."""
-    from fedray.diagnostics import orders
+    from fedray.diagnostics import continual, orders
 
     run = _load(run_dir)
     out_dir = out_dir or os.path.join(run_dir, "report")
@@ -187,6 +187,18 @@ def report(run_dir: str, out_dir: str | None = None) -> dict[str, Any]:
         text += "\n## ORDERS diagnostics\n\n" + "\n".join(
             f"- {k}: {v:.4f}" if isinstance(v, float) else f"- {k}: {v}"
             for k, v in diagnostics["orders"].items()) + "\n\n" + _images(extra, out_dir)
+    stream = continual.setting(run_dir)
+    if stream is not None:
+        rows = run["rounds"].to_dict("records")
+        diagnostics["continual"] = continual.summary(rows, stream)
+        extra = continual.plots(rows, stream, out_dir, run["label"])
+        plots += extra
+        text += "\n## Continual learning (fleet = unweighted mean over tiers)\n\n" + \
+            "| tier | " + " | ".join(diagnostics["continual"]["fleet"]) + " |\n|---|" + \
+            "---|" * len(diagnostics["continual"]["fleet"]) + "\n" + "".join(
+                f"| {tier} | " + " | ".join(f"{v:.4f}" for v in vals.values()) + " |\n"
+                for tier, vals in diagnostics["continual"].items()) + "\n" + \
+            _images(extra, out_dir)
     md = os.path.join(out_dir, "REPORT.md")
     with open(md, "w") as f:
         f.write(text)

@@ -13,6 +13,7 @@ from fedray.algorithms.compressed import PowerSGD, TopK
 from fedray.algorithms.fedavg import FedAvg
 from fedray.algorithms.fedprox import FedProx
 from fedray.algorithms.flite import Flite
+from fedray.algorithms.hetero import METHODS as HETERO_METHODS
 from fedray.algorithms.orders import Orders
 
 ALGORITHMS: dict[str, type[Algorithm]] = {}
@@ -23,7 +24,7 @@ def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
     return cls
 
 
-for _cls in (FedAvg, FedProx, Orders, TopK, PowerSGD, Flite):
+for _cls in (FedAvg, FedProx, Orders, TopK, PowerSGD, Flite, *HETERO_METHODS):
     register_algorithm(_cls)
 
 

@@ -18,6 +18,7 @@ from fedray.models.lstm import lstm
 from fedray.models.mlp import mlp
 from fedray.models.profile import count_flops, profile_model
 from fedray.models.resnet import resnet18, resnet34
+from fedray.models.sliceable import sliceable_resnet18, sliceable_resnet34
 
 MODELS: dict[str, Callable[..., nn.Module]] = {
     "mlp": mlp,
@@ -25,6 +26,8 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "lstm": lstm,
     "resnet18": resnet18,
     "resnet34": resnet34,
+    "sliceable_resnet18": sliceable_resnet18,
+    "sliceable_resnet34": sliceable_resnet34,
 }
 
 __all__ = ["MODELS", "build_model", "count_flops", "get_model_builder", "list_models",

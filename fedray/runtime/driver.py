@@ -165,18 +165,24 @@ class Driver:
         if not due:
             return {}
         who = {"all": list(range(self.num_clients)), "sampled": sampled, "none": []}[ev.clients]
-        tiers = {self.tier_of[c] for c in who} | {self.cfg.runtime.tiers[0].name}
+        names = [t.name for t in self.cfg.runtime.tiers]
+        tiers = {self.tier_of[c] for c in who} | (set(names) if ev.global_test else set())
         bcast = self._broadcasts(r, tiers, "eval")
         jobs = self._jobs("evaluate_clients", who, bcast, r)
+        scored: dict[str, str] = {}  # broadcast key -> tier whose executor scores it
         if ev.global_test:
-            tier = self.cfg.runtime.tiers[0].name
-            jobs.append((tier, "evaluate_global", bcast[tier][:2]))
-        out: dict[str, Any] = {"clients": {}}
+            for tier in names:
+                if bcast[tier][0] not in scored:
+                    scored[bcast[tier][0]] = tier
+                    jobs.append((tier, "evaluate_global", bcast[tier][:2]))
+        out: dict[str, Any] = {"clients": {}, "tiers": {}}
         for res in self.pool.run(jobs):
             if isinstance(res, dict):
-                out["global"] = res
+                out["tiers"][scored[res.pop("key")]] = res
             else:
                 out["clients"].update(dict(res))
+        if ev.global_test:
+            out["tiers"] = {t: out["tiers"][scored[bcast[t][0]]] for t in names}
         return out
 
     # ------------------------------------------------------------------ logging
@@ -222,7 +228,17 @@ class Driver:
                        if "ft_accuracy" in e])
         n_ok = [res.num_samples for res in ok]
         losses = [res.metrics.get("train_loss", math.nan) for res in ok]
-        g = evaluated.get("global", {})
+        scores = evaluated.get("tiers", {})
+        g = {}
+        if scores:  # the fleet: unweighted mean over tiers of each tier's own model
+            g = {k: float(np.mean([v[k] for v in scores.values()])) for k in ("accuracy", "loss")}
+        per_tier = {f"tier/{t}/{k}": float(v) for t, res in scores.items()
+                    for k, v in res.items() if k != "n"}
+        for t in {self.tier_of[c] for c in sampled}:
+            mine = [final[c] for c in sampled if self.tier_of[c] == t]
+            per_tier[f"tier/{t}/upload_bytes"] = sum(x.upload_bytes for x in mine)
+            per_tier[f"tier/{t}/download_bytes"] = bcast[t][2] * sum(attempts[x.client_id]
+                                                                     for x in mine)
         row = {
             "round": r, "sampled": len(sampled), "ok": len(ok),
             "failed": sum(final[c].status == "error" for c in sampled),
@@ -239,6 +255,7 @@ class Driver:
             "cum_bytes": self.totals["upload_bytes"] + self.totals["download_bytes"],
             "executor_restarts": restarts, "seconds": seconds,
             **{f"policy/{k}": float(v) for k, v in policy_metrics.items()},
+            **per_tier,
         }
         self.metrics.write_round(r, row, client_rows)
         return row

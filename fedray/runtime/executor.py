@@ -109,9 +109,10 @@ class ClientExecutor:
         return out
 
     def evaluate_global(self, key: str, broadcast: Payload) -> dict:
+        """The broadcast model on the global test set (tagged with the broadcast key)."""
         tensors = self._decoded(key, broadcast)
-        return self.algorithm.evaluate(self.resident, tensors, self.data.x_test,
-                                       self.data.y_test, self.device)
+        return {"key": key, **self.algorithm.evaluate(self.resident, tensors, self.data.x_test,
+                                                      self.data.y_test, self.device)}
 
     def exit(self) -> None:
         """Die on purpose (used by tests of the fault-tolerance path)."""

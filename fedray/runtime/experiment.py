@@ -50,7 +50,7 @@ class Experiment:
     def __init__(self, cfg: ExperimentConfig, run_dir: str | None = None, *,
                  resume: bool = False, algorithm_cls: type | None = None):
         from fedray.algorithms import get_algorithm
-        from fedray.data import build_federated
+        from fedray.data import build_data
 
         self.cfg, self.resume = cfg, resume
         self.algorithm_cls = algorithm_cls or get_algorithm(cfg.algorithm["name"])
@@ -59,7 +59,7 @@ class Experiment:
         if not resume and self.storage.exists("checkpoints/LATEST"):
             raise ConfigError("run_dir", self.run_dir, "a new directory (this one holds a "
                                                        "run: use --resume to continue it)")
-        self.data = build_federated(cfg.data, cfg.clients.num_clients, cfg.seed)
+        self.data = build_data(cfg)
         if not resume:
             self.storage.write_bytes("config.yaml", yaml.safe_dump(
                 cfg.to_dict(), sort_keys=False).encode())
@@ -112,6 +112,14 @@ class Experiment:
         self.release()
         summary = _summary(self.cfg, self.run_dir, self.rows, finish, self.info,
                            time.perf_counter() - self.t_start)
+        if self.cfg.continual.tasks:
+            from fedray.continual.metrics import summarize
+            from fedray.metrics import read_metrics
+
+            cl = self.cfg.continual
+            summary["continual"] = summarize(read_metrics(self.run_dir).to_pylist(),
+                                             [t.name for t in self.cfg.runtime.tiers],
+                                             cl.tasks, cl.rounds_per_task)
         self.storage.write_bytes("summary.json", json.dumps(summary, indent=2).encode())
         return summary
 

@@ -1,0 +1,1 @@
+"""Federated continual learning: replay buffers, continual objectives, task metrics."""

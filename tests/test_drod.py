@@ -1,0 +1,177 @@
+"""DROD and the sub-model baselines end to end: client updates, tiers on Ray, bytes per tier,
+determinism across executor counts, resume with replay buffers, every CL objective."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import full_and_resumed
+
+from fedray.algorithms import make_algorithm
+from fedray.algorithms.base import ClientContext
+from fedray.config import ConfigError, load_config
+from fedray.data import build_data
+from fedray.hetero.selection import held
+from fedray.metrics import read_metrics
+from fedray.payload import Payload
+from fedray.runtime import run_experiment
+from fedray.runtime.storage import Storage
+
+TIERS = ("[{name: t100, executors: 1, num_cpus: 0.25, capacity: 1.0},"
+         " {name: t025, executors: 1, num_cpus: 0.25, capacity: 0.251},"
+         " {name: t006, executors: 1, num_cpus: 0.25, capacity: 0.064}]")
+
+
+def drod_cfg(**extra):
+    base = {"name": "drod-test", "rounds": 4, "seed": 3, "clients.num_clients": 6,
+            "data.alpha": 0.5, "data.local_test_fraction": 0.2,
+            "model.name": "sliceable_resnet18", "model.width": 8,
+            "algorithm.name": "drod", "local.batch_size": 8, "local.epochs": 1,
+            "local.lr": 0.05, "continual.tasks": 2, "continual.rounds_per_task": 2,
+            "continual.class_order": "[0,1,2,3,4,5,6,7,8,9]", "continual.buffer_total": 30,
+            "eval.every": 2, "eval.clients": "none", "runtime.tiers": TIERS,
+            "runtime.placement_timeout_s": 60}
+    base.update(extra)
+    return load_config(None, [f"{k}={v}" for k, v in base.items()])
+
+
+def final_state(run_dir):
+    s = Storage(str(run_dir))
+    latest = int(s.read_bytes("checkpoints/LATEST").decode())
+    return s.read_pickle(f"checkpoints/{latest:06d}.pkl")["global_state"]
+
+
+def context(cfg, data, alg, cid, round, resident, state=None):
+    x, y = data.client_arrays(cid, round)
+    xt, yt = data.client_arrays(cid, round, "test")
+    return ClientContext(cid, round, cfg.seed, cfg.tier_of(cid), x, y, xt, yt, resident,
+                         state=state)
+
+
+def test_client_update_trains_nested_sub_models_deterministically():
+    cfg = drod_cfg()
+    data = build_data(cfg)
+    alg = make_algorithm(cfg)
+    res = alg.build_resident(data.input_shape, data.num_classes, "cpu")
+    g = alg.init_global_state(res, cfg.seed)
+    pol = alg.make_policy()
+    for cid in (0, 1, 2):
+        tier = cfg.tier_of(cid)
+        sent = pol.broadcast(g, 1, tier)
+        out = alg.client_update(context(cfg, data, alg, cid, 1, res), sent)
+        names = dict(held(res.arch, res.hw, res.tiers[tier].geometry))
+        assert set(out.upload) == set(names)  # only the tier's sub-model travels
+        assert all(out.upload[k].shape == s for k, s in names.items())
+        again = alg.client_update(context(cfg, data, alg, cid, 1, res), sent)
+        assert all(np.array_equal(out.upload[k], again.upload[k]) for k in out.upload)
+        ratios = [r.param_ratio for r in res.grid if r.geometry.within(res.tiers[tier].geometry)]
+        assert min(ratios) <= out.metrics["sub_param_ratio"] <= max(ratios)
+        assert len(out.state["buffer"]["y"]) == 5 and out.state["buffer"]["n"] == 5
+    # a lower tier's whole sub-model is the prefix of the broadcast of a higher tier
+    hi, lo = pol.broadcast(g, 1, "t100"), pol.broadcast(g, 1, "t006")
+    for k, v in lo.items():
+        assert np.array_equal(v, hi[k][tuple(slice(0, n) for n in v.shape)])
+
+
+def test_bad_drod_configs_fail_before_any_ray_work():
+    with pytest.raises(ConfigError, match="algorithm.theta"):
+        drod_cfg(**{"algorithm.theta": 1.5})
+    with pytest.raises(ConfigError, match="capacity"):
+        drod_cfg(**{"runtime.tiers": "[{name: a, capacity: 0.0}]"})
+    with pytest.raises(ConfigError, match="clients.tiers"):
+        drod_cfg(**{"clients.tiers": "[t100, t100, t025, nope, t006, t006]"})
+    with pytest.raises(ConfigError, match="model.name"):
+        drod_cfg(**{"model.name": "resnet18"})
+    with pytest.raises(ConfigError, match="model.exits"):
+        drod_cfg(**{"algorithm.name": "depth_fedavg"})
+    with pytest.raises(ConfigError, match="algorithm.rule"):
+        drod_cfg(**{"algorithm.rule": "rolling"})
+    with pytest.raises(ConfigError, match="grid"):
+        drod_cfg(**{"algorithm.grid": "[0.5, 0]"})
+
+
+@pytest.mark.ray
+def test_three_tiers_on_ray_bytes_per_tier_and_per_task_scores(ray_session, tmp_path):
+    cfg = drod_cfg()
+    run_experiment(cfg, str(tmp_path / "run"), progress=False)
+    rounds = read_metrics(str(tmp_path / "run")).to_pandas()
+    clients = read_metrics(str(tmp_path / "run"), "clients").to_pandas()
+    assert (clients["status"] == "ok").all()
+    alg = make_algorithm(cfg)
+    g = final_state(tmp_path / "run")
+    pol = alg.make_policy()
+    sizes = {}
+    for tier in ("t100", "t025", "t006"):
+        want = Payload.encode(pol.broadcast(g, 4, tier)).nbytes
+        mine = clients[clients["tier"] == tier]
+        assert (mine["upload_bytes"] == want).all() and (mine["download_bytes"] == want).all()
+        assert (rounds[f"tier/{tier}/upload_bytes"] == want * len(mine) / 4).all()
+        sizes[tier] = want
+        last = rounds[rounds["round"] == 4].iloc[0]
+        for t in (0, 1):
+            for kind in ("class_il", "task_il"):
+                assert 0 <= last[f"tier/{tier}/task{t}/{kind}"] <= 1
+    assert sizes["t100"] > 3 * sizes["t025"] > 3 * sizes["t006"]
+    fleet = np.mean([rounds[f"tier/{t}/accuracy"].iloc[-1] for t in ("t100", "t025", "t006")])
+    assert rounds["global_accuracy"].iloc[-1] == pytest.approx(fleet)
+
+
+@pytest.mark.ray
+def test_same_result_with_any_executor_count_and_after_resume(ray_session, tmp_path):
+    cfg = drod_cfg(rounds=4)
+    two = drod_cfg(**{"runtime.tiers": TIERS.replace("executors: 1, num_cpus: 0.25, "
+                                                     "capacity: 1.0",
+                                                     "executors: 2, num_cpus: 0.25, "
+                                                     "capacity: 1.0")})
+    full, _ = full_and_resumed(cfg, tmp_path, stop_after=3)
+    run_experiment(two, str(tmp_path / "two"), progress=False)
+    a, b, c = (final_state(tmp_path / d) for d in ("full", "cut", "two"))
+    for k in a:
+        assert np.array_equal(a[k], b[k]) and np.array_equal(a[k], c[k]), k
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("algorithm,method", [
+    ("drod", "bic"), ("fjord", "derpp"), ("depth_fedavg", "ewc"), ("fedrolex", "er"),
+    ("shortcut_fjord", "none"), ("heterofl", "er")])
+def test_every_method_and_objective_runs_on_ray(ray_session, tmp_path, algorithm, method):
+    extra = {"algorithm.name": algorithm, "continual.method": method, "rounds": 4}
+    if algorithm == "depth_fedavg":
+        extra["model.exits"] = "true"
+    cfg = drod_cfg(**extra)
+    summary = run_experiment(cfg, str(tmp_path / "run"), progress=False)
+    assert summary["client_failures"] == 0
+    clients = read_metrics(str(tmp_path / "run"), "clients").to_pandas()
+    assert (clients["status"] == "ok").all()
+    g = final_state(tmp_path / "run")
+    assert all(np.isfinite(v).all() for v in g.values())
+    if method == "bic":
+        second = clients[clients["round"] > 2]
+        assert second["bic_alpha"].notna().all()
+        assert not np.allclose(g["bic.scale"][5:], 1.0)  # task 1's classes corrected
+        assert np.allclose(g["bic.scale"][:5], 1.0)
+
+
+@pytest.mark.ray
+def test_drod_split_cifar100_job_smoke(ray_session, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, RAY_ADDRESS=ray_session.get_runtime_context().gcs_address)
+    res = subprocess.run([sys.executable, "jobs/drod_split_cifar100.py", "--smoke",
+                          "--run-dir", str(tmp_path / "job")], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["algorithm"] == "drod" and summary["rounds"] == 5
+    cl = summary["continual"]
+    assert set(cl) == {"t100", "t025", "t006", "fleet"}
+    assert cl["t006"]["tasks_completed"] == 5
+    assert cl["fleet"]["class_il_acc"] == pytest.approx(
+        np.mean([cl[t]["class_il_acc"] for t in ("t100", "t025", "t006")]))
+    res = subprocess.run([sys.executable, "jobs/drod_split_cifar100.py", "--help"], cwd=root,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "--smoke" in res.stdout
