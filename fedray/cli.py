@@ -152,6 +152,51 @@ def report(run_dirs: list[str] = typer.Argument(..., help="One run directory, or
 
 
 @app.command()
+def tune(config: Path = typer.Argument(..., help="Experiment config; may hold a `sweep:` "
+                                                 "block (space + options)."),
+         space: list[str] | None = typer.Option(
+             None, "--space", help="KEY=KIND:V1,V2,... with KIND one of choice, grid, "
+                                   "uniform, loguniform (low,high), randint (low,high); "
+                                   "repeatable. E.g. --space algorithm.theta=grid:0,0.5,1"),
+         preset: str | None = typer.Option(None, "--preset", help="Ready-made space: drod "
+                                           "(θ), orders (β, γ), flite (d, r), favor (λ_align)."),
+         set_: list[str] | None = SET_OPT,
+         metric: str | None = typer.Option(None, help="Metric to optimise (default "
+                                                      "global_accuracy)."),
+         mode: str | None = typer.Option(None, help="max or min."),
+         num_samples: int | None = typer.Option(None, "--num-samples", help="Samples of the "
+                                                "space (grid values multiply)."),
+         max_concurrent: int | None = typer.Option(None, "--max-concurrent",
+                                                   help="Trials running at once."),
+         scheduler: str | None = typer.Option(None, help="asha (early stopping) or none."),
+         grace_period: int | None = typer.Option(None, "--grace-period",
+                                                 help="Rounds before ASHA may stop a trial."),
+         storage: str = typer.Option("runs/sweeps", help="Where sweeps are written (path "
+                                                         "or URI)."),
+         name: str | None = typer.Option(None, help="Sweep name (default sweep-NAME)."),
+         resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep "
+                                                            "of this name (Tuner.restore)."),
+         as_json: bool = JSON_OPT) -> None:
+    """Sweep config keys with Ray Tune: each trial is one experiment (driver + executors in
+    one placement group) reporting every round; ASHA stops weak trials; the table of all
+    trials (Parquet + Markdown, best first) lands in STORAGE/NAME."""
+    from fedray.tune import parse_space_arg, sweep
+
+    try:
+        parsed = dict(parse_space_arg(t) for t in space or [])
+        res = sweep(config, parsed, overrides=set_ or [], preset=preset, storage_path=storage,
+                    name=name, resume=resume, metric=metric, mode=mode,
+                    num_samples=num_samples, max_concurrent=max_concurrent,
+                    scheduler=scheduler, grace_period=grace_period)
+    except ConfigError as e:
+        fail(str(e), as_json)
+    out = {"path": res.path, "best_config": res.best_config, "best_metric": res.best_metric,
+           "trials": len(res.table), "parquet": res.parquet, "markdown": res.markdown}
+    emit(out, as_json, f"best {res.best_metric:.4f} with {res.best_config} "
+                       f"({len(res.table)} trials)\ntable: {res.markdown}")
+
+
+@app.command()
 def compare(run_dirs: list[str] = typer.Argument(..., help="Two or more run directories."),
             out: str | None = typer.Option(None, help="Output folder "
                                                       "(default compare-TIMESTAMP)."),

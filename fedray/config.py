@@ -125,8 +125,9 @@ class TierConfig:
     executors: int = spec(2, ge=1)
     num_cpus: float = spec(1.0, ge=0)
     num_gpus: float = spec(0.0, ge=0, le=1, help="fraction of one GPU per executor")
-    capacity: float = spec(1.0, gt=0, le=1, help="budget ρ: the share of the full model's parameters "
-                                 "(or FLOPs) this tier's sub-model holds (sub-model methods)")
+    capacity: float = spec(
+        1.0, gt=0, le=1, help="budget ρ: the share of the full model's parameters (or FLOPs) "
+                              "this tier's sub-model holds (sub-model methods)")
     resources: dict[str, float] = spec(
         default_factory=dict, help="custom Ray resources per executor (maps tiers to node "
                                    "types, e.g. {tier_full: 0.25})")
@@ -169,8 +170,8 @@ class ContinualConfig:
     ewc_lambda: float = spec(10.0, ge=0, help="EWC penalty strength λ")
     ewc_gamma: float = spec(1.0, ge=0, le=1, help="online-EWC decay of the old Fisher")
     ewc_samples: int = spec(256, ge=1, help="samples per Fisher estimate")
-    bic_steps: int = spec(100, ge=1, help="optimisation steps of BiC's two-parameter stage")
-    bic_lr: float = spec(0.01, gt=0, help="learning rate of BiC's stage")
+    bic_steps: int = spec(300, ge=1, help="gradient steps of BiC's two-parameter stage")
+    bic_lr: float = spec(0.1, gt=0, help="learning rate of BiC's two-parameter stage")
     bic_temperature: float = spec(2.0, gt=0, help="BiC distillation temperature")
 
 
@@ -506,6 +507,10 @@ def _validate_continual(cfg: ExperimentConfig) -> None:
     if cl.class_order is not None and sorted(cl.class_order) != list(range(classes)):
         raise ConfigError("continual.class_order", cl.class_order,
                           f"a permutation of 0..{classes - 1}")
+    if cfg.eval.every and cl.rounds_per_task % cfg.eval.every:
+        raise ConfigError("eval.every", cfg.eval.every,
+                          f"a divisor of continual.rounds_per_task = {cl.rounds_per_task} (the "
+                          f"accuracy matrix needs a score at every task boundary)")
     if cfg.rounds > cl.tasks * cl.rounds_per_task:
         raise ConfigError("rounds", cfg.rounds, f"at most continual.tasks x rounds_per_task = "
                                                 f"{cl.tasks * cl.rounds_per_task}")

@@ -64,6 +64,8 @@ def test_class_order_and_bad_continual_configs():
         cl_cfg(rounds=11)
     with pytest.raises(ConfigError, match="algorithm.name"):
         cl_cfg(**{"algorithm.name": "fedavg", "model.name": "mlp"})
+    with pytest.raises(ConfigError, match="eval.every"):
+        cl_cfg(**{"eval.every": 3})
     with pytest.raises(ConfigError, match="buffer_total"):
         cl_cfg(**{"continual.buffer_total": 2})
     with pytest.raises(ValueError):
@@ -149,7 +151,10 @@ def test_bias_correction_fits_a_biased_head():
     logits = torch.randn(400, 4, generator=gen) + 3 * torch.nn.functional.one_hot(y, 4)
     logits[:, 2:] += 4.0  # classes 2, 3 are the new task: biased upwards
     before = (logits.argmax(1) == y).float().mean()
-    a, b = fit_bias(logits, y, torch.tensor([2, 3]), 1.0, 0.0, 300, 0.1)
+    from fedray.config import ContinualConfig
+
+    d = ContinualConfig()
+    a, b = fit_bias(logits, y, torch.tensor([2, 3]), 1.0, 0.0, d.bic_steps, d.bic_lr)
     fixed = logits.clone()
     fixed[:, 2:] = fixed[:, 2:] * a + b
     assert b < -1.0 and (fixed.argmax(1) == y).float().mean() > before + 0.2
@@ -159,6 +164,6 @@ def test_fisher_is_nonnegative_and_zero_where_no_gradient_flows():
     lin = torch.nn.Linear(3, 2)
     unused = torch.nn.Linear(3, 2)
     model = torch.nn.ModuleDict({"a": lin, "b": unused})
-    f = fisher_diagonal(model, torch.randn(8, 3), lambda t: lin(t))
+    f = fisher_diagonal(model, torch.randn(8, 3), torch.randint(0, 2, (8,)), lambda t: lin(t))
     assert all((v >= 0).all() for v in f.values())
     assert f["a.weight"].sum() > 0 and f["b.weight"].sum() == 0

@@ -8,6 +8,7 @@ import pytest
 from conftest import full_and_resumed
 
 from fedray.algorithms import make_algorithm
+from fedray.algorithms.hetero import balanced_split, od_choices
 from fedray.algorithms.base import ClientContext
 from fedray.config import ConfigError, load_config
 from fedray.data import build_data
@@ -64,13 +65,84 @@ def test_client_update_trains_nested_sub_models_deterministically():
         assert all(out.upload[k].shape == s for k, s in names.items())
         again = alg.client_update(context(cfg, data, alg, cid, 1, res), sent)
         assert all(np.array_equal(out.upload[k], again.upload[k]) for k in out.upload)
-        ratios = [r.param_ratio for r in res.grid if r.geometry.within(res.tiers[tier].geometry)]
-        assert min(ratios) <= out.metrics["sub_param_ratio"] <= max(ratios)
+        nested = [r for r in res.grid if r.geometry.within(res.tiers[tier].geometry)]
+        own = res.tiers[tier]
+        assert all(r.s <= own.s and r.s * r.b <= own.s * own.b + 1e-12 for r in nested)
+        assert len(nested) == {"t100": 3, "t025": 2, "t006": 1}[tier]
+        steps = int(out.metrics["steps"])
+        picks = od_choices(cfg.seed, 1, cid, steps, len(nested))
+        assert out.metrics["sub_param_ratio"] == pytest.approx(
+            np.mean([nested[i].param_ratio for i in picks]))
         assert len(out.state["buffer"]["y"]) == 5 and out.state["buffer"]["n"] == 5
     # a lower tier's whole sub-model is the prefix of the broadcast of a higher tier
     hi, lo = pol.broadcast(g, 1, "t100"), pol.broadcast(g, 1, "t006")
     for k, v in lo.items():
         assert np.array_equal(v, hi[k][tuple(slice(0, n) for n in v.shape)])
+
+
+def test_ordered_dropout_draws_depend_on_round_client_and_step_only():
+    a = od_choices(0, 3, 1, 200, 3)
+    assert np.array_equal(a, od_choices(0, 3, 1, 200, 3))
+    assert np.array_equal(a[:50], od_choices(0, 3, 1, 50, 3))  # step t: same draw
+    assert not np.array_equal(a, od_choices(0, 4, 1, 200, 3))
+    assert not np.array_equal(a, od_choices(0, 3, 2, 200, 3))
+    counts = np.bincount(a, minlength=3)
+    assert counts.min() > 40  # uniform over the nested sub-models
+
+
+def run_client_rounds(method, rounds, **extra):
+    """Rounds 1..rounds of client 0 (tier t100) alone, carrying its state, the server
+    applying its update each round; returns [(broadcast, output)] per round."""
+    cfg = drod_cfg(**{"continual.method": method, **extra})
+    data = build_data(cfg)
+    alg = make_algorithm(cfg)
+    res = alg.build_resident(data.input_shape, data.num_classes, "cpu")
+    g = alg.init_global_state(res, cfg.seed)
+    pol = alg.make_policy()
+    state, out = None, []
+    for r in range(1, rounds + 1):
+        sent = pol.broadcast(g, r, "t100")
+        o = alg.client_update(context(cfg, data, alg, 0, r, res, state), sent)
+        g, _ = pol.aggregate(g, [(0, o.num_samples, o.upload)], r)
+        state = o.state
+        out.append((sent, o))
+    return out
+
+
+def test_task_boundaries_of_ewc_bic_and_derpp():
+    """2 tasks x 2 rounds: EWC's Fisher is estimated at round 2 on the broadcast weights
+    and its anchor is round 3's broadcast (the model that finished task 0); BiC's teacher
+    likewise, and its correction is fitted once, at task 1's last round, for task 1's
+    classes only; DER++ stores logits for every exemplar."""
+    ewc = run_client_rounds("ewc", 4)
+    assert "fisher" not in ewc[0][1].state and "fisher" in ewc[1][1].state
+    sent3, out3 = ewc[2]
+    assert out3.state["anchor_task"] == 1
+    assert all(np.array_equal(out3.state["anchor"][k], sent3[k]) for k in sent3)
+    assert all((v >= 0).all() for v in out3.state["fisher"].values())
+    assert sum(float(v.sum()) for v in out3.state["fisher"].values()) > 0
+    bic = run_client_rounds("bic", 4)
+    assert [("bic_alpha" in o.metrics) for _, o in bic] == [False, False, False, True]
+    up = bic[3][1].upload
+    assert not up["bic.scale"][:5].any() and up["bic.scale"][5:].any()
+    assert np.array_equal(bic[2][1].state["anchor"]["fc.weight"], bic[2][0]["fc.weight"])
+    derpp = run_client_rounds("derpp", 1)
+    buf = derpp[0][1].state["buffer"]
+    assert buf["logits"].shape == (5, 10) and np.abs(buf["logits"][:buf["n"]]).sum() > 0
+
+
+def test_bic_validation_split_is_class_balanced():
+    from fedray.continual.buffer import ReservoirBuffer
+
+    gen = np.random.default_rng(0)
+    buf = ReservoirBuffer(12)
+    yb = np.array([0, 0, 0, 1, 1, 2, 2, 2, 2, 3, 3, 3])
+    buf.add(np.arange(12.0)[:, None], yb, gen)
+    x, y = balanced_split(np.zeros((7, 1)), np.array([2, 2, 3, 3, 3, 3, 2]), buf,
+                          np.array([0, 1]), gen)
+    assert sorted(np.unique(y, return_counts=True)[1]) == [2, 2, 2, 2]  # old 0, 1; new 2, 3
+    assert balanced_split(np.zeros((2, 1)), np.array([2, 3]), None, np.array([0]),
+                          gen)[1].size == 0  # no old exemplars: nothing to balance
 
 
 def test_bad_drod_configs_fail_before_any_ray_work():
@@ -111,7 +183,8 @@ def test_three_tiers_on_ray_bytes_per_tier_and_per_task_scores(ray_session, tmp_
         for t in (0, 1):
             for kind in ("class_il", "task_il"):
                 assert 0 <= last[f"tier/{tier}/task{t}/{kind}"] <= 1
-    assert sizes["t100"] > 3 * sizes["t025"] > 3 * sizes["t006"]
+    assert sizes["t100"] > 3 * sizes["t025"]
+    assert sizes["t025"] > 3 * sizes["t006"]
     fleet = np.mean([rounds[f"tier/{t}/accuracy"].iloc[-1] for t in ("t100", "t025", "t006")])
     assert rounds["global_accuracy"].iloc[-1] == pytest.approx(fleet)
 

@@ -183,3 +183,33 @@ def test_rolling_selection_wraps_and_scatter_inverts_gather():
     w = back["stem.conv.weight"]
     assert np.array_equal(w[[6, 7, 0, 1]], state["stem.conv.weight"][[6, 7, 0, 1]])
     assert not w[2:6].any()
+
+
+def test_rolling_windows_follow_each_axis_through_a_stage_change():
+    """FedRolex with b < 1: every dimension of every tensor is cut by its own axis' window
+    (stream of the block's stage, stream of the previous stage, hidden width), each rolled
+    by the round modulo that axis' full width."""
+    g = SMALL.geometry(0.5, 0.5)  # stream (4, 8, 16, 32), hidden (2, 2, 4, 4, 8, 8, 16, 16)
+    r = 5
+    state = get_state(full_model())
+    sub = gather(SMALL, (16, 16), state, g, selection(SMALL, g, "rolling", r))
+
+    def win(width, full):
+        return (r + np.arange(width)) % full
+
+    j = 2  # first block of stage 1: 8 -> 16 channels, stride 2, hidden 4 of 16
+    conv1 = state[f"blocks.{j}.conv1.weight"][np.ix_(win(4, 16), win(4, 8))]
+    assert np.array_equal(sub[f"blocks.{j}.conv1.weight"], conv1)
+    conv2 = state[f"blocks.{j}.conv2.weight"][np.ix_(win(8, 16), win(4, 16))]
+    assert np.array_equal(sub[f"blocks.{j}.conv2.weight"], conv2)
+    short = state[f"blocks.{j}.shortcut.conv.weight"][np.ix_(win(8, 16), win(4, 8))]
+    assert np.array_equal(sub[f"blocks.{j}.shortcut.conv.weight"], short)
+    assert np.array_equal(sub[f"blocks.{j}.norm1.weight"], state[f"blocks.{j}.norm1.weight"][
+        win(4, 16)])
+    assert np.array_equal(sub["fc.weight"], state["fc.weight"][:, win(32, 64)])
+    # the compact state is exactly the sub-model built at g (names and shapes)
+    model = SliceableResNet(SMALL, (16, 16), g, all_heads=False)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in sub.items()})
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.isfinite(model(x)).all()

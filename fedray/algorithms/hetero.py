@@ -21,8 +21,14 @@ every local step a client samples uniformly one of the ladder's sub-models its o
 (s ≤ s_own, s·b ≤ s_own·b_own), from (seed, round, client, step).
 
 With ``continual.tasks`` the client also runs the configured continual-learning objective
-(:mod:`fedray.continual.objectives`); its replay buffer, Fisher and teacher live in the
-client state store. Evaluation scores each tier's own sub-model, per task.
+(:mod:`fedray.continual.objectives`); its replay buffer, Fisher and anchor/teacher live in
+the client state store. Choices where the papers leave the federated case open: EWC's
+anchor θ* and BiC's teacher are the global model that finished the previous task (the
+client's first broadcast of the new task); EWC's Fisher is estimated at a task's last
+round on the broadcast weights with the task's data; BiC's two-parameter stage runs once
+per task after its last round on a class-balanced split (held-out new-class samples,
+old-class exemplars); DER++ stores the logits of the sub-model sampled at that step.
+Evaluation scores each tier's own sub-model, per task.
 """
 
 from __future__ import annotations
@@ -251,7 +257,6 @@ class Hetero(Algorithm):
         classes = self._tasks(model.arch.num_classes)
         method = cl.method if classes is not None else "none"
         task = task_of_round(ctx.round, cl.rounds_per_task, cl.tasks) if classes else 0
-        first = bool(classes) and (ctx.round - 1) % cl.rounds_per_task == 0
         last = bool(classes) and ctx.round % cl.rounds_per_task == 0
         old = torch.as_tensor(old_classes(classes, task) if classes else [], dtype=torch.long)
         capacity = cl.buffer_total // self.cfg.clients.num_clients
@@ -262,19 +267,20 @@ class Hetero(Algorithm):
         tgen = torch_generator(ctx.seed, ctx.round, ctx.client_id, "augment")
         scale = torch.as_tensor(np.asarray(broadcast.get("bic.scale", [])), dtype=torch.float32)
         shift = torch.as_tensor(np.asarray(broadcast.get("bic.shift", [])), dtype=torch.float32)
-        if method == "bic" and first:
-            state["teacher"] = {k: np.asarray(v).copy() for k, v in broadcast.items()
-                                if not k.startswith("bic.")}
+        net = {k: np.asarray(v).copy() for k, v in broadcast.items() if not k.startswith("bic.")}
+        if method in ("bic", "ewc") and task > 0 and state.get("anchor_task") != task:
+            # the model that finished the previous task: BiC's teacher, EWC's anchor θ*
+            state["anchor"], state["anchor_task"] = net, task
         teacher = None
-        if method == "bic" and task > 0 and "teacher" in state:
+        if method == "bic" and task > 0:
             from fedray.models.sliceable import SliceableResNet
 
             teacher = SliceableResNet(model.arch, model.input_hw, model.geometry, False).to(dev)
             teacher.load_state_dict({k: torch.from_numpy(v) for k, v in
-                                     state["teacher"].items()})
+                                     state["anchor"].items()})
             teacher.eval()
         anchor = fisher = None
-        if method == "ewc" and "fisher" in state:
+        if method == "ewc" and task > 0 and "fisher" in state:
             fisher = {k: torch.from_numpy(v).to(dev) for k, v in state["fisher"].items()}
             anchor = {k: torch.from_numpy(v).to(dev) for k, v in state["anchor"].items()}
 
@@ -288,14 +294,21 @@ class Hetero(Algorithm):
 
         x = torch.from_numpy(ctx.x_train).to(dev)
         y = torch.from_numpy(ctx.y_train).to(dev)
+        if method == "ewc" and last:  # this task's Fisher at the broadcast (global) weights
+            n_f = min(cl.ewc_samples, len(x))
+            pick = torch.from_numpy(rng(ctx.seed, ctx.round, ctx.client_id, "fisher")
+                                    .choice(len(x), n_f, replace=False))
+            new = fisher_diagonal(model, x[pick], y[pick], lambda t: model(t))
+            prev = state.get("fisher")
+            state["fisher"] = {k: (cl.ewc_gamma * prev[k] if prev else 0) + v.cpu().numpy()
+                               for k, v in new.items()}
         aug = (lambda t: augment(t, tgen)) if self.params.augment and x.dim() == 4 else \
             (lambda t: t)
         params = [p for p in model.parameters() if p.requires_grad]
         opt = SGD(params, lr=loc.lr, momentum=loc.momentum, weight_decay=loc.weight_decay)
         steps = list(batches(len(x), loc.batch_size, loc.epochs, ctx.seed, ctx.round,
                              ctx.client_id, loc.max_steps))
-        choice = rng(ctx.seed, ctx.round, ctx.client_id, "ordered-dropout").integers(
-            0, len(grid), size=len(steps))
+        choice = od_choices(ctx.seed, ctx.round, ctx.client_id, len(steps), len(grid))
         lam = len(old) / (len(old) + len(classes[task])) if classes else 0.0
         model.train()
         total, sub_params = 0.0, 0.0
@@ -343,26 +356,14 @@ class Hetero(Algorithm):
         n = max(len(steps), 1)
         metrics = {"train_loss": total / n, "steps": float(len(steps)), "task": float(task),
                    "sub_param_ratio": sub_params / n}
-        if method == "ewc" and last:
-            n = min(cl.ewc_samples, len(x))
-            pick = torch.from_numpy(rng(ctx.seed, ctx.round, ctx.client_id, "fisher")
-                                    .choice(len(x), n, replace=False))
-            new = fisher_diagonal(model, x[pick], lambda t: model(t))
-            prev = state.get("fisher")
-            state["fisher"] = {k: (cl.ewc_gamma * prev[k] if prev else 0) + v.cpu().numpy()
-                               for k, v in new.items()}
-            state["anchor"] = {k: p.detach().cpu().numpy().copy()
-                               for k, p in model.named_parameters()}
         bic = {}
         if method == "bic":
             bic = {"bic.scale": scale.numpy().copy(), "bic.shift": shift.numpy().copy()}
-            if task > 0:
+            xv, yv = balanced_split(ctx.x_test, ctx.y_test, buffer, old.numpy(),
+                                    rng(ctx.seed, ctx.round, ctx.client_id, "bic-split")) \
+                if last and task > 0 else (ctx.x_test[:0], ctx.y_test[:0])
+            if len(yv):  # stage 2 once per task, after its last round of stage 1
                 new = torch.as_tensor(classes[task])
-                xv, yv = ctx.x_test, ctx.y_test
-                if len(buffer):
-                    bi = buffer.sample(len(yv), gen)
-                    xv = np.concatenate([xv, buffer.x[bi]])
-                    yv = np.concatenate([yv, buffer.y[bi]])
                 model.eval()
                 with torch.no_grad():
                     val = corrected(model(torch.from_numpy(xv).to(dev)).float(), old).cpu()
@@ -414,6 +415,37 @@ class Hetero(Algorithm):
         if classes is not None:
             res.update(task_accuracies(out, y, classes))
         return res
+
+
+def od_choices(seed: int, round: int, client: int, steps: int, options: int) -> np.ndarray:
+    """Ordered Dropout: the index of the sub-model each local step samples, uniform over the
+    ``options`` nested sub-models the client's tier contains; step t's draw is a function
+    of (seed, round, client, t) alone."""
+    from fedray.seeding import rng
+
+    return rng(seed, round, client, "ordered-dropout").integers(0, options, size=steps)
+
+
+def balanced_split(x_new: np.ndarray, y_new: np.ndarray, buffer: Any, old: np.ndarray,
+                   gen: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """BiC's validation set: the same number of samples of every class, new classes from
+    the client's held-out split, old classes from its exemplars (Wu et al. keep part of the
+    exemplars out of training for this; a federated client's buffer is too small to split,
+    so ours were replayed — documented choice). Empty when a side is missing."""
+    xs = [x_new]
+    ys = [y_new]
+    if buffer is not None and len(buffer):
+        keep = np.isin(buffer.y[:len(buffer)], old)
+        xs.append(buffer.x[:len(buffer)][keep])
+        ys.append(buffer.y[:len(buffer)][keep])
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    classes, counts = np.unique(y, return_counts=True)
+    if not np.isin(old, classes).any() or len(classes) < 2:
+        return x[:0], y[:0]
+    m = int(counts.min())
+    idx = np.concatenate([np.sort(gen.choice(np.flatnonzero(y == c), m, replace=False))
+                          for c in classes])
+    return x[idx], y[idx]
 
 
 def _method(name: str, axis: str, rule: str, doc: str) -> type[Hetero]:

@@ -21,7 +21,10 @@ class ReservoirBuffer:
         self.logits: np.ndarray | None = None
         if state:
             self.seen, self.n = int(state["seen"]), int(state["n"])
-            self.x, self.y, self.logits = state["x"], state["y"], state.get("logits")
+            # copies: a retried or resumed client must start from the stored state
+            self.x, self.y = np.array(state["x"]), np.array(state["y"])
+            logits = state.get("logits")
+            self.logits = None if logits is None else np.array(logits)
 
     def __len__(self) -> int:
         return self.n

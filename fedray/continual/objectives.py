@@ -44,18 +44,18 @@ def ewc_penalty(params: dict[str, torch.Tensor], fisher: dict[str, torch.Tensor]
     return 0.5 * total
 
 
-def fisher_diagonal(model: torch.nn.Module, x: torch.Tensor, forward: Callable) -> dict:
-    """Diagonal Fisher ``E_x E_{y~p(y|x)} [(∂ log p(y|x)/∂θ)²]``, one sample at a time, the
-    label expectation taken exactly over the predicted distribution's top class weighted by
-    its probability (Mammoth's ewc_on estimate)."""
+def fisher_diagonal(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                    forward: Callable) -> dict:
+    """Diagonal Fisher estimate ``mean_i p(y_i|x_i) (∂ log p(y_i|x_i)/∂θ)²`` with the true
+    labels, one sample at a time (Mammoth's ewc_on: the squared gradient of the label's
+    log-likelihood weighted by its probability)."""
     fisher = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
     for i in range(len(x)):
         model.zero_grad()
         logp = F.log_softmax(forward(x[i:i + 1]), 1)
-        top = logp.argmax(1)
-        nll = -logp[0, top]
+        nll = -logp[0, y[i]]
         nll.backward()
-        weight = float(torch.exp(-nll))
+        weight = float(torch.exp(-nll.detach()))
         for k, p in model.named_parameters():
             if p.grad is not None:
                 fisher[k] += weight * p.grad.detach() ** 2

@@ -73,8 +73,10 @@ class ContinualData:
         idx = (self.train_idx if split == "train" else self.test_idx)[t][cid]
         return self.x[idx], self.y[idx]
 
-    def num_samples(self, cid: int, split: Literal["train", "test"] = "train") -> int:
-        return len((self.train_idx if split == "train" else self.test_idx)[0][cid])
+    def num_samples(self, cid: int, split: Literal["train", "test"] = "train", round: int = 1
+                    ) -> int:
+        """Size of client ``cid``'s ``split`` of the task trained in ``round``."""
+        return len(self.client_arrays(cid, round, split)[1])
 
     def summary(self) -> dict[str, Any]:
         return {

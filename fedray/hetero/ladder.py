@@ -138,6 +138,8 @@ def solve_rung(arch: Arch, hw: tuple[int, int], rho: float, axis: Axis = "dual",
             dropped = options[-1]
             s = _closest(grid, rho, lambda v: ratio_s(v, dropped))
     else:
+        if not arch.exits:
+            raise ValueError("the depth axis needs exit heads (model.exits: true)")
         full = arch.full()
 
         def cut(d: int) -> Geometry:

@@ -231,7 +231,8 @@ class Driver:
         scores = evaluated.get("tiers", {})
         g = {}
         if scores:  # the fleet: unweighted mean over tiers of each tier's own model
-            g = {k: float(np.mean([v[k] for v in scores.values()])) for k in ("accuracy", "loss")}
+            g = {k: float(np.mean([v.get(k, math.nan) for v in scores.values()]))
+                 for k in ("accuracy", "loss")}
         per_tier = {f"tier/{t}/{k}": float(v) for t, res in scores.items()
                     for k, v in res.items() if k != "n"}
         for t in {self.tier_of[c] for c in sampled}:

@@ -1,0 +1,281 @@
+"""Hyperparameter sweeps with Ray Tune: any config key, one trial = one whole experiment.
+
+A space maps dotted config keys to one of ``choice``, ``grid``, ``uniform``, ``loguniform``,
+``randint`` (from the command line ``KEY=KIND:V1,V2,...`` or a YAML ``sweep: {space: ...}``
+block). Each trial reserves one placement group holding its driver and all its executors
+(one bundle per executor, shaped like its tier), runs the experiment round by round and
+reports every round's metrics, so ASHA can stop weak trials early. Each trial writes an
+ordinary fedray run directory; an interrupted sweep resumes with ``Tuner.restore`` and every
+unfinished trial continues from its own last round checkpoint. The sweep ends with a table
+(Parquet + Markdown) of every trial's config and final metrics, best first.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from fedray.config import ConfigError, ExperimentConfig, load_config, read_file
+
+KINDS = ("choice", "grid", "uniform", "loguniform", "randint")
+
+
+def _orders(cfg: ExperimentConfig) -> dict[str, dict]:
+    n = cfg.clients.sampled_count()
+    return {"algorithm.beta": {"uniform": [0.3, 0.7]},
+            "algorithm.gamma": {"uniform": [max(1.0, n / 3), max(1.0, n / 2)]}}
+
+
+PRESETS: dict[str, Callable[[ExperimentConfig], dict[str, dict]]] = {
+    "drod": lambda cfg: {"algorithm.theta": {"grid": [0.0, 0.25, 0.5, 0.75, 1.0]}},
+    "orders": _orders,
+    "flite": lambda cfg: {"algorithm.d": {"choice": [32, 64, 128]},
+                          "algorithm.r": {"choice": [8, 16, 32]}},
+    "favor": lambda cfg: {"algorithm.lambda_align": {"loguniform": [0.01, 1.0]}},
+}
+
+
+def parse_space_arg(text: str) -> tuple[str, dict]:
+    """``KEY=KIND:V1,V2`` → (KEY, {KIND: [V1, V2]}) with YAML-typed values."""
+    key, sep, rest = text.partition("=")
+    kind, sep2, values = rest.partition(":")
+    if not sep or not sep2 or not key:
+        raise ConfigError("--space", text, "KEY=KIND:V1,V2,... e.g. algorithm.theta=grid:0,0.5,1")
+    return key.strip(), {kind.strip(): [_value(v.strip()) for v in values.split(",")]}
+
+
+def _value(text: str) -> Any:
+    """A number when it reads as one (YAML 1.1 keeps ``1e-3`` a string), else YAML."""
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return yaml.safe_load(text)
+
+
+def check_space(space: dict[str, dict]) -> None:
+    if not space:
+        raise ConfigError("sweep.space", space, "at least one key to sweep")
+    for key, spec in space.items():
+        if not isinstance(spec, dict) or len(spec) != 1 or next(iter(spec)) not in KINDS:
+            raise ConfigError(f"sweep.space.{key}", spec, f"one of {{{', '.join(KINDS)}: "
+                                                          f"[values]}}")
+        kind, vals = next(iter(spec.items()))
+        if not isinstance(vals, list) or not vals:
+            raise ConfigError(f"sweep.space.{key}.{kind}", vals, "a non-empty list")
+        if kind in ("uniform", "loguniform", "randint"):
+            if len(vals) != 2 or not all(isinstance(v, (int, float)) for v in vals) \
+                    or not vals[0] < vals[1]:
+                raise ConfigError(f"sweep.space.{key}.{kind}", vals, "[low, high], low < high")
+            if kind == "loguniform" and vals[0] <= 0:
+                raise ConfigError(f"sweep.space.{key}.{kind}", vals, "positive bounds")
+
+
+def to_tune(spec: dict) -> Any:
+    from ray import tune
+
+    kind, vals = next(iter(spec.items()))
+    if kind == "choice":
+        return tune.choice(vals)
+    if kind == "grid":
+        return tune.grid_search(vals)
+    return {"uniform": tune.uniform, "loguniform": tune.loguniform,
+            "randint": tune.randint}[kind](*vals)
+
+
+def _representatives(spec: dict) -> list[Any]:
+    kind, vals = next(iter(spec.items()))
+    return list(vals) if kind in ("choice", "grid") else [vals[0]]
+
+
+def override(key: str, value: Any) -> str:
+    return f"{key}={json.dumps(value)}"
+
+
+@dataclass
+class SweepSpec:
+    """What to sweep and how: the space plus Tune's knobs."""
+
+    space: dict[str, dict]
+    metric: str = "global_accuracy"
+    mode: str = "max"
+    num_samples: int = 1
+    max_concurrent: int = 1
+    scheduler: str = "asha"
+    grace_period: int = 1
+    reduction_factor: int = 2
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self, cfg: ExperimentConfig, base: dict, overrides: list[str]) -> None:
+        check_space(self.space)
+        if self.mode not in ("max", "min"):
+            raise ConfigError("sweep.mode", self.mode, "max or min")
+        if self.scheduler not in ("asha", "none"):
+            raise ConfigError("sweep.scheduler", self.scheduler, "asha or none")
+        for name in ("num_samples", "max_concurrent", "grace_period"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"sweep.{name}", getattr(self, name), "at least 1")
+        if self.grace_period > cfg.rounds:
+            raise ConfigError("sweep.grace_period", self.grace_period,
+                              f"at most rounds = {cfg.rounds}")
+        for key, spec in self.space.items():  # every value must make a valid experiment
+            for v in _representatives(spec):
+                load_config(None, [*overrides, override(key, v)], base=base)
+
+
+def load_sweep(config: str | os.PathLike | dict, overrides: Iterable[str] = (),
+               space: dict[str, dict] | None = None, preset: str | None = None,
+               **options: Any) -> tuple[ExperimentConfig, dict, list[str], SweepSpec]:
+    """The base experiment (validated, without its ``sweep`` block) and the sweep spec:
+    the file's ``sweep`` block, then a preset's space, then ``space``, then ``options``."""
+    data = dict(config) if isinstance(config, dict) else read_file(config)
+    block = dict(data.pop("sweep", None) or {})
+    overrides = list(overrides)
+    cfg = load_config(None, overrides, base=data)
+    merged = dict(block.pop("space", None) or {})
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError("--preset", preset, "one of " + ", ".join(PRESETS))
+        merged |= PRESETS[preset](cfg)
+    merged |= space or {}
+    known = {f.name for f in SweepSpec.__dataclass_fields__.values()} - {"space", "extra"}
+    unknown = set(block) - known
+    if unknown:
+        raise ConfigError("sweep", sorted(unknown)[0], "one of " + ", ".join(sorted(known)))
+    spec = SweepSpec(merged, **(block | {k: v for k, v in options.items() if v is not None}))
+    spec.validate(cfg, data, overrides)
+    return cfg, data, overrides, spec
+
+
+def trial_bundles(cfg: ExperimentConfig) -> list[dict[str, float]]:
+    """One bundle for the trial (its process and the driver), one per executor."""
+    bundles = [{"CPU": 1.0}]
+    for t in cfg.runtime.tiers:
+        b = {"CPU": float(t.num_cpus), "GPU": float(t.num_gpus), **t.resources}
+        bundles += [{k: v for k, v in b.items() if v}] * t.executors
+    return [b or {"CPU": 0.01} for b in bundles]
+
+
+def _finite(row: dict) -> dict[str, float]:
+    return {k: float(v) for k, v in row.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def _trial(params: dict, *, base: dict, overrides: list[str], run_root: str) -> None:
+    """One Tune trial: one experiment, reporting after every round; resumes its own run."""
+    from ray import tune
+
+    from fedray.runtime import Experiment
+    from fedray.runtime.storage import Storage
+
+    cfg = load_config(None, [*overrides, *(override(k, v) for k, v in params.items())],
+                      base=base)
+    ctx = tune.get_context()
+    run_dir = os.path.join(run_root, ctx.get_trial_id())
+    exp = Experiment(cfg, run_dir, resume=Storage(run_dir).exists("checkpoints/LATEST"))
+    exp.start()
+    last: dict[str, float] = {}
+    try:
+        while not exp.done:
+            row = _finite(exp.step())
+            last |= row  # accuracy carried forward between evaluation rounds
+            tune.report({**last, "rounds_total": cfg.rounds, "run_dir": run_dir})
+        exp.close()
+    finally:
+        exp.release()
+
+
+@dataclass
+class SweepResult:
+    table: Any
+    best_config: dict[str, Any]
+    best_metric: float
+    parquet: str
+    markdown: str
+    path: str
+
+
+def sweep(config: str | os.PathLike | dict, space: dict[str, dict] | None = None, *,
+          overrides: Iterable[str] = (), preset: str | None = None,
+          storage_path: str = "runs/sweeps", name: str | None = None,
+          resume: bool = False, **options: Any) -> SweepResult:
+    """Run (or, with ``resume``, continue) a sweep and write its result table."""
+    from ray import tune
+
+    from fedray.runtime import init_ray
+
+    cfg, base, overrides, spec = load_sweep(config, overrides, space, preset, **options)
+    name = name or f"sweep-{cfg.name}"
+    storage_path = os.path.abspath(storage_path) if "://" not in storage_path else storage_path
+    path = os.path.join(storage_path, name)
+    run_root = os.path.join(path, "runs")
+    init_ray(cfg)
+    trainable = tune.with_resources(
+        tune.with_parameters(_trial, base=base, overrides=overrides, run_root=run_root),
+        tune.PlacementGroupFactory(trial_bundles(cfg), strategy="PACK"))
+    if resume and tune.Tuner.can_restore(path):
+        tuner = tune.Tuner.restore(path, trainable, resume_unfinished=True,
+                                   resume_errored=True)
+    else:
+        scheduler = None
+        if spec.scheduler == "asha":
+            scheduler = tune.schedulers.ASHAScheduler(
+                time_attr="round", max_t=cfg.rounds, grace_period=spec.grace_period,
+                reduction_factor=spec.reduction_factor)
+        tuner = tune.Tuner(
+            trainable, param_space={k: to_tune(v) for k, v in spec.space.items()},
+            tune_config=tune.TuneConfig(metric=spec.metric, mode=spec.mode,
+                                        num_samples=spec.num_samples, scheduler=scheduler,
+                                        max_concurrent_trials=spec.max_concurrent),
+            run_config=tune.RunConfig(name=name, storage_path=storage_path, verbose=0))
+    return write_table(tuner.fit(), spec, path)
+
+
+def write_table(grid: Any, spec: SweepSpec, path: str) -> SweepResult:
+    """Every trial's config and final metrics, best first, as Parquet and Markdown."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from fedray.runtime.storage import Storage
+
+    keys = list(spec.space)
+    rows = []
+    for res in grid:
+        m = res.metrics or {}
+        cfg = res.config or {}
+        rows.append({"trial": os.path.basename(str(res.path)),
+                     **{k: json.dumps(cfg.get(k)) for k in keys},
+                     "rounds": int(m.get("round", 0)),
+                     spec.metric: float(m.get(spec.metric, math.nan)),
+                     "stopped_early": int(m.get("round", 0)) < int(m.get("rounds_total", 0)),
+                     "error": str(res.error) if res.error else "",
+                     "run_dir": m.get("run_dir", "")})
+    sign = -1 if spec.mode == "max" else 1
+    rows.sort(key=lambda r: (math.isnan(r[spec.metric]), sign * r[spec.metric]
+                             if not math.isnan(r[spec.metric]) else 0))
+    storage = Storage(path)
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), buf)
+    storage.write_bytes("sweep.parquet", buf.getvalue())
+    best = rows[0] if rows else {}
+    best_config = {k: json.loads(best[k]) for k in keys} if best else {}
+    cols = ["trial", *keys, "rounds", "stopped_early", spec.metric, "error"]
+    lines = [f"# Sweep {os.path.basename(path)}", "",
+             f"Best {spec.metric} ({spec.mode}): {best.get(spec.metric, math.nan):.4f} with "
+             + ", ".join(f"`{k}={v}`" for k, v in best_config.items()), "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c])
+                                       for c in cols) + " |")
+    storage.write_bytes("SWEEP.md", ("\n".join(lines) + "\n").encode())
+    return SweepResult(rows, best_config, float(best.get(spec.metric, math.nan)),
+                       os.path.join(path, "sweep.parquet"), os.path.join(path, "SWEEP.md"),
+                       path)
