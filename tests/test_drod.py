@@ -8,8 +8,8 @@ import pytest
 from conftest import full_and_resumed
 
 from fedray.algorithms import make_algorithm
-from fedray.algorithms.hetero import balanced_split, od_choices
 from fedray.algorithms.base import ClientContext
+from fedray.algorithms.hetero import balanced_split, od_choices
 from fedray.config import ConfigError, load_config
 from fedray.data import build_data
 from fedray.hetero.selection import held
