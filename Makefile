@@ -19,6 +19,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check fedray tests jobs benchmarks
 	$(PY) -m pytest -q -p no:cacheprovider
+	VENV=$(VENV) bash tests/cluster/run.sh
 
 bench: $(STAMP)
 	bash benchmarks/setup_flower_venv.sh

@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import tempfile
 import time
 
@@ -37,22 +38,13 @@ import pandas as pd
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+sys.path.insert(0, os.path.join(ROOT, "jobs"))
+from orders_noniid import MODELS, NONIID  # noqa: E402  (the job's settings, one definition)
+
 BASE = ["rounds=20", "clients.num_clients=20", "clients.fraction=0.5", "local.epochs=2",
         "local.batch_size=16", "local.lr=0.05", "eval.every=2", "eval.finetune_epochs=1",
         "eval.local_before_after=true", "data.dataset=digits",
         "runtime.tiers=[{name: default, executors: 2, num_cpus: 1}]"]
-NONIID = {
-    "label": ["data.partition=dirichlet", "data.alpha=0.3"],
-    "quantity": ["data.partition=quantity", "data.quantity_alpha=0.3"],
-    "feature": ["data.partition=iid", "data.feature_skew=1.0"],
-    "drift": ["data.partition=dirichlet", "data.alpha=0.5", "data.drift_round=11",
-              "data.drift_fraction=0.5"],
-}
-MODELS = {
-    "mlp": ["model.name=mlp", "model.hidden=[64]"],
-    "cnn": ["model.name=cnn", "model.channels=[8,16]", "model.hidden=32"],
-    "lstm": ["model.name=lstm", "model.hidden=32"],
-}
 METHODS = {
     "fedavg": ["algorithm.name=fedavg"],
     "fedprox": ["algorithm.name=fedprox", "algorithm.mu=0.1"],

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The cluster paths for real, after the unit tests (it runs `ray stop`, so nothing else may
+# use Ray on this machine meanwhile):
+#   1. `ray start --head`, then `ray job submit --working-dir .` of the DROD job and of a
+#      DROD θ sweep (Ray Tune) in --smoke mode; wait for SUCCEEDED; check their outputs.
+#   2. a fake multi-node autoscaling cluster built from cluster.yaml's node types: a run
+#      that needs a tier resource gets a node added, which is removed when idle.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+VENV=${VENV:-.venv}
+export PATH="$PWD/$VENV/bin:$PATH"
+export RAY_AUTH_MODE=token            # Ray 2.60 heads use token auth; clients must opt in
+T=$(mktemp -d /tmp/fedray-cluster.XXXXXX)
+trap 'ray stop --force >/dev/null 2>&1 || true' EXIT
+
+wait_job() {  # JOB_ID -> 0 when SUCCEEDED
+  for _ in $(seq 600); do
+    status=$(ray job status --address http://127.0.0.1:8266 "$1" 2>/dev/null | tail -1)
+    case "$status" in
+      *SUCCEEDED*) return 0 ;;
+      *FAILED*|*STOPPED*) echo "$status"; ray job logs --address http://127.0.0.1:8266 "$1" | tail -30; return 1 ;;
+    esac
+    sleep 1
+  done
+  echo "job $1 timed out"; return 1
+}
+
+echo "== ray job submit against ray start --head"
+ray start --head --port=6391 --dashboard-port=8266 --num-cpus=2 --disable-usage-stats >/dev/null
+submit() {
+  ray job submit --address http://127.0.0.1:8266 --working-dir . --no-wait -- "$@" \
+    | grep -o "raysubmit_[A-Za-z0-9]*" | head -1
+}
+drod=$(submit python jobs/drod_split_cifar100.py --smoke --run-dir "$T/drod")
+wait_job "$drod"
+python -c "import json,sys; s=json.load(open('$T/drod/summary.json')); \
+assert s['rounds']==5 and set(s['continual'])=={'t100','t025','t006','fleet'}, s; \
+print('drod job:', s['continual']['fleet'])"
+sweep=$(submit python jobs/sweep_drod.py --smoke --storage "$T/sweeps" --name ci)
+wait_job "$sweep"
+test -s "$T/sweeps/ci/SWEEP.md" && test -s "$T/sweeps/ci/sweep.parquet"
+python -c "import pyarrow.parquet as pq; t=pq.read_table('$T/sweeps/ci/sweep.parquet'); \
+assert t.num_rows==5, t.num_rows; print('sweep job:', t.num_rows, 'trials')"
+ray stop >/dev/null
+
+echo "== fake multi-node autoscaling from cluster.yaml's node types"
+python tests/cluster/fake_autoscaler.py config "$T/fake.json"
+RAY_FAKE_CLUSTER=1 AUTOSCALER_UPDATE_INTERVAL_S=1 ray start --head --port=6379 \
+  --autoscaling-config="$T/fake.json" --num-cpus=0 --dashboard-port=8267 \
+  --disable-usage-stats >/dev/null
+python tests/cluster/fake_autoscaler.py run "$T/auto"
+ray stop >/dev/null
+echo "cluster paths OK"

@@ -1,0 +1,64 @@
+"""cluster.yaml against Ray's own autoscaler schema (offline: nothing contacts AWS)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+
+import jsonschema
+import pytest
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "cluster"))
+
+
+def load():
+    with open(os.path.join(ROOT, "cluster.yaml")) as f:
+        return yaml.safe_load(f)
+
+
+def validate(cfg):
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    validate_config(prepare_config(copy.deepcopy(cfg)))
+
+
+def test_cluster_yaml_validates_against_rays_schema():
+    cfg = load()
+    validate(cfg)
+    types = cfg["available_node_types"]
+    head = types[cfg["head_node_type"]]
+    assert "GPU" not in head["resources"] and head["max_workers"] == 0
+    gpu = {k: v for k, v in types.items() if v["resources"].get("GPU")}
+    assert {v["resources"]["GPU"] for v in gpu.values()} == {4, 8}
+    assert all(v["max_workers"] >= 1 and v["min_workers"] == 0 for v in gpu.values())
+    assert cfg["idle_timeout_minutes"] > 0
+    assert any("pip install" in c and "-e ." in c for c in cfg["setup_commands"])
+    tiers = {k for v in gpu.values() for k in v["resources"] if k.startswith("tier_")}
+    assert {"tier_full", "tier_mid", "tier_low"} <= tiers
+
+
+@pytest.mark.parametrize("edit,where", [
+    (lambda c: c["available_node_types"]["gpu4"].update(max_workers="four"), "max_workers"),
+    (lambda c: c.update(idle_timeout_minutes=-1), "idle_timeout_minutes"),
+    (lambda c: c["provider"].pop("type"), "type")])
+def test_broken_cluster_configs_are_rejected(edit, where):
+    cfg = load()
+    edit(cfg)
+    with pytest.raises((jsonschema.ValidationError, ValueError, KeyError), match=where):
+        validate(cfg)
+
+
+def test_fake_autoscaler_config_mirrors_the_node_types():
+    from fake_autoscaler import fake_config
+    from ray.autoscaler._private.util import validate_config
+
+    cfg = fake_config()
+    validate_config(cfg)
+    real = load()["available_node_types"]
+    for name, spec in cfg["available_node_types"].items():
+        if name in real:
+            tiers = {k: v for k, v in real[name]["resources"].items() if k.startswith("tier_")}
+            assert {k: spec["resources"][k] for k in tiers} == tiers
