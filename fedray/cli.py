@@ -30,6 +30,9 @@ app.add_typer(models_app, name="models")
 flite_app = typer.Typer(help="FLITE (latent federated fine-tuning) tools.", no_args_is_help=True)
 app.add_typer(flite_app, name="flite")
 drod_app = typer.Typer(help="DROD (dual-ratio ordered dropout) tools.", no_args_is_help=True)
+favor_app = typer.Typer(help="FAVoR (shared/private LoRA with style alignment) tools.",
+                        no_args_is_help=True)
+app.add_typer(favor_app, name="favor")
 app.add_typer(drod_app, name="drod")
 
 DEMO_CONFIG = "fedavg_digits.yaml"
@@ -388,6 +391,31 @@ def drod_ladder(model: str = typer.Option("resnet18", help="resnet18 or resnet34
                      f"{list(g.stream)} / {list(g.hidden[:g.depth])}{extra}")
     emit({"model": name, "num_classes": num_classes, "theta": theta, "axis": axis,
           "match": match, "rungs": [r.to_dict() for r in rungs]}, as_json, "\n".join(lines))
+
+
+@favor_app.command("adapter-size")
+def favor_adapter_size(model: str = typer.Option("qwen2.5-3b-instruct", help="One of the "
+                                                 "shipped families: qwen2.5-{0.5b,1.5b,3b,7b}"
+                                                 "-instruct."),
+                       rank: int = typer.Option(16, "--rank", help="LoRA rank r."),
+                       alpha: int = typer.Option(32, "--alpha", help="LoRA α."),
+                       targets: str = typer.Option(",".join(("q_proj", "k_proj", "v_proj",
+                                                             "o_proj", "gate_proj", "up_proj",
+                                                             "down_proj")), "--targets",
+                                                   help="Comma-separated target modules."),
+                       as_json: bool = JSON_OPT) -> None:
+    """Trainable LoRA parameters and the adapter's serialized safetensors bytes (what one
+    FAVoR upload or download weighs), built on the meta device: nothing is downloaded."""
+    from fedray.favor.adapter import LoraSpec, adapter_size
+
+    try:
+        info = adapter_size(model, LoraSpec(rank, alpha, 0.05, tuple(targets.split(","))))
+    except ValueError as e:
+        fail(str(e), as_json)
+    emit(info, as_json, f"{info['hub_id']} LoRA r={rank} α={alpha} on {targets}: "
+                        f"{info['trainable_parameters']:,} trainable parameters, "
+                        f"{info['safetensors_bytes']:,} bytes ({info['safetensors_mib']:.1f} MiB)"
+                        f" as safetensors fp32, {info['tensors']} tensors")
 
 
 def main() -> None:

@@ -1,0 +1,1 @@
+"""FAVoR (federated shared/private LoRA with author-style alignment) and its tooling."""
