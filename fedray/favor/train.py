@@ -1,0 +1,196 @@
+"""FAVoR's client round (Algorithm 2) in plain PyTorch: no Ray, no runtime.
+
+An adapter is a dict of LoRA factor tensors keyed by their peft parameter names; the base
+model stays frozen and every forward pass runs ``torch.func.functional_call`` with the
+adapter's tensors, so a stage trains exactly the tensors it is given.
+
+- Shared stage (eq. 8): from the server adapter A_t, minimise the task loss (eq. 7: token
+  cross-entropy on the supervised tokens) + λ_prox Σ_ℓ ‖A − A_t‖²_F (no ½, as written),
+  giving the shared endpoint A_{i,t}; the upload is ΔA = A_{i,t} − A_t (eq. 13), only that.
+- Private stage (eq. 12): the private adapter is sg(A_{i,t}) + ΔA^(p) with the residual
+  ΔA^(p) initialised at 0 — the shared endpoint is a constant, so it receives no gradient;
+  loss = task + λ_align κ_t (1 − cos(norm(P_ψ(h)), q_i)) (eqs. 9–11) with h the mean of the
+  final-layer hidden states over the supervised tokens of the whole micro-batch (eq. 9 as
+  written), P_ψ a 2-layer MLP (GELU; hidden width our choice) drawn afresh from
+  (seed, round, client) and discarded, and κ_t rising linearly from 0 to 1 over the first
+  5 % of the stage's optimizer steps.
+- The client keeps (A_{i,t}, ΔA^(p)) — the residual pack at the factor level (eq. 2); its
+  personalized adapter is their sum, computed by the same tensor addition as in training,
+  so the reconstruction is exact.
+
+Optimisation: our Adam (table 32: lr 2e-4, micro-batch 4 × accumulation 8; the optimizer
+itself is not named in the paper).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Adapter = dict[str, torch.Tensor]
+IGNORE = -100
+
+
+def lora_names(model: nn.Module) -> list[str]:
+    return [n for n, _ in model.named_parameters() if "lora_" in n]
+
+
+def adapter_of(model: nn.Module) -> Adapter:
+    """The LoRA factors currently inside ``model`` (copies)."""
+    params = dict(model.named_parameters())
+    return {n: params[n].detach().clone() for n in lora_names(model)}
+
+
+def to_numpy(a: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    return {k: v.detach().cpu().float().numpy() for k, v in a.items()}
+
+
+def to_torch(a: Mapping[str, Any], device: str = "cpu") -> Adapter:
+    return {k: torch.as_tensor(np.asarray(v), dtype=torch.float32, device=device)
+            for k, v in a.items()}
+
+
+def compose(shared: Adapter, residual: Adapter) -> Adapter:
+    """A^(p) = A^(g)_{i,τ} + ΔA^(p) per factor (eq. 2)."""
+    return {k: shared[k] + residual[k] for k in shared}
+
+
+@dataclass
+class StageConfig:
+    epochs: int = 1
+    micro_batch: int = 4
+    accumulation: int = 8
+    lr: float = 2e-4
+    max_steps: int | None = None
+
+
+def forward(model: nn.Module, adapter: Adapter, ids: torch.Tensor, labels: torch.Tensor,
+            hidden: bool = False):
+    """The model with ``adapter``'s LoRA factors on full (unpadded) token blocks."""
+    return torch.func.functional_call(
+        model, adapter, args=(), kwargs=dict(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                             labels=labels, output_hidden_states=hidden))
+
+
+def _micro_batches(n: int, cfg: StageConfig, seed: int, round: int, client: int,
+                   purpose: str) -> list[list[np.ndarray]]:
+    """Optimizer steps, each a list of ``accumulation`` micro-batches of indices."""
+    from fedray.training import batches
+
+    micro = list(batches(n, cfg.micro_batch, cfg.epochs, seed, round, client, None, purpose))
+    steps = [micro[i:i + cfg.accumulation] for i in range(0, len(micro), cfg.accumulation)]
+    return steps[:cfg.max_steps] if cfg.max_steps else steps
+
+
+def shared_stage(model: nn.Module, start: Adapter, ids: torch.Tensor, labels: torch.Tensor,
+                 cfg: StageConfig, prox: float, seed: int, round: int, client: int
+                 ) -> tuple[Adapter, dict[str, float]]:
+    """Eq. 8 from A_t = ``start``; returns the shared endpoint A_{i,t} and metrics."""
+    from fedray.training import Adam
+
+    params = {k: v.clone().requires_grad_(True) for k, v in start.items()}
+    anchor = {k: v.detach() for k, v in start.items()}
+    opt = Adam(list(params.values()), lr=cfg.lr)
+    total, count = 0.0, 0
+    for step in _micro_batches(len(ids), cfg, seed, round, client, "favor-shared"):
+        opt.zero_grad()
+        for mb in step:
+            loss = forward(model, params, ids[mb], labels[mb]).loss
+            if prox:
+                loss = loss + prox * sum(((params[k] - anchor[k]) ** 2).sum() for k in params)
+            (loss / len(step)).backward()
+            total += float(loss.detach())
+            count += 1
+        opt.step()
+    return {k: v.detach() for k, v in params.items()}, {"shared_loss": total / max(count, 1)}
+
+
+class ProjectionHead(nn.Module):
+    """P_ψ: LM hidden size → hidden → style dimension (2-layer MLP, GELU)."""
+
+    def __init__(self, d_in: int, hidden: int, d_out: int):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(d_in, hidden), nn.GELU(), nn.Linear(hidden, d_out))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.net(h)
+
+
+def kappa(step: int, total_steps: int, ramp: float = 0.05) -> float:
+    """κ_t: 0 → 1 linearly over the first ``ramp`` share of the optimizer steps, then 1."""
+    width = ramp * total_steps
+    return 1.0 if width <= 0 else min(1.0, step / width)
+
+
+def pooled_hidden(hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Eq. 9: Σ_{b,ℓ} M H / Σ M over the whole micro-batch (one vector)."""
+    m = (labels != IGNORE).unsqueeze(-1).to(hidden.dtype)
+    return (hidden * m).sum((0, 1)) / m.sum().clamp_min(1.0)
+
+
+def private_stage(model: nn.Module, shared: Adapter, ids: torch.Tensor, labels: torch.Tensor,
+                  target: torch.Tensor | None, cfg: StageConfig, align: float, seed: int,
+                  round: int, client: int, proj_hidden: int = 256, ramp: float = 0.05
+                  ) -> tuple[Adapter, dict[str, float]]:
+    """Eq. 12 from the constant shared endpoint; returns the residual ΔA^(p) and metrics.
+    ``align = 0`` (or no ``target``) is FAVoR without ASCE."""
+    from fedray.seeding import derive_seed
+    from fedray.training import Adam
+
+    base = {k: v.detach() for k, v in shared.items()}
+    residual = {k: torch.zeros_like(v, requires_grad=True) for k, v in base.items()}
+    use_align = align > 0 and target is not None
+    trainable = list(residual.values())
+    head = None
+    if use_align:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(seed, round, client, "favor-projection"))
+            head = ProjectionHead(model.config.hidden_size, proj_hidden, target.numel())
+        head.to(next(iter(base.values())).device)
+        trainable += list(head.parameters())
+    opt = Adam(trainable, lr=cfg.lr)
+    steps = _micro_batches(len(ids), cfg, seed, round, client, "favor-private")
+    task_sum = align_sum = 0.0
+    count = 0
+    for s, step in enumerate(steps):
+        k = kappa(s, len(steps), ramp)
+        opt.zero_grad()
+        for mb in step:
+            out = forward(model, compose(base, residual), ids[mb], labels[mb], hidden=use_align)
+            loss = out.loss
+            task_sum += float(out.loss.detach())
+            if use_align:
+                z = F.normalize(head(pooled_hidden(out.hidden_states[-1], labels[mb])), dim=0)
+                l_align = 1 - torch.dot(z, F.normalize(target, dim=0))
+                loss = loss + align * k * l_align
+                align_sum += float(l_align.detach())
+            (loss / len(step)).backward()
+            count += 1
+        opt.step()
+    return ({k: v.detach() for k, v in residual.items()},
+            {"private_loss": task_sum / max(count, 1),
+             "align_loss": align_sum / max(count, 1) if use_align else float("nan")})
+
+
+def client_round(model: nn.Module, server: Adapter, ids: torch.Tensor, labels: torch.Tensor,
+                 target: torch.Tensor | None, shared_cfg: StageConfig,
+                 private_cfg: StageConfig, prox: float, align: float, seed: int, round: int,
+                 client: int, private: bool = True, proj_hidden: int = 256
+                 ) -> tuple[Adapter, dict[str, Adapter], dict[str, float]]:
+    """One sampled client's Algorithm 2 lines 7–13: (upload ΔA^(g), kept state, metrics).
+    The kept state is the residual pack {"shared": A_{i,t}, "residual": ΔA^(p)}."""
+    endpoint, m = shared_stage(model, server, ids, labels, shared_cfg, prox, seed, round, client)
+    upload = {k: endpoint[k] - server[k] for k in server}
+    state: dict[str, Adapter] = {"shared": endpoint}
+    if private:
+        residual, mp = private_stage(model, endpoint, ids, labels, target, private_cfg, align,
+                                     seed, round, client, proj_hidden)
+        state["residual"] = residual
+        m |= mp
+    return upload, state, m
