@@ -54,9 +54,11 @@ def spec(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclass
 
 @dataclass
 class DataConfig:
-    dataset: Literal["digits", "synthetic", "cifar10", "cifar100"] = spec(
-        "digits", help="digits ships with scikit-learn; cifar* read a local torchvision root")
-    root: str | None = spec(None, help="local directory of a torchvision dataset (cifar*)")
+    dataset: Literal["digits", "synthetic", "cifar10", "cifar100", "blogtext"] = spec(
+        "digits", help="digits ships with scikit-learn; cifar* read a local torchvision root; "
+                       "blogtext reads a BlogText-schema CSV (FAVoR)")
+    root: str | None = spec(None, help="local directory of a torchvision dataset (cifar*), "
+                                       "or the CSV file (blogtext)")
     download: bool = spec(False, help="let torchvision download cifar* into root")
     image_size: int | None = spec(None, ge=8, help="upsample digits to this square size")
     channels: int = spec(1, ge=1, le=3, help="digits channels (3 replicates the grey image)")
@@ -464,6 +466,9 @@ def validate(cfg: ExperimentConfig) -> None:
         for i, t in enumerate(c.tiers):
             if t not in names:
                 raise ConfigError(f"clients.tiers[{i}]", t, f"one of the tiers {names}")
+    if cfg.data.dataset == "blogtext" and (cfg.data.root is None
+                                           or not Path(cfg.data.root).is_file()):
+        raise ConfigError("data.root", cfg.data.root, "an existing BlogText-schema CSV file")
     if cfg.data.dataset.startswith("cifar"):
         root = cfg.data.root
         if root is None:

@@ -10,6 +10,7 @@ from fedray.algorithms.base import (
     ClientResult,
 )
 from fedray.algorithms.compressed import PowerSGD, TopK
+from fedray.algorithms.favor import Favor
 from fedray.algorithms.fedavg import FedAvg
 from fedray.algorithms.fedprox import FedProx
 from fedray.algorithms.flite import Flite
@@ -24,7 +25,7 @@ def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
     return cls
 
 
-for _cls in (FedAvg, FedProx, Orders, TopK, PowerSGD, Flite, *HETERO_METHODS):
+for _cls in (FedAvg, FedProx, Orders, TopK, PowerSGD, Flite, Favor, *HETERO_METHODS):
     register_algorithm(_cls)
 
 

@@ -42,6 +42,7 @@ class ClientContext:
     resident: Any
     device: str = "cpu"
     state: dict[str, Any] | None = None
+    extra: dict[str, Any] | None = None  # per-client side data (e.g. FAVoR's style target)
 
 
 @dataclass

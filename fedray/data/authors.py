@@ -163,15 +163,16 @@ def write_post(style: AuthorStyle, g: np.random.Generator, sentences: int) -> tu
 
 
 def generate_corpus(path: str | os.PathLike, num_authors: int = 120, seed: int = 0,
-                    posts: tuple[int, int] = (30, 90), sentences: tuple[int, int] = (4, 12)
-                    ) -> str:
-    """Write ``num_authors`` authors' posts to ``path`` as a BlogText-schema CSV; the number
-    of posts per author is drawn log-uniformly from ``posts`` (a long tail)."""
+                    posts: tuple[int, int] = (30, 90), sentences: tuple[int, int] = (4, 12),
+                    first_author: int = 0) -> str:
+    """Write authors ``first_author .. first_author + num_authors − 1`` (ids 1000 + index)
+    to ``path`` as a BlogText-schema CSV; posts per author are drawn log-uniformly from
+    ``posts`` (a long tail). Disjoint ``first_author`` ranges give disjoint authors."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["id", "gender", "age", "topic", "sign", "date", "text"])
-        for a in range(num_authors):
+        for a in range(first_author, first_author + num_authors):
             style = draw_style(seed, a)
             g = rng(seed, -1, a, "author-posts")
             n = int(np.exp(g.uniform(np.log(posts[0]), np.log(posts[1] + 1))))

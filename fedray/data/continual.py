@@ -123,6 +123,10 @@ def build_data(cfg: ExperimentConfig, dataset: Dataset | None = None) -> Any:
     static federated split."""
     from fedray.data.federated import build_federated
 
+    if cfg.data.dataset == "blogtext":
+        from fedray.favor.data import build_text_data
+
+        return build_text_data(cfg)
     if cfg.continual.tasks:
         return build_continual(cfg, dataset)
     return build_federated(cfg.data, cfg.clients.num_clients, cfg.seed, dataset)

@@ -143,3 +143,29 @@ def author_target(z: np.ndarray) -> np.ndarray:
     z = z / np.linalg.norm(z, axis=1, keepdims=True).clip(1e-12)
     m = z.mean(0)
     return (m / max(np.linalg.norm(m), 1e-12)).astype(np.float32)
+
+
+def save_asce(encoder: StyleEncoder, tokenizer: Any, out_dir: str, meta: dict) -> None:
+    """Encoder weights (backbone + projection) and tokenizer, loadable by load_asce."""
+    import json
+    import os
+
+    os.makedirs(out_dir, exist_ok=True)
+    encoder.backbone.config.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    torch.save(encoder.state_dict(), os.path.join(out_dir, "asce.pt"))
+    with open(os.path.join(out_dir, "asce.json"), "w") as f:
+        json.dump({"dim": encoder.proj.out_features, **meta}, f)
+
+
+def load_asce(path: str, device: str = "cpu") -> tuple[StyleEncoder, Any]:
+    """The frozen encoder saved by :func:`save_asce`."""
+    import json
+    import os
+
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    meta = json.load(open(os.path.join(path, "asce.json")))
+    enc = StyleEncoder(AutoModel.from_config(AutoConfig.from_pretrained(path)), meta["dim"])
+    enc.load_state_dict(torch.load(os.path.join(path, "asce.pt"), map_location=device))
+    return enc.to(device).eval().requires_grad_(False), AutoTokenizer.from_pretrained(path)

@@ -102,7 +102,7 @@ def pretrain_tiny(texts: Sequence[str], out_dir: str, spec: TinyLM | None = None
         opt.zero_grad()
         out.loss.backward()
         opt.step()
-        losses.append(float(out.loss))
+        losses.append(float(out.loss.detach()))
         if progress and step % 100 == 0:
             print(f"tiny LM step {step}: loss {np.mean(losses[-50:]):.3f}", flush=True)
     os.makedirs(out_dir, exist_ok=True)

@@ -136,10 +136,12 @@ def pooled_hidden(hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 def private_stage(model: nn.Module, shared: Adapter, ids: torch.Tensor, labels: torch.Tensor,
                   target: torch.Tensor | None, cfg: StageConfig, align: float, seed: int,
-                  round: int, client: int, proj_hidden: int = 256, ramp: float = 0.05
+                  round: int, client: int, proj_hidden: int = 256, ramp: float = 0.05,
+                  prox: float = 0.0, prox_anchor: Adapter | None = None
                   ) -> tuple[Adapter, dict[str, float]]:
     """Eq. 12 from the constant shared endpoint; returns the residual ΔA^(p) and metrics.
-    ``align = 0`` (or no ``target``) is FAVoR without ASCE."""
+    ``align = 0`` (or no ``target``) is FAVoR without ASCE. ``prox`` · ‖base + ΔA −
+    prox_anchor‖² is added when given (Ditto's personal branch uses it)."""
     from fedray.seeding import derive_seed
     from fedray.training import Adam
 
@@ -162,8 +164,12 @@ def private_stage(model: nn.Module, shared: Adapter, ids: torch.Tensor, labels: 
         k = kappa(s, len(steps), ramp)
         opt.zero_grad()
         for mb in step:
-            out = forward(model, compose(base, residual), ids[mb], labels[mb], hidden=use_align)
+            adapter = compose(base, residual)
+            out = forward(model, adapter, ids[mb], labels[mb], hidden=use_align)
             loss = out.loss
+            if prox and prox_anchor is not None:
+                loss = loss + prox * sum(((adapter[k] - prox_anchor[k].detach()) ** 2).sum()
+                                         for k in adapter)
             task_sum += float(out.loss.detach())
             if use_align:
                 z = F.normalize(head(pooled_hidden(out.hidden_states[-1], labels[mb])), dim=0)

@@ -88,8 +88,10 @@ class ClientExecutor:
     def _context(self, cid: int, round: int, state: Any = None) -> ClientContext:
         x_tr, y_tr = self.data.client_arrays(cid, round, "train")
         x_te, y_te = self.data.client_arrays(cid, round, "test")
+        extra = self.data.client_extra(cid, round) if hasattr(self.data, "client_extra") \
+            else None
         return ClientContext(cid, round, self.cfg.seed, self.tier, x_tr, y_tr, x_te, y_te,
-                             self.resident, self.device, state)
+                             self.resident, self.device, state, extra)
 
     def evaluate_clients(self, key: str, broadcast: Payload, round: int, clients: list[int]
                          ) -> list[tuple[int, dict]]:

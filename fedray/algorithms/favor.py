@@ -1,0 +1,201 @@
+"""FAVoR and the LoRA baselines it is compared with, on one causal-LM client stack.
+
+Every method trains LoRA factors on a frozen base LM (``algorithm.base``: a hub id or a
+directory; 4-bit NF4 on CUDA) and uploads only the delta of its *shared* adapter; the
+server takes the uniform mean of the deltas times η_g (eqs. 14–15, :class:`FedAvgPolicy`
+with ``weighted=False``). What a client keeps and evaluates with differs:
+
+============  ====================================================================
+``variant``   client round
+============  ====================================================================
+favor         shared stage (task + λ_prox prox) → upload; private residual from the
+              shared endpoint with λ_align κ_t alignment (λ_align = 0: w/o ASCE);
+              keeps {shared endpoint, residual}, evaluates with their sum
+fedavg        shared stage only (λ_prox = 0), evaluates with the global adapter
+fedprox       shared stage with prox μ = ``lambda_prox``, global adapter
+ditto         shared stage → upload; a persistent personal adapter trained with
+              task + λ_ditto/2 ‖v − A_t‖² (+ alignment when ``lambda_align`` > 0:
+              Ditto + ASCE); evaluates with v
+local         no upload; a persistent personal adapter from the initial one, task loss
+              (+ alignment): local-only
+global_asce   shared stage with the alignment loss, no private branch, no prox;
+              global adapter
+============  ====================================================================
+
+The client procedure is :mod:`fedray.favor.train`; nothing here knows about Ray.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from fedray.algorithms.base import Algorithm, ClientContext, ClientOutput
+from fedray.config import ConfigError, spec
+from fedray.policies.fedavg import FedAvgPolicy
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class FavorParams:
+    base: str = spec("", help="base causal LM: hub id (e.g. Qwen/Qwen2.5-3B-Instruct) or a "
+                              "directory (the embedded tiny LM)")
+    asce: str = spec("", help="directory of the trained ASCE style encoder")
+    variant: Literal["favor", "fedavg", "fedprox", "ditto", "local", "global_asce"] = "favor"
+    rank: int = spec(16, ge=1, help="LoRA rank r")
+    alpha: int = spec(32, ge=1, help="LoRA α")
+    dropout: float = spec(0.05, ge=0, lt=1)
+    targets: list[str] = spec(default_factory=lambda: list(TARGETS))
+    lr: float = spec(2e-4, gt=0)
+    micro_batch: int = spec(4, ge=1)
+    accumulation: int = spec(8, ge=1)
+    shared_epochs: int = spec(1, ge=1)
+    private_epochs: int = spec(2, ge=1)
+    max_steps: int | None = spec(None, ge=1, help="cap on optimizer steps per stage")
+    lambda_prox: float = spec(0.01, ge=0, help="λ_prox of the shared stage (not given in "
+                                               "the paper; μ for fedprox)")
+    lambda_align: float = spec(0.3, ge=0, help="λ_align of the alignment loss")
+    lambda_ditto: float = spec(0.1, ge=0, help="Ditto's λ (personal-to-global pull)")
+    ramp: float = spec(0.05, ge=0, le=1, help="κ_t ramp share of the private steps")
+    proj_hidden: int = spec(256, ge=1, help="projection head hidden width")
+    server_lr: float = spec(1.0, gt=0, help="η_g")
+    # data pipeline (FAVoR §4): used when data.dataset = blogtext
+    min_tokens: int = spec(30_000, ge=1, help="keep authors with this many tokens")
+    asce_authors: int = spec(50, ge=0, help="authors held out to train the style encoder")
+    gini: float = spec(0.25, ge=0, lt=1, help="target Gini of the word allocation")
+    allocation_fraction: float = spec(0.6, gt=0, le=1, help="share of the roster's train "
+                                                            "words allocated")
+    block_length: int = spec(256, ge=8, help="tokens per training block")
+    prompt_tokens: int = spec(96, ge=1)
+    new_tokens: int = spec(220, ge=1)
+    eval_prompts: int = spec(4, ge=1, help="held-out prompts per author")
+    reference_texts: int = spec(16, ge=1, help="posts in each author's reference set")
+
+    def validate(self, cfg: Any) -> None:
+        if not self.base:
+            raise ConfigError("algorithm.base", self.base, "a hub id or a model directory")
+        if cfg is not None and cfg.data.dataset == "blogtext" and not self.asce:
+            raise ConfigError("algorithm.asce", self.asce, "the ASCE directory (style "
+                                                           "targets come from it)")
+
+
+class Favor(Algorithm):
+    name = "favor"
+    Params = FavorParams
+
+    @property
+    def uses_client_state(self) -> bool:  # type: ignore[override]
+        return self.params.variant in ("favor", "ditto", "local")
+
+    def lora(self):
+        from fedray.favor.adapter import LoraSpec
+
+        p = self.params
+        return LoraSpec(p.rank, p.alpha, p.dropout, tuple(p.targets))
+
+    def build_resident(self, input_shape, num_classes, device):
+        from fedray.favor.lm import load_lm, with_lora
+
+        model, tok = load_lm(self.params.base, device)
+        return {"model": with_lora(model, self.lora()), "tokenizer": tok}
+
+    def init_global_state(self, resident, seed):
+        import torch
+
+        from fedray.favor.train import adapter_of, to_numpy
+        from fedray.seeding import derive_seed
+
+        model = resident["model"]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(seed, -1, -1, "lora-init"))
+            for m in model.modules():
+                if hasattr(m, "reset_lora_parameters"):
+                    m.reset_lora_parameters("default", True)
+        return to_numpy(adapter_of(model))
+
+    def make_policy(self):
+        return FedAvgPolicy(self.params.server_lr, weighted=False)
+
+    def _stages(self):
+        from fedray.favor.train import StageConfig
+
+        p = self.params
+        mk = lambda e: StageConfig(e, p.micro_batch, p.accumulation, p.lr, p.max_steps)  # noqa
+        return mk(p.shared_epochs), mk(p.private_epochs)
+
+    def client_update(self, ctx: ClientContext, broadcast) -> ClientOutput:
+        import torch
+
+        from fedray.favor.train import client_round, shared_stage, to_numpy, to_torch
+
+        p, v = self.params, self.params.variant
+        model = ctx.resident["model"]
+        ids = torch.from_numpy(np.asarray(ctx.x_train)).to(ctx.device)
+        server = to_torch(broadcast, ctx.device)
+        target = None
+        if ctx.extra and "target" in ctx.extra and p.lambda_align > 0:
+            target = torch.as_tensor(ctx.extra["target"], device=ctx.device)
+        shared_cfg, private_cfg = self._stages()
+        args = dict(seed=ctx.seed, round=ctx.round, client=ctx.client_id)
+        metrics: dict[str, float] = {}
+        state = None
+        if v == "favor":
+            upload, kept, metrics = client_round(
+                model, server, ids, ids, target, shared_cfg, private_cfg, p.lambda_prox,
+                p.lambda_align, private=True, proj_hidden=p.proj_hidden, **args)
+            state = {k: to_numpy(a) for k, a in kept.items()} | {"tau": ctx.round}
+        elif v in ("fedavg", "fedprox", "global_asce"):
+            prox = p.lambda_prox if v == "fedprox" else 0.0
+            if v == "global_asce":
+                from fedray.favor.train import private_stage
+
+                res, metrics = private_stage(model, server, ids, ids, target, shared_cfg,
+                                             p.lambda_align, proj_hidden=p.proj_hidden,
+                                             ramp=p.ramp, **args)
+                upload = res  # the aligned update of the (only) global adapter
+            else:
+                end, metrics = shared_stage(model, server, ids, ids, shared_cfg, prox, **args)
+                upload = {k: end[k] - server[k] for k in server}
+        else:  # ditto / local: a persistent personal adapter
+            from fedray.favor.train import private_stage, shared_stage
+
+            prev = ctx.state or {}
+            personal = to_torch(prev["personal"], ctx.device) if "personal" in prev else \
+                {k: t.clone() for k, t in server.items()}
+            if v == "ditto":
+                end, metrics = shared_stage(model, server, ids, ids, shared_cfg, 0.0, **args)
+                upload = {k: end[k] - server[k] for k in server}
+                anchor, pull = server, p.lambda_ditto / 2
+            else:  # local-only: nothing leaves the client
+                upload, anchor, pull = {}, personal, 0.0
+            res, mp = private_stage(model, personal, ids, ids, target, private_cfg,
+                                    p.lambda_align, proj_hidden=p.proj_hidden, ramp=p.ramp,
+                                    prox_anchor=anchor, prox=pull, **args)
+            metrics |= mp
+            state = {"personal": to_numpy({k: personal[k] + res[k] for k in personal}),
+                     "tau": ctx.round}
+        return ClientOutput(to_numpy(upload), len(ids), metrics, state)
+
+    def evaluate(self, resident, broadcast, x, y, device="cpu"):
+        """LM loss and next-token accuracy of the global adapter on held-out blocks."""
+        import torch
+
+        from fedray.favor.train import forward, to_torch
+
+        model = resident["model"]
+        adapter = to_torch(broadcast, device)
+        ids = torch.from_numpy(np.asarray(x)).to(device)
+        loss = correct = count = 0.0
+        with torch.no_grad():
+            for i in range(0, len(ids), 8):
+                b = ids[i:i + 8]
+                out = forward(model, adapter, b, b)
+                n = b[:, 1:].numel()
+                loss += float(out.loss) * n
+                correct += float((out.logits[:, :-1].argmax(-1) == b[:, 1:]).sum())
+                count += n
+        return {"loss": loss / max(count, 1), "accuracy": correct / max(count, 1),
+                "n": float(len(ids))}

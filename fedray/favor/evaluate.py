@@ -1,0 +1,129 @@
+"""Style evaluation of a finished FAVoR-family run (FAVoR appendix B.1).
+
+Each roster author continues its held-out prompts with the adapter it would deploy: FAVoR
+its shared endpoint + private residual, Ditto/local its personal adapter, FedAvg/FedProx/
+Global ASCE the final global adapter; a client never sampled has no personal adapter and
+uses the global one (the paper leaves this case open). Degenerate generations are
+dropped (< 20 whitespace tokens or distinct-bigram ratio < 0.15). In ASCE space: author
+accuracy and macro-F1 against source-train prototypes, generated-to-generated and
+generated-to-source verification AUC/EER (same-author positives; negatives of the same
+topic and another author when the corpus has such pairs, else any other author),
+silhouette and centroid distance; SemSim is the MiniLM cosine between a generation and its
+human continuation. BERTScore and MAUVE need models this machine cannot download: they are
+reported as unavailable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedray.favor import style_metrics as sm
+
+
+def final_adapters(run_dir: str, variant: str, num_clients: int
+                   ) -> tuple[dict[str, np.ndarray], dict[int, dict[str, np.ndarray]]]:
+    """The final global adapter and each client's deployed personal adapter (if any)."""
+    from fedray.runtime.state_store import ClientStateStore
+    from fedray.runtime.storage import Storage
+
+    storage = Storage(run_dir)
+    latest = int(storage.read_bytes("checkpoints/LATEST").decode())
+    ck = storage.read_pickle(f"checkpoints/{latest:06d}.pkl")
+    store = ClientStateStore(storage)
+    personal = {}
+    for cid, version in ck["versions"].items():
+        state = store.load(cid, version)
+        if variant == "favor":
+            personal[cid] = {k: state["shared"][k] + state["residual"][k]
+                             for k in state["shared"]}
+        elif variant in ("ditto", "local"):
+            personal[cid] = state["personal"]
+    return ck["global_state"], personal
+
+
+@torch.no_grad()
+def generate(model: Any, tok: Any, adapter: dict[str, np.ndarray], prompts: list[str],
+             max_new_tokens: int, seed: int, device: str = "cpu") -> list[str]:
+    """Sampled continuations (top-p 0.9, temperature 0.8: the paper does not give its
+    sampling settings) of each prompt with ``adapter`` loaded into the LoRA factors."""
+    params = dict(model.named_parameters())
+    for k, v in adapter.items():
+        params[k].data.copy_(torch.as_tensor(v))
+    model.eval()
+    out = []
+    for i, p in enumerate(prompts):
+        torch.manual_seed(seed * 100_003 + i)
+        ids = tok(p, return_tensors="pt").to(device)
+        gen = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=True, top_p=0.9,
+                             temperature=0.8, pad_token_id=tok.pad_token_id)
+        out.append(tok.decode(gen[0, ids["input_ids"].shape[1]:], skip_special_tokens=True))
+    return out
+
+
+def semsim(gens: list[str], refs: list[str]) -> float:
+    """Mean MiniLM cosine (mean-pooled, normalised) of each generation to its reference."""
+    from fedray.favor.asce import load_backbone, mean_pool
+
+    if not gens:
+        return float("nan")
+    model, tok = load_backbone()
+    model.eval()
+
+    def emb(texts):
+        enc = tok(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
+        with torch.no_grad():
+            h = model(**enc).last_hidden_state
+        return torch.nn.functional.normalize(mean_pool(h, enc["attention_mask"]), dim=-1)
+
+    return float((emb(gens) * emb(refs)).sum(1).mean())
+
+
+def evaluate_style(run_dir: str, data: Any, params: Any, seed: int, device: str = "cpu",
+                   min_tokens: int = 20) -> dict[str, Any]:
+    from fedray.data.blogtext import is_degenerate
+    from fedray.favor.adapter import LoraSpec
+    from fedray.favor.asce import embed, load_asce
+    from fedray.favor.lm import load_lm, with_lora
+
+    glob, personal = final_adapters(run_dir, params.variant, data.num_clients)
+    base, tok = load_lm(params.base, device)
+    model = with_lora(base, LoraSpec(params.rank, params.alpha, 0.0, tuple(params.targets)))
+    gens, gen_y, refs, kept, total = [], [], [], 0, 0
+    for cid in range(data.num_clients):
+        adapter = personal.get(cid, glob)
+        texts = generate(model, tok, adapter, data.prompts[cid], params.new_tokens,
+                         seed + cid, device)
+        for g, r in zip(texts, data.references[cid], strict=True):
+            total += 1
+            if is_degenerate(g, min_tokens):
+                continue
+            kept += 1
+            gens.append(g)
+            gen_y.append(cid)
+            refs.append(r)
+    enc, etok = load_asce(params.asce, device)
+    src = [t for s in data.sources for t in s]
+    src_y = [c for c, s in enumerate(data.sources) for _ in s]
+    out: dict[str, Any] = {"generations": total, "kept": kept,
+                           "personalized_clients": len(personal)}
+    if len(set(gen_y)) < 2:
+        return out | {"error": "fewer than two authors have non-degenerate generations"}
+    zg, zs = embed(enc, etok, gens), embed(enc, etok, src)
+    out |= sm.prototype_accuracy(zg, gen_y, zs, src_y)
+    gg = sm.verification(zg, gen_y)
+    out |= {"gen_gen_auc": gg["auc"], "gen_gen_eer": gg["eer"]}
+    topic = np.asarray(data.topics)
+    gy, sy = np.asarray(gen_y), np.asarray(src_y)
+    gi, si = np.meshgrid(np.arange(len(gy)), np.arange(len(sy)), indexing="ij")
+    hard = (topic[gy][:, None] == topic[sy][None, :]) & (gy[:, None] != sy[None, :])
+    negatives = np.stack([gi[hard], si[hard]], 1) if hard.any() else None
+    gs = sm.verification(zg, gen_y, zs, src_y, negatives=negatives)
+    out |= {"gen_source_auc": gs["auc"], "gen_source_eer": gs["eer"],
+            "gen_source_negatives": "same-topic" if negatives is not None else "any-author",
+            "silhouette": sm.silhouette(zg, gen_y),
+            "centroid_distance": sm.centroid_distance(zg, gen_y),
+            "semsim": semsim(gens, refs), "bertscore": None, "mauve": None}
+    return out

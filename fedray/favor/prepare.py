@@ -1,0 +1,60 @@
+"""Everything FAVoR's FL runs need before round one, cached on disk: the corpus, the base LM
+and the style encoder, each from authors disjoint from the roster.
+
+Embedded default (offline): a synthetic roster corpus and, from a disjoint author range, a
+pretraining corpus on which the tiny Qwen2 LM (tokenizer included) and the ASCE (on the
+shipped MiniLM) are trained. With a real ``blogtext.csv`` the base is a hub LM (Qwen2.5)
+and ASCE is trained on the 50 authors :func:`fedray.favor.data.split_roles` holds out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from fedray.favor.lm import TinyLM
+
+
+def train_style_encoder(texts: list[str], labels: list[int], out_dir: str, *,
+                        backbone: str | None = None, epochs: int = 1, max_length: int = 96,
+                        batch_size: int = 16, lr: float = 5e-5, seed: int = 0) -> str:
+    """Train ASCE on (text, author) and save it to ``out_dir`` (cached by its settings)."""
+    from fedray.favor.asce import save_asce, train_asce
+
+    key = json.dumps({"n": len(texts), "authors": len(set(labels)), "backbone": backbone,
+                      "epochs": epochs, "max_length": max_length, "lr": lr, "seed": seed})
+    marker = os.path.join(out_dir, "asce.json")
+    if os.path.exists(marker) and json.load(open(marker)).get("key") == key:
+        return out_dir
+    enc, tok, metrics = train_asce(texts, labels, backbone, epochs=epochs, lr=lr,
+                                   batch_size=batch_size, max_length=max_length, seed=seed)
+    save_asce(enc, tok, out_dir, {"key": key, **metrics})
+    return out_dir
+
+
+def prepare_embedded(work_dir: str, roster: int = 50, seed: int = 0,
+                     pretrain_authors: int = 24, lm: TinyLM | None = None,
+                     roster_posts: tuple[int, int] = (30, 80), asce_epochs: int = 1
+                     ) -> dict[str, Any]:
+    """Generate the corpora, pretrain the tiny LM and train ASCE; returns their paths."""
+    from fedray.data.authors import generate_corpus
+    from fedray.data.blogtext import load_authors
+
+    os.makedirs(work_dir, exist_ok=True)
+    csv = os.path.join(work_dir, "authors.csv")
+    pre_csv = os.path.join(work_dir, "pretrain_authors.csv")
+    if not os.path.exists(csv):
+        generate_corpus(csv, roster, seed, posts=roster_posts)
+    if not os.path.exists(pre_csv):
+        generate_corpus(pre_csv, pretrain_authors, seed, posts=(30, 40),
+                        first_author=100_000)
+    pre = load_authors(pre_csv, lambda t: 1, min_tokens=1, seed=seed)
+    texts = [t for a in pre for t in a.train]
+    labels = [a.id for a in pre for _ in a.train]
+    from fedray.favor.lm import pretrain_tiny
+
+    base = pretrain_tiny(texts, os.path.join(work_dir, "base_lm"), lm or TinyLM(seed=seed))
+    asce = train_style_encoder(texts, labels, os.path.join(work_dir, "asce"),
+                               epochs=asce_epochs, seed=seed)
+    return {"csv": csv, "base": base, "asce": asce}
