@@ -1,0 +1,109 @@
+"""The FAVoR algorithm family on the fedray interfaces, and the job end to end on Ray."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fedray.algorithms.base import ClientContext
+from fedray.config import ConfigError, load_config
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory):
+    """A tiny random Qwen2 with a BPE tokenizer, saved like a hub model."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from fedray.favor.lm import train_tokenizer
+
+    out = tmp_path_factory.mktemp("lm")
+    tok = train_tokenizer(["Hello world, this is a tiny corpus :) ..."] * 30, 300)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2))
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out)
+
+
+def make(base_dir, variant, **extra):
+    from fedray.algorithms import make_algorithm
+
+    over = {"algorithm.name": "favor", "algorithm.base": base_dir,
+            "algorithm.variant": variant, "algorithm.rank": 2, "algorithm.alpha": 4,
+            "algorithm.micro_batch": 2, "algorithm.accumulation": 2, "algorithm.lr": 0.01,
+            "algorithm.proj_hidden": 8, **extra}
+    cfg = load_config(None, [f"{k}={v}" for k, v in over.items()])
+    alg = make_algorithm(cfg)
+    res = alg.build_resident((16,), 0, "cpu")
+    return cfg, alg, res, alg.init_global_state(res, cfg.seed)
+
+
+def ctx(res, state=None, round=1):
+    gen = np.random.default_rng(0)
+    ids = gen.integers(0, 200, (8, 16))
+    return ClientContext(3, round, 0, "lm", ids, ids, ids[:2], ids[:2], res,
+                         state=state, extra={"target": np.eye(256, dtype=np.float32)[0]})
+
+
+def test_favor_uploads_only_the_shared_delta_and_keeps_the_residual_pack(base_dir):
+    _, alg, res, g = make(base_dir, "favor")
+    out = alg.client_update(ctx(res), g)
+    assert set(out.upload) == set(g) and all("lora_" in k for k in g)
+    assert set(out.state) == {"shared", "residual", "tau"}
+    for k in g:  # upload = shared endpoint − broadcast; the residual never leaves
+        assert np.allclose(out.upload[k], out.state["shared"][k] - g[k], atol=1e-7)
+    assert any(np.abs(v).sum() > 0 for v in out.state["residual"].values())
+    assert alg.uses_client_state and out.metrics["align_loss"] == out.metrics["align_loss"]
+
+
+def test_baseline_variants_keep_and_send_what_they_should(base_dir):
+    _, alg, res, g = make(base_dir, "fedavg")
+    out = alg.client_update(ctx(res), g)
+    assert out.state is None and not alg.uses_client_state and set(out.upload) == set(g)
+    _, alg, res, g = make(base_dir, "local")
+    out = alg.client_update(ctx(res), g)
+    assert out.upload == {} and "personal" in out.state
+    again = alg.client_update(ctx(res, out.state, 2), g)  # continues its own adapter
+    assert any(not np.array_equal(again.state["personal"][k], out.state["personal"][k])
+               for k in g)
+    _, alg, res, g = make(base_dir, "ditto")
+    out = alg.client_update(ctx(res), g)
+    assert set(out.upload) == set(g) and "personal" in out.state
+
+
+def test_favor_config_errors(base_dir):
+    with pytest.raises(ConfigError, match="algorithm.base"):
+        load_config(None, ["algorithm.name=favor"])
+    with pytest.raises(ConfigError, match="algorithm.variant"):
+        load_config(None, ["algorithm.name=favor", f"algorithm.base={base_dir}",
+                           "algorithm.variant=pfedme"])
+    with pytest.raises(ConfigError, match="data.root"):
+        load_config(None, ["algorithm.name=favor", f"algorithm.base={base_dir}",
+                           "data.dataset=blogtext", "data.root=/no/such.csv"])
+
+
+@pytest.mark.ray
+def test_favor_job_smoke_end_to_end(ray_session, tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, RAY_ADDRESS=ray_session.get_runtime_context().gcs_address)
+    res = subprocess.run([sys.executable, "jobs/favor_blogtext.py", "--smoke", "--out",
+                          str(tmp_path / "favor")], cwd=root, env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    rows = {r["method"]: r for r in out["rows"]}
+    assert set(rows) == {"favor", "fedavg", "ditto", "local"}
+    assert rows["local"]["upload_bytes"] < 1000 < rows["fedavg"]["upload_bytes"]
+    assert rows["favor"]["personalized_clients"] > 0 == rows["fedavg"]["personalized_clients"]
+    for r in rows.values():
+        assert r["generations"] > 0 and 0 <= r.get("author_accuracy", 0) <= 1
+    assert (tmp_path / "favor" / "RESULTS.md").exists()
+    assert (tmp_path / "favor" / "style_retention.png").exists()
