@@ -55,3 +55,21 @@ def full_and_resumed(cfg, tmp_path, stop_after: int = 2):
         exp.step()
     exp.release()
     return full, run_experiment(cfg, str(tmp_path / "cut"), resume=True, progress=False)
+
+
+def run_job(ray, script: str, *args: str, timeout: int = 600) -> dict:
+    """Run ``jobs/SCRIPT ARGS`` against the session's Ray (as a submitted job would join it)
+    and return the JSON object on its last stdout line; also checks its ``--help``."""
+    import json
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, RAY_ADDRESS=ray.get_runtime_context().gcs_address)
+    res = subprocess.run([sys.executable, f"jobs/{script}", *args], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, res.stderr[-3000:]
+    helped = subprocess.run([sys.executable, f"jobs/{script}", "--help"], cwd=root,
+                            capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0 and "--smoke" in helped.stdout
+    return json.loads(res.stdout.strip().splitlines()[-1])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import full_and_resumed
+from conftest import full_and_resumed, run_job
 
 from fedray.algorithms import make_algorithm
 from fedray.algorithms.base import ClientContext
@@ -227,24 +227,11 @@ def test_every_method_and_objective_runs_on_ray(ray_session, tmp_path, algorithm
 
 @pytest.mark.ray
 def test_drod_split_cifar100_job_smoke(ray_session, tmp_path):
-    import json
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, RAY_ADDRESS=ray_session.get_runtime_context().gcs_address)
-    res = subprocess.run([sys.executable, "jobs/drod_split_cifar100.py", "--smoke",
-                          "--run-dir", str(tmp_path / "job")], cwd=root, env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-2000:]
-    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    summary = run_job(ray_session, "drod_split_cifar100.py", "--smoke", "--run-dir",
+                      str(tmp_path / "job"))
     assert summary["algorithm"] == "drod" and summary["rounds"] == 5
     cl = summary["continual"]
     assert set(cl) == {"t100", "t025", "t006", "fleet"}
     assert cl["t006"]["tasks_completed"] == 5
     assert cl["fleet"]["class_il_acc"] == pytest.approx(
         np.mean([cl[t]["class_il_acc"] for t in ("t100", "t025", "t006")]))
-    res = subprocess.run([sys.executable, "jobs/drod_split_cifar100.py", "--help"], cwd=root,
-                         capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0 and "--smoke" in res.stdout

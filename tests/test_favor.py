@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
+from conftest import run_job
 
 from fedray.algorithms.base import ClientContext
 from fedray.config import ConfigError, load_config
@@ -92,13 +88,8 @@ def test_favor_config_errors(base_dir):
 
 @pytest.mark.ray
 def test_favor_job_smoke_end_to_end(ray_session, tmp_path):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, RAY_ADDRESS=ray_session.get_runtime_context().gcs_address)
-    res = subprocess.run([sys.executable, "jobs/favor_blogtext.py", "--smoke", "--out",
-                          str(tmp_path / "favor")], cwd=root, env=env, capture_output=True,
-                         text=True, timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(res.stdout.strip().splitlines()[-1])
+    out = run_job(ray_session, "favor_blogtext.py", "--smoke", "--out",
+                  str(tmp_path / "favor"), timeout=900)
     rows = {r["method"]: r for r in out["rows"]}
     assert set(rows) == {"favor", "fedavg", "ditto", "local"}
     assert rows["local"]["upload_bytes"] < 1000 < rows["fedavg"]["upload_bytes"]

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from conftest import run_job
 from typer.testing import CliRunner
 
 from fedray.cli import app
@@ -95,19 +96,7 @@ def test_flite_runs_with_identity_check(ray_session, tiny_cfg, base, tmp_path, c
 
 @pytest.mark.ray
 def test_flite_cifar100_job_smoke(ray_session, tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, RAY_ADDRESS=ray_session.get_runtime_context().gcs_address)
-    res = subprocess.run([sys.executable, "jobs/flite_cifar100.py", "--smoke", "--run-dir",
-                          str(tmp_path / "job")], cwd=root, env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-2000:]
-    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    summary = run_job(ray_session, "flite_cifar100.py", "--smoke", "--run-dir",
+                      str(tmp_path / "job"))
     assert summary["algorithm"] == "flite" and summary["parameters"] == 1280
     assert (tmp_path / "job" / "base" / "base.npz").exists()
-    res = subprocess.run([sys.executable, "jobs/flite_cifar100.py", "--help"], cwd=root,
-                         capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0 and "--smoke" in res.stdout
