@@ -38,6 +38,9 @@ class ConfigError(ValueError):
         self.path, self.value, self.allowed = path, value, allowed
         super().__init__(f"config error at '{path}': got {value!r}; allowed: {allowed}")
 
+    def __reduce__(self):  # survives pickling (errors raised inside Ray workers)
+        return ConfigError, (self.path, self.value, self.allowed)
+
 
 def spec(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
          ge: float | None = None, gt: float | None = None, le: float | None = None,

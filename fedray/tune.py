@@ -4,7 +4,8 @@ A space maps dotted config keys to one of ``choice``, ``grid``, ``uniform``, ``l
 ``randint`` (from the command line ``KEY=KIND:V1,V2,...`` or a YAML ``sweep: {space: ...}``
 block). Each trial reserves one placement group holding its driver and all its executors
 (one bundle per executor, shaped like its tier), runs the experiment round by round and
-reports every round's metrics, so ASHA can stop weak trials early. Each trial writes an
+reports every round's metrics, so ASHA can stop weak trials early. Sampled values come
+from the experiment's ``seed``, so a sweep is repeatable. Each trial writes an
 ordinary fedray run directory; an interrupted sweep resumes with ``Tuner.restore`` and every
 unfinished trial continues from its own last round checkpoint. The sweep ends with a table
 (Parquet + Markdown) of every trial's config and final metrics, best first.
@@ -169,12 +170,17 @@ def _finite(row: dict) -> dict[str, float]:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
-def _trial(params: dict, *, base: dict, overrides: list[str], run_root: str) -> None:
-    """One Tune trial: one experiment, reporting after every round; resumes its own run."""
+def _trial(params: dict, *, base: dict, overrides: list[str], run_root: str, cwd: str
+           ) -> None:
+    """One Tune trial: one experiment, reporting after every round; resumes its own run.
+    Runs in the sweep's working directory (Tune moves trials into their own), so relative
+    paths in the config mean what they meant on the command line."""
     from ray import tune
 
     from fedray.runtime import Experiment
     from fedray.runtime.storage import Storage
+
+    os.chdir(cwd)
 
     cfg = load_config(None, [*overrides, *(override(k, v) for k, v in params.items())],
                       base=base)
@@ -219,7 +225,8 @@ def sweep(config: str | os.PathLike | dict, space: dict[str, dict] | None = None
     run_root = os.path.join(path, "runs")
     init_ray(cfg)
     trainable = tune.with_resources(
-        tune.with_parameters(_trial, base=base, overrides=overrides, run_root=run_root),
+        tune.with_parameters(_trial, base=base, overrides=overrides, run_root=run_root,
+                             cwd=os.getcwd()),
         tune.PlacementGroupFactory(trial_bundles(cfg), strategy="PACK"))
     if resume and tune.Tuner.can_restore(path):
         tuner = tune.Tuner.restore(path, trainable, resume_unfinished=True,
@@ -232,9 +239,10 @@ def sweep(config: str | os.PathLike | dict, space: dict[str, dict] | None = None
                 reduction_factor=spec.reduction_factor)
         tuner = tune.Tuner(
             trainable, param_space={k: to_tune(v) for k, v in spec.space.items()},
-            tune_config=tune.TuneConfig(metric=spec.metric, mode=spec.mode,
-                                        num_samples=spec.num_samples, scheduler=scheduler,
-                                        max_concurrent_trials=spec.max_concurrent),
+            tune_config=tune.TuneConfig(
+                metric=spec.metric, mode=spec.mode, num_samples=spec.num_samples,
+                scheduler=scheduler, max_concurrent_trials=spec.max_concurrent,
+                search_alg=tune.search.BasicVariantGenerator(random_state=cfg.seed)),
             run_config=tune.RunConfig(name=name, storage_path=storage_path, verbose=0))
     return write_table(tuner.fit(), spec, path)
 

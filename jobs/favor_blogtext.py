@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
     from fedray.data import build_data
     from fedray.favor.evaluate import evaluate_style
     from fedray.favor.lm import TinyLM
-    from fedray.favor.prepare import prepare_embedded
+    from fedray.favor.prepare import embedded_overrides, prepare_embedded
     from fedray.runtime import run_experiment
 
     t0 = time.time()
@@ -70,12 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
                                     pretrain_authors=4, lm=lm, roster_posts=(12, 16))
         else:
             prep = prepare_embedded(os.path.join(out, "cache"), args.authors, args.seed)
-        algo += [f"algorithm.base={prep['base']}", f"algorithm.asce={prep['asce']}",
-                 "algorithm.asce_authors=0", "algorithm.min_tokens=1",
-                 "algorithm.block_length=64", "algorithm.prompt_tokens=24",
-                 "algorithm.new_tokens=40", "algorithm.lr=0.002", "algorithm.rank=8",
-                 "algorithm.alpha=16", "algorithm.micro_batch=4", "algorithm.accumulation=2",
-                 "algorithm.reference_texts=8", "algorithm.proj_hidden=64"]
+        algo += embedded_overrides(prep)
         csv = prep["csv"]
     else:
         csv = args.data_root

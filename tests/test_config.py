@@ -93,3 +93,10 @@ def test_every_shipped_config_loads():
             assert e.path == "algorithm.base" and "pretrain" in str(e), p
             continue
         assert cfg.rounds >= 1, p
+
+
+def test_config_errors_survive_pickling():
+    import pickle
+
+    e = pickle.loads(pickle.dumps(ConfigError("a.b", 3, "at most 2")))
+    assert (e.path, e.value, e.allowed) == ("a.b", 3, "at most 2") and "a.b" in str(e)

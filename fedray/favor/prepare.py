@@ -58,3 +58,15 @@ def prepare_embedded(work_dir: str, roster: int = 50, seed: int = 0,
     asce = train_style_encoder(texts, labels, os.path.join(work_dir, "asce"),
                                epochs=asce_epochs, seed=seed)
     return {"csv": csv, "base": base, "asce": asce}
+
+
+def embedded_overrides(prep: dict[str, Any]) -> list[str]:
+    """Config overrides that run FAVoR on the prepared embedded default (small LM: larger
+    learning rate and rank-8 adapters, short blocks, prompts and continuations)."""
+    return ["algorithm.name=favor", "data.dataset=blogtext", f"data.root={prep['csv']}",
+            f"algorithm.base={prep['base']}", f"algorithm.asce={prep['asce']}",
+            "algorithm.asce_authors=0", "algorithm.min_tokens=1", "algorithm.block_length=64",
+            "algorithm.prompt_tokens=24", "algorithm.new_tokens=40", "algorithm.lr=0.002",
+            "algorithm.rank=8", "algorithm.alpha=16", "algorithm.micro_batch=4",
+            "algorithm.accumulation=2", "algorithm.reference_texts=8",
+            "algorithm.proj_hidden=64"]
