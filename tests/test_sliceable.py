@@ -81,6 +81,8 @@ def test_branch_ratio_one_is_fjord_width_slicing_exactly():
     assert g.hidden == tuple(g.stream[k] for k in SMALL.stage_of)
     rung = solve_rung(SMALL, (16, 16), 0.251, "dual", theta=0.0)
     assert rung.b == 1.0 and rung.s == 0.5 and rung.geometry == g
+    full = solve_rung(CIFAR100, HW, 0.251, "dual", theta=0.0)  # no refit below b = 1
+    assert full.b == 1.0 and full.geometry == CIFAR100.geometry(0.5, 1.0)
     assert solve_rung(SMALL, (16, 16), 0.251, "width").geometry == g
     plain = resnet18((3, 16, 16), 10, width=4)
     full = get_state(model)

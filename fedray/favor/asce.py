@@ -121,7 +121,7 @@ def train_asce(texts: Sequence[str], labels: Sequence, backbone: str | None = No
             loss.backward()
             opt_enc.step()
             opt_head.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
     enc.eval().requires_grad_(False)
     n = max(1, math.ceil(len(texts) / batch_size))
     return enc, tok, {"first_epoch_loss": float(np.mean(losses[:n])),

@@ -3,7 +3,8 @@
 ``dual`` (DROD, §2): s = ρ^((1−θ)/2), b = ρ^θ; s snapped to a multiple of 1/64 (every stage
 width integral), then b refit so the measured whole-network ratio (parameters or FLOPs) is
 as close to ρ as the integral hidden widths allow (footnote 5: the stem, the downsample convs
-and the classifier lie outside the branch axis, so the closed form's b misses ρ).
+and the classifier lie outside the branch axis, so the closed form's b misses ρ). At θ = 0
+b stays 1: that endpoint *is* width slicing (FjORD), not a refit of it.
 ``width`` (FjORD / HeteroFL / FedRolex): b = 1 and s on the 1/64 grid closest to ρ.
 ``shortcut`` (shortcut-tiering, §2): droppable blocks become identities deepest first; when
 dropping all of them still exceeds ρ (ResNet-18 keeps 44 % of its parameters, footnote 4),
@@ -124,7 +125,7 @@ def solve_rung(arch: Arch, hw: tuple[int, int], rho: float, axis: Axis = "dual",
         pass
     elif axis == "dual":
         s = snap(rho ** ((1 - theta) / 2))
-        b = _fit_b(arch, hw, s, rho, match)
+        b = 1.0 if theta == 0 else _fit_b(arch, hw, s, rho, match)  # θ = 0: width slicing
     elif axis == "width":
         s = _closest(grid, rho, ratio_s)
     elif axis == "shortcut":
