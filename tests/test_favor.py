@@ -73,6 +73,11 @@ def test_baseline_variants_keep_and_send_what_they_should(base_dir):
     _, alg, res, g = make(base_dir, "ditto")
     out = alg.client_update(ctx(res), g)
     assert set(out.upload) == set(g) and "personal" in out.state
+    _, alg, res, g = make(base_dir, "pfedme", **{"algorithm.pfedme_inner_steps": 2})
+    out = alg.client_update(ctx(res), g)
+    assert set(out.upload) == set(g) and "personal" in out.state
+    theta, w = out.state["personal"], {k: g[k] + out.upload[k] for k in g}
+    assert any(not np.allclose(theta[k], w[k]) for k in g)  # θ personal, w global copy
 
 
 def test_favor_config_errors(base_dir):
@@ -80,7 +85,7 @@ def test_favor_config_errors(base_dir):
         load_config(None, ["algorithm.name=favor"])
     with pytest.raises(ConfigError, match="algorithm.variant"):
         load_config(None, ["algorithm.name=favor", f"algorithm.base={base_dir}",
-                           "algorithm.variant=pfedme"])
+                           "algorithm.variant=feddpa"])
     with pytest.raises(ConfigError, match="data.root"):
         load_config(None, ["algorithm.name=favor", f"algorithm.base={base_dir}",
                            "data.dataset=blogtext", "data.root=/no/such.csv"])

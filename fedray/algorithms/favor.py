@@ -13,6 +13,8 @@ favor         shared stage (task + λ_prox prox) → upload; private residual fr
               keeps {shared endpoint, residual}, evaluates with their sum
 fedavg        shared stage only (λ_prox = 0), evaluates with the global adapter
 fedprox       shared stage with prox μ = ``lambda_prox``, global adapter
+pfedme        pFedMe: a personalized θ solves the Moreau envelope around the local
+              copy w of the global adapter each step; w's delta is uploaded; evaluates θ
 ditto         shared stage → upload; a persistent personal adapter trained with
               task + λ_ditto/2 ‖v − A_t‖² (+ alignment when ``lambda_align`` > 0:
               Ditto + ASCE); evaluates with v
@@ -44,7 +46,8 @@ class FavorParams:
     base: str = spec("", help="base causal LM: hub id (e.g. Qwen/Qwen2.5-3B-Instruct) or a "
                               "directory (the embedded tiny LM)")
     asce: str = spec("", help="directory of the trained ASCE style encoder")
-    variant: Literal["favor", "fedavg", "fedprox", "ditto", "local", "global_asce"] = "favor"
+    variant: Literal["favor", "fedavg", "fedprox", "ditto", "pfedme", "local",
+                     "global_asce"] = "favor"
     rank: int = spec(16, ge=1, help="LoRA rank r")
     alpha: int = spec(32, ge=1, help="LoRA α")
     dropout: float = spec(0.05, ge=0, lt=1)
@@ -59,6 +62,9 @@ class FavorParams:
                                                "the paper; μ for fedprox)")
     lambda_align: float = spec(0.3, ge=0, help="λ_align of the alignment loss")
     lambda_ditto: float = spec(0.1, ge=0, help="Ditto's λ (personal-to-global pull)")
+    lambda_pfedme: float = spec(15.0, gt=0, help="pFedMe's λ (Moreau-envelope pull)")
+    pfedme_inner_steps: int = spec(5, ge=1, help="pFedMe's inner steps K per local step")
+    pfedme_inner_lr: float = spec(0.01, gt=0, help="pFedMe's personal learning rate")
     ramp: float = spec(0.05, ge=0, le=1, help="κ_t ramp share of the private steps")
     proj_hidden: int = spec(256, ge=1, help="projection head hidden width")
     server_lr: float = spec(1.0, gt=0, help="η_g")
@@ -88,7 +94,7 @@ class Favor(Algorithm):
 
     @property
     def uses_client_state(self) -> bool:  # type: ignore[override]
-        return self.params.variant in ("favor", "ditto", "local")
+        return self.params.variant in ("favor", "ditto", "local", "pfedme")
 
     def lora(self):
         from fedray.favor.adapter import LoraSpec
@@ -147,6 +153,14 @@ class Favor(Algorithm):
                 model, server, ids, ids, target, shared_cfg, private_cfg, p.lambda_prox,
                 p.lambda_align, private=True, proj_hidden=p.proj_hidden, **args)
             state = {k: to_numpy(a) for k, a in kept.items()} | {"tau": ctx.round}
+        elif v == "pfedme":
+            from fedray.favor.train import pfedme_stage
+
+            w, theta, metrics = pfedme_stage(model, server, ids, ids, shared_cfg,
+                                             p.lambda_pfedme, p.pfedme_inner_steps,
+                                             p.pfedme_inner_lr, **args)
+            upload = {k: w[k] - server[k] for k in server}
+            state = {"personal": to_numpy(theta), "tau": ctx.round}
         elif v in ("fedavg", "fedprox", "global_asce"):
             prox = p.lambda_prox if v == "fedprox" else 0.0
             if v == "global_asce":

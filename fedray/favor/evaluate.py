@@ -1,7 +1,7 @@
 """Style evaluation of a finished FAVoR-family run (FAVoR appendix B.1).
 
 Each roster author continues its held-out prompts with the adapter it would deploy: FAVoR
-its shared endpoint + private residual, Ditto/local its personal adapter, FedAvg/FedProx/
+its shared endpoint + private residual, Ditto/pFedMe/local its personal adapter, FedAvg/FedProx/
 Global ASCE the final global adapter; a client never sampled has no personal adapter and
 uses the global one (the paper leaves this case open). Degenerate generations are
 dropped (< 20 whitespace tokens or distinct-bigram ratio < 0.15). In ASCE space: author
@@ -39,7 +39,7 @@ def final_adapters(run_dir: str, variant: str, num_clients: int
         if variant == "favor":
             personal[cid] = {k: state["shared"][k] + state["residual"][k]
                              for k in state["shared"]}
-        elif variant in ("ditto", "local"):
+        elif variant in ("ditto", "local", "pfedme"):
             personal[cid] = state["personal"]
     return ck["global_state"], personal
 

@@ -200,3 +200,28 @@ def client_round(model: nn.Module, server: Adapter, ids: torch.Tensor, labels: t
         state["residual"] = residual
         m |= mp
     return upload, state, m
+
+
+def pfedme_stage(model: nn.Module, start: Adapter, ids: torch.Tensor, labels: torch.Tensor,
+                 cfg: StageConfig, lam: float, inner_steps: int, inner_lr: float, seed: int,
+                 round: int, client: int) -> tuple[Adapter, Adapter, dict[str, float]]:
+    """pFedMe (Dinh et al., 2020) on LoRA factors: per local step, the personalized θ
+    approximately solves min_θ f(θ; batch) + λ/2 ‖θ − w‖² with ``inner_steps`` gradient
+    steps, then the local copy of the global adapter moves w ← w − lr λ (w − θ).
+    Returns (local w — its delta is uploaded —, personalized θ, metrics)."""
+    w = {k: v.detach().clone() for k, v in start.items()}
+    theta = {k: v.clone() for k, v in w.items()}
+    total, count = 0.0, 0
+    for step in _micro_batches(len(ids), cfg, seed, round, client, "pfedme"):
+        batch = np.concatenate(step)
+        for _ in range(inner_steps):
+            params = {k: v.detach().requires_grad_(True) for k, v in theta.items()}
+            loss = forward(model, params, ids[batch], labels[batch]).loss
+            loss = loss + lam / 2 * sum(((params[k] - w[k]) ** 2).sum() for k in params)
+            grads = torch.autograd.grad(loss, list(params.values()))
+            theta = {k: (p - inner_lr * g).detach()
+                     for (k, p), g in zip(params.items(), grads, strict=True)}
+            total += float(loss.detach())
+            count += 1
+        w = {k: w[k] - cfg.lr * lam * (w[k] - theta[k]) for k in w}
+    return w, theta, {"pfedme_loss": total / max(count, 1)}
