@@ -44,7 +44,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--gpus", type=float, default=0.0, help="GPU fraction per executor")
     p.add_argument("--executors", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="runs/favor-blogtext", help="output directory")
+    p.add_argument("--out", default="runs/favor-blogtext",
+                   help="output: a local directory or a pyarrow.fs URI (s3://...)")
+    p.add_argument("--cache", help="local directory for the corpus, base LM and ASCE "
+                                   "(default OUT/cache, or runs/favor-cache for a URI)")
     p.add_argument("--smoke", action="store_true", help="tiny CPU run of the same path")
     p.add_argument("-s", "--set", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args(argv)
@@ -57,9 +60,13 @@ def main(argv: list[str] | None = None) -> dict:
     from fedray.favor.lm import TinyLM
     from fedray.favor.prepare import embedded_overrides, prepare_embedded
     from fedray.runtime import run_experiment
+    from fedray.runtime.storage import Storage
 
     t0 = time.time()
-    out = os.path.abspath(args.out)
+    remote = "://" in args.out
+    out = args.out if remote else os.path.abspath(args.out)
+    cache = os.path.abspath(args.cache or ("runs/favor-cache" if remote
+                                           else os.path.join(out, "cache")))
     algo = ["algorithm.name=favor", "algorithm.gini=0.25"]
     if args.data_root is None:  # the embedded default
         if args.smoke:
@@ -67,10 +74,10 @@ def main(argv: list[str] | None = None) -> dict:
             lm = TinyLM(vocab_size=400, hidden_size=32, intermediate_size=64,
                         num_hidden_layers=1, steps=40, batch_size=8, max_length=64,
                         seed=args.seed)
-            prep = prepare_embedded(os.path.join(out, "cache"), args.authors, args.seed,
+            prep = prepare_embedded(cache, args.authors, args.seed,
                                     pretrain_authors=4, lm=lm, roster_posts=(12, 16))
         else:
-            prep = prepare_embedded(os.path.join(out, "cache"), args.authors, args.seed)
+            prep = prepare_embedded(cache, args.authors, args.seed)
         algo += embedded_overrides(prep)
         csv = prep["csv"]
     else:
@@ -87,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
         asce_authors, _ = split_roles(authors, args.authors, 50, args.seed)
         asce = train_style_encoder([t for a in asce_authors for t in a.train],
                                    [a.id for a in asce_authors for _ in a.train],
-                                   os.path.join(out, "cache", "asce"),
+                                   os.path.join(cache, "asce"),
                                    backbone=args.asce_backbone, epochs=3, max_length=256)
         algo += [f"algorithm.base={model}", f"algorithm.asce={asce}"]
     common = [f"seed={args.seed}", "data.dataset=blogtext", f"data.root={csv}",
@@ -101,9 +108,9 @@ def main(argv: list[str] | None = None) -> dict:
     for variant in args.variants:
         cfg = load_config(None, common + algo + [f"algorithm.variant={variant}",
                                                  f"name=favor-{variant}"] + args.set)
-        run_dir = os.path.join(out, variant)
+        run_dir = f"{out}/{variant}"
         summary = run_experiment(cfg, run_dir, progress=False,
-                                 resume=os.path.exists(os.path.join(run_dir, "summary.json")))
+                                 resume=Storage(run_dir).exists("checkpoints/LATEST"))
         data = data or build_data(cfg)
         from fedray.algorithms import make_algorithm
 
@@ -118,12 +125,20 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def write_table(rows: list[dict], out: str) -> None:
+    """results.parquet, RESULTS.md and style_retention.png under ``out`` (path or URI)."""
+    import io
+    import tempfile
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from fedray.report import _plt, save
+    from fedray.runtime.storage import Storage
 
-    pq.write_table(pa.Table.from_pylist(rows), os.path.join(out, "results.parquet"))
+    storage = Storage(out)
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), buf)
+    storage.write_bytes("results.parquet", buf.getvalue())
     cols = ["author_accuracy", "macro_f1", "gen_gen_auc", "gen_gen_eer", "gen_source_auc",
             "silhouette", "centroid_distance", "semsim"]
     lines = ["| method | " + " | ".join(cols) + " | kept / generated |",
@@ -132,14 +147,15 @@ def write_table(rows: list[dict], out: str) -> None:
         lines.append(f"| {r['method']} | " + " | ".join(
             f"{r[c]:.3f}" if isinstance(r.get(c), float) else "–" for c in cols)
             + f" | {r.get('kept')} / {r.get('generations')} |")
-    with open(os.path.join(out, "RESULTS.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    storage.write_bytes("RESULTS.md", ("\n".join(lines) + "\n").encode())
     plt = _plt()
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
     for ax, col in zip(axes, ["author_accuracy", "gen_gen_auc", "semsim"], strict=True):
         ax.bar([r["method"] for r in rows], [r.get(col) or 0 for r in rows])
         ax.set(title=col.replace("_", " "))
-    save(fig, out, "style_retention.png")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = save(fig, tmp, "style_retention.png")
+        storage.write_bytes("style_retention.png", open(path, "rb").read())
 
 
 if __name__ == "__main__":
