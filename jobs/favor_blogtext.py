@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--model", help="base LM hub id or directory (default: the tiny LM)")
     p.add_argument("--asce-backbone", help="ASCE encoder (default: the shipped MiniLM)")
     p.add_argument("--variants", nargs="+", default=VARIANTS,
-                   choices=["favor", "fedavg", "fedprox", "ditto", "pfedme", "local",
-                            "global_asce"])
+                   choices=["favor", "fedavg", "fedprox", "ditto", "pfedme", "feddpa",
+                            "local", "global_asce"])
     p.add_argument("--authors", type=int, default=50)
     p.add_argument("--per-round", type=int, default=12)
     p.add_argument("--rounds", type=int, default=6)

@@ -78,6 +78,13 @@ def test_baseline_variants_keep_and_send_what_they_should(base_dir):
     assert set(out.upload) == set(g) and "personal" in out.state
     theta, w = out.state["personal"], {k: g[k] + out.upload[k] for k in g}
     assert any(not np.allclose(theta[k], w[k]) for k in g)  # θ personal, w global copy
+    _, alg, res, g = make(base_dir, "feddpa")
+    assert all(v.shape[0] == 2 or v.shape[1] == 2 for v in g.values())  # rank r = 2 global
+    out = alg.client_update(ctx(res), g)
+    assert set(out.upload) == set(g) and set(out.state) == {"local", "gate", "tau"}
+    assert all(out.state["local"][k].shape == g[k].shape for k in g)
+    again = alg.client_update(ctx(res, out.state, 2), g)
+    assert again.state["gate"] != out.state["gate"]  # the gate is learned
 
 
 def test_favor_config_errors(base_dir):
@@ -85,7 +92,7 @@ def test_favor_config_errors(base_dir):
         load_config(None, ["algorithm.name=favor"])
     with pytest.raises(ConfigError, match="algorithm.variant"):
         load_config(None, ["algorithm.name=favor", f"algorithm.base={base_dir}",
-                           "algorithm.variant=feddpa"])
+                           "algorithm.variant=scaffold"])
     with pytest.raises(ConfigError, match="data.root"):
         load_config(None, ["algorithm.name=favor", f"algorithm.base={base_dir}",
                            "data.dataset=blogtext", "data.root=/no/such.csv"])

@@ -15,6 +15,9 @@ fedavg        shared stage only (λ_prox = 0), evaluates with the global adapter
 fedprox       shared stage with prox μ = ``lambda_prox``, global adapter
 pfedme        pFedMe: a personalized θ solves the Moreau envelope around the local
               copy w of the global adapter each step; w's delta is uploaded; evaluates θ
+feddpa        FedDPA: global adapter trained alone → upload; a local adapter mixed
+              with it by a learned gate (one scalar per client); evaluates the mixture
+              of the final global and the local adapter at the client's gate
 ditto         shared stage → upload; a persistent personal adapter trained with
               task + λ_ditto/2 ‖v − A_t‖² (+ alignment when ``lambda_align`` > 0:
               Ditto + ASCE); evaluates with v
@@ -46,7 +49,7 @@ class FavorParams:
     base: str = spec("", help="base causal LM: hub id (e.g. Qwen/Qwen2.5-3B-Instruct) or a "
                               "directory (the embedded tiny LM)")
     asce: str = spec("", help="directory of the trained ASCE style encoder")
-    variant: Literal["favor", "fedavg", "fedprox", "ditto", "pfedme", "local",
+    variant: Literal["favor", "fedavg", "fedprox", "ditto", "pfedme", "feddpa", "local",
                      "global_asce"] = "favor"
     rank: int = spec(16, ge=1, help="LoRA rank r")
     alpha: int = spec(32, ge=1, help="LoRA α")
@@ -88,19 +91,27 @@ class FavorParams:
                                                            "targets come from it)")
 
 
+def lora_spec(p: FavorParams, dropout: float | None = None):
+    """The resident model's LoRA: rank r, or for FedDPA the global and local adapters side
+    by side (rank 2r with α doubled, so each half keeps the α/r scaling)."""
+    from fedray.favor.adapter import LoraSpec
+
+    d = p.dropout if dropout is None else dropout
+    if p.variant == "feddpa":
+        return LoraSpec(2 * p.rank, 2 * p.alpha, d, tuple(p.targets))
+    return LoraSpec(p.rank, p.alpha, d, tuple(p.targets))
+
+
 class Favor(Algorithm):
     name = "favor"
     Params = FavorParams
 
     @property
     def uses_client_state(self) -> bool:  # type: ignore[override]
-        return self.params.variant in ("favor", "ditto", "local", "pfedme")
+        return self.params.variant in ("favor", "ditto", "local", "pfedme", "feddpa")
 
     def lora(self):
-        from fedray.favor.adapter import LoraSpec
-
-        p = self.params
-        return LoraSpec(p.rank, p.alpha, p.dropout, tuple(p.targets))
+        return lora_spec(self.params)
 
     def build_resident(self, input_shape, num_classes, device):
         from fedray.favor.lm import load_lm, with_lora
@@ -120,7 +131,11 @@ class Favor(Algorithm):
             for m in model.modules():
                 if hasattr(m, "reset_lora_parameters"):
                     m.reset_lora_parameters("default", True)
-        return to_numpy(adapter_of(model))
+        state = to_numpy(adapter_of(model))
+        if self.params.variant == "feddpa":  # the global half of the rank-2r factors
+            r = self.params.rank
+            state = {k: v[:r] if "lora_A" in k else v[:, :r] for k, v in state.items()}
+        return state
 
     def make_policy(self):
         return FedAvgPolicy(self.params.server_lr, weighted=False)
@@ -153,6 +168,15 @@ class Favor(Algorithm):
                 model, server, ids, ids, target, shared_cfg, private_cfg, p.lambda_prox,
                 p.lambda_align, private=True, proj_hidden=p.proj_hidden, **args)
             state = {k: to_numpy(a) for k, a in kept.items()} | {"tau": ctx.round}
+        elif v == "feddpa":
+            from fedray.favor.train import feddpa_round
+
+            prev = ctx.state or {}
+            local = to_torch(prev["local"], ctx.device) if "local" in prev else None
+            upload, kept, metrics = feddpa_round(model, server, local, prev.get("gate", 0.0),
+                                                 ids, ids, shared_cfg, private_cfg, **args)
+            state = {"local": to_numpy(kept["local"]), "gate": kept["gate"],
+                     "tau": ctx.round}
         elif v == "pfedme":
             from fedray.favor.train import pfedme_stage
 
@@ -201,6 +225,10 @@ class Favor(Algorithm):
 
         model = resident["model"]
         adapter = to_torch(broadcast, device)
+        if self.params.variant == "feddpa":
+            from fedray.favor.train import mix
+
+            adapter = mix(adapter, {k: torch.zeros_like(v) for k, v in adapter.items()}, 0.0)
         ids = torch.from_numpy(np.asarray(x)).to(device)
         loss = correct = count = 0.0
         with torch.no_grad():

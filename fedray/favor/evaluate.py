@@ -1,7 +1,8 @@
 """Style evaluation of a finished FAVoR-family run (FAVoR appendix B.1).
 
 Each roster author continues its held-out prompts with the adapter it would deploy: FAVoR
-its shared endpoint + private residual, Ditto/pFedMe/local its personal adapter, FedAvg/FedProx/
+its shared endpoint + private residual, Ditto/pFedMe/local its personal adapter, FedDPA
+the final global adapter mixed with its local one at its gate, FedAvg/FedProx/
 Global ASCE the final global adapter; a client never sampled has no personal adapter and
 uses the global one (the paper leaves this case open). Degenerate generations are
 dropped (< 20 whitespace tokens or distinct-bigram ratio < 0.15). In ASCE space: author
@@ -41,7 +42,19 @@ def final_adapters(run_dir: str, variant: str, num_clients: int
                              for k in state["shared"]}
         elif variant in ("ditto", "local", "pfedme"):
             personal[cid] = state["personal"]
-    return ck["global_state"], personal
+        elif variant == "feddpa":
+            personal[cid] = _mixed(ck["global_state"], state["local"],
+                                   1 / (1 + np.exp(-state["gate"])))
+    glob = ck["global_state"]
+    if variant == "feddpa":
+        glob = _mixed(glob, {k: np.zeros_like(v) for k, v in glob.items()}, 0.0)
+    return glob, personal
+
+
+def _mixed(g: dict, local: dict, weight: float) -> dict[str, np.ndarray]:
+    from fedray.favor.train import mix, to_numpy, to_torch
+
+    return to_numpy(mix(to_torch(g), to_torch(local), weight))
 
 
 @torch.no_grad()
@@ -83,14 +96,14 @@ def semsim(gens: list[str], refs: list[str]) -> float:
 
 def evaluate_style(run_dir: str, data: Any, params: Any, seed: int, device: str = "cpu",
                    min_tokens: int = 20) -> dict[str, Any]:
+    from fedray.algorithms.favor import lora_spec
     from fedray.data.blogtext import is_degenerate
-    from fedray.favor.adapter import LoraSpec
     from fedray.favor.asce import embed, load_asce
     from fedray.favor.lm import load_lm, with_lora
 
     glob, personal = final_adapters(run_dir, params.variant, data.num_clients)
     base, tok = load_lm(params.base, device)
-    model = with_lora(base, LoraSpec(params.rank, params.alpha, 0.0, tuple(params.targets)))
+    model = with_lora(base, lora_spec(params, dropout=0.0))
     gens, gen_y, refs, kept, total = [], [], [], 0, 0
     for cid in range(data.num_clients):
         adapter = personal.get(cid, glob)

@@ -225,3 +225,62 @@ def pfedme_stage(model: nn.Module, start: Adapter, ids: torch.Tensor, labels: to
             count += 1
         w = {k: w[k] - cfg.lr * lam * (w[k] - theta[k]) for k in w}
     return w, theta, {"pfedme_loss": total / max(count, 1)}
+
+
+def mix(global_a: Adapter, local_a: Adapter, weight: torch.Tensor | float) -> Adapter:
+    """FedDPA's mixture as one LoRA of twice the rank: A = [A_g; A_l], B = [(1−a) B_g, a B_l],
+    so B A = (1−a) B_g A_g + a B_l A_l (the model must carry rank 2r and α 2α)."""
+    out = {}
+    for k, g in global_a.items():
+        if "lora_A" in k:
+            out[k] = torch.cat([g, local_a[k]], 0)
+        else:
+            out[k] = torch.cat([(1 - weight) * g, weight * local_a[k]], 1)
+    return out
+
+
+def feddpa_round(model: nn.Module, server: Adapter, local: Adapter | None, gate: float,
+                 ids: torch.Tensor, labels: torch.Tensor, shared_cfg: StageConfig,
+                 local_cfg: StageConfig, seed: int, round: int, client: int
+                 ) -> tuple[Adapter, dict[str, Any], dict[str, float]]:
+    """FedDPA (Yang et al., 2024) on LoRA: the global adapter trains alone (local weight 0)
+    and its delta is uploaded; then the client's local adapter and its gate a = σ(g) train
+    on the mixture with the global endpoint frozen. The paper's gate is per prompt; ours is
+    one learned scalar per client — what the paper evaluates with (the client's mean
+    validation gate). Returns (upload, state {local, gate}, metrics)."""
+    from fedray.seeding import derive_seed
+    from fedray.training import Adam
+
+    zeros = {k: torch.zeros_like(v) for k, v in server.items()}
+    g_params = {k: v.clone().requires_grad_(True) for k, v in server.items()}
+    opt = Adam(list(g_params.values()), lr=shared_cfg.lr)
+    total = count = 0.0
+    for step in _micro_batches(len(ids), shared_cfg, seed, round, client, "feddpa-global"):
+        opt.zero_grad()
+        for mb in step:
+            loss = forward(model, mix(g_params, zeros, 0.0), ids[mb], labels[mb]).loss
+            (loss / len(step)).backward()
+            total, count = total + float(loss.detach()), count + 1
+        opt.step()
+    endpoint = {k: v.detach() for k, v in g_params.items()}
+    if local is None:  # LoRA's own start: A random, B zero (contributes nothing yet)
+        gen = torch.Generator().manual_seed(derive_seed(seed, -1, client, "feddpa-local"))
+        local = {k: (torch.randn(v.shape, generator=gen) / v.shape[1] ** 0.5).to(v.device)
+                 if "lora_A" in k else torch.zeros_like(v) for k, v in server.items()}
+    l_params = {k: v.clone().requires_grad_(True) for k, v in local.items()}
+    g = torch.tensor(float(gate), requires_grad=True)
+    opt = Adam([*l_params.values(), g], lr=local_cfg.lr)
+    ltotal = lcount = 0.0
+    for step in _micro_batches(len(ids), local_cfg, seed, round, client, "feddpa-local"):
+        opt.zero_grad()
+        for mb in step:
+            loss = forward(model, mix(endpoint, l_params, torch.sigmoid(g)), ids[mb],
+                           labels[mb]).loss
+            (loss / len(step)).backward()
+            ltotal, lcount = ltotal + float(loss.detach()), lcount + 1
+        opt.step()
+    upload = {k: endpoint[k] - server[k] for k in server}
+    state = {"local": {k: v.detach() for k, v in l_params.items()}, "gate": float(g.detach())}
+    return upload, state, {"shared_loss": total / max(count, 1),
+                           "local_loss": ltotal / max(lcount, 1),
+                           "gate": float(torch.sigmoid(g.detach()))}
