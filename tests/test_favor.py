@@ -73,6 +73,9 @@ def test_baseline_variants_keep_and_send_what_they_should(base_dir):
     _, alg, res, g = make(base_dir, "ditto")
     out = alg.client_update(ctx(res), g)
     assert set(out.upload) == set(g) and "personal" in out.state
+    assert np.isnan(out.metrics["align_loss"])  # plain Ditto: no style alignment
+    _, alg, res, g = make(base_dir, "ditto", **{"algorithm.align": "true"})
+    assert np.isfinite(alg.client_update(ctx(res), g).metrics["align_loss"])  # Ditto + ASCE
     _, alg, res, g = make(base_dir, "pfedme", **{"algorithm.pfedme_inner_steps": 2})
     out = alg.client_update(ctx(res), g)
     assert set(out.upload) == set(g) and "personal" in out.state

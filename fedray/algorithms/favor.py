@@ -19,10 +19,10 @@ feddpa        FedDPA: global adapter trained alone → upload; a local adapter m
               with it by a learned gate (one scalar per client); evaluates the mixture
               of the final global and the local adapter at the client's gate
 ditto         shared stage → upload; a persistent personal adapter trained with
-              task + λ_ditto/2 ‖v − A_t‖² (+ alignment when ``lambda_align`` > 0:
+              task + λ_ditto/2 ‖v − A_t‖² (+ alignment with ``align: true``:
               Ditto + ASCE); evaluates with v
 local         no upload; a persistent personal adapter from the initial one, task loss
-              (+ alignment): local-only
+              (+ alignment with ``align: true``: the paper's local-only + ASCE)
 global_asce   shared stage with the alignment loss, no private branch, no prox;
               global adapter
 ============  ====================================================================
@@ -64,6 +64,9 @@ class FavorParams:
     lambda_prox: float = spec(0.01, ge=0, help="λ_prox of the shared stage (not given in "
                                                "the paper; μ for fedprox)")
     lambda_align: float = spec(0.3, ge=0, help="λ_align of the alignment loss")
+    align: bool | None = spec(None, help="use the ASCE alignment loss (default: on for favor "
+                                         "and global_asce; on for ditto/local = Ditto + ASCE /"
+                                         " local-only + ASCE; off = FAVoR w/o ASCE)")
     lambda_ditto: float = spec(0.1, ge=0, help="Ditto's λ (personal-to-global pull)")
     lambda_pfedme: float = spec(15.0, gt=0, help="pFedMe's λ (Moreau-envelope pull)")
     pfedme_inner_steps: int = spec(5, ge=1, help="pFedMe's inner steps K per local step")
@@ -156,8 +159,9 @@ class Favor(Algorithm):
         model = ctx.resident["model"]
         ids = torch.from_numpy(np.asarray(ctx.x_train)).to(ctx.device)
         server = to_torch(broadcast, ctx.device)
+        align = p.align if p.align is not None else v in ("favor", "global_asce")
         target = None
-        if ctx.extra and "target" in ctx.extra and p.lambda_align > 0:
+        if align and ctx.extra and "target" in ctx.extra and p.lambda_align > 0:
             target = torch.as_tensor(ctx.extra["target"], device=ctx.device)
         shared_cfg, private_cfg = self._stages()
         args = dict(seed=ctx.seed, round=ctx.round, client=ctx.client_id)
