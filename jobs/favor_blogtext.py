@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--asce-backbone", help="ASCE encoder (default: the shipped MiniLM)")
     p.add_argument("--variants", nargs="+", default=VARIANTS,
                    choices=["favor", "fedavg", "fedprox", "ditto", "pfedme", "feddpa",
-                            "local", "global_asce"])
+                            "local", "global_asce", "pooled"])
     p.add_argument("--authors", type=int, default=50)
     p.add_argument("--per-round", type=int, default=12)
     p.add_argument("--rounds", type=int, default=6)
@@ -106,6 +106,20 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     data = None
     for variant in args.variants:
+        if variant == "pooled":  # centralized reference: no federation, one adapter
+            from fedray.favor.pooled import train_pooled
+
+            cfg = load_config(None, common + algo + ["algorithm.variant=fedavg",
+                                                     "name=favor-pooled"] + args.set)
+            data = data or build_data(cfg)
+            from fedray.algorithms import make_algorithm
+
+            style = evaluate_style(None, data, make_algorithm(cfg).params, args.seed,
+                                   adapter=train_pooled(cfg, data))
+            rows.append({"method": "pooled", "upload_bytes": 0,
+                         "global_next_token_accuracy": None, **style})
+            print(json.dumps({"variant": variant, **style}), flush=True)
+            continue
         cfg = load_config(None, common + algo + [f"algorithm.variant={variant}",
                                                  f"name=favor-{variant}"] + args.set)
         run_dir = f"{out}/{variant}"

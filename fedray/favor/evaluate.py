@@ -94,14 +94,18 @@ def semsim(gens: list[str], refs: list[str]) -> float:
     return float((emb(gens) * emb(refs)).sum(1).mean())
 
 
-def evaluate_style(run_dir: str, data: Any, params: Any, seed: int, device: str = "cpu",
-                   min_tokens: int = 20) -> dict[str, Any]:
+def evaluate_style(run_dir: str | None, data: Any, params: Any, seed: int,
+                   device: str = "cpu", min_tokens: int = 20,
+                   adapter: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """Generate, filter, embed and score (see the module docstring); ``adapter`` replaces
+    the run's adapters (one adapter for every author: the pooled reference)."""
     from fedray.algorithms.favor import lora_spec
     from fedray.data.blogtext import is_degenerate
     from fedray.favor.asce import embed, load_asce
     from fedray.favor.lm import load_lm, with_lora
 
-    glob, personal = final_adapters(run_dir, params.variant, data.num_clients)
+    glob, personal = (adapter, {}) if adapter is not None else \
+        final_adapters(run_dir, params.variant, data.num_clients)
     base, tok = load_lm(params.base, device)
     model = with_lora(base, lora_spec(params, dropout=0.0))
     gens, gen_y, refs, kept, total = [], [], [], 0, 0
