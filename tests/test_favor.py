@@ -113,3 +113,31 @@ def test_favor_job_smoke_end_to_end(ray_session, tmp_path):
         assert r["generations"] > 0 and 0 <= r.get("author_accuracy", 0) <= 1
     assert (tmp_path / "favor" / "RESULTS.md").exists()
     assert (tmp_path / "favor" / "style_retention.png").exists()
+
+
+def test_cold_start_arms_on_held_out_authors(base_dir, tmp_path):
+    """Every arm adapts (or not) and is scored among the held-out authors."""
+    from test_asce import tiny_backbone
+    from transformers import AutoModel, AutoTokenizer
+
+    from fedray.data.authors import generate_corpus
+    from fedray.data.blogtext import load_authors
+    from fedray.favor.asce import StyleEncoder, save_asce
+    from fedray.favor.cold_start import ARMS, cold_start
+
+    bb = tiny_backbone(tmp_path / "bb")
+    save_asce(StyleEncoder(AutoModel.from_pretrained(bb)), AutoTokenizer.from_pretrained(bb),
+              str(tmp_path / "asce"), {})
+    cfg, alg, res, g = make(base_dir, "favor", **{"algorithm.asce": str(tmp_path / "asce"),
+                                                  "algorithm.block_length": 16,
+                                                  "algorithm.prompt_tokens": 8,
+                                                  "algorithm.new_tokens": 6,
+                                                  "algorithm.eval_prompts": 2,
+                                                  "algorithm.max_steps": 1})
+    csv = generate_corpus(tmp_path / "h.csv", num_authors=3, seed=0, posts=(8, 9))
+    authors = load_authors(csv, lambda t: 1, min_tokens=1)
+    rng = np.random.default_rng(0)
+    rnd = {k: rng.normal(0, 0.01, v.shape).astype(np.float32) for k, v in g.items()}
+    rows = cold_start(alg.params, g, g, rnd, authors, [2], seed=0)
+    assert [r["arm"] for r in rows] == list(ARMS)
+    assert all(0 <= r["sep_accuracy"] <= 1 and r["generations"] > 0 for r in rows)

@@ -49,6 +49,9 @@ def prepare_embedded(work_dir: str, roster: int = 50, seed: int = 0,
     if not os.path.exists(pre_csv):
         generate_corpus(pre_csv, pretrain_authors, seed, posts=(30, 40),
                         first_author=100_000)
+    holdout = os.path.join(work_dir, "holdout_authors.csv")  # cold-start authors
+    if not os.path.exists(holdout):
+        generate_corpus(holdout, 10, seed, posts=roster_posts, first_author=50_000)
     pre = load_authors(pre_csv, lambda t: 1, min_tokens=1, seed=seed)
     texts = [t for a in pre for t in a.train]
     labels = [a.id for a in pre for _ in a.train]
@@ -57,7 +60,7 @@ def prepare_embedded(work_dir: str, roster: int = 50, seed: int = 0,
     base = pretrain_tiny(texts, os.path.join(work_dir, "base_lm"), lm or TinyLM(seed=seed))
     asce = train_style_encoder(texts, labels, os.path.join(work_dir, "asce"),
                                epochs=asce_epochs, seed=seed)
-    return {"csv": csv, "base": base, "asce": asce}
+    return {"csv": csv, "base": base, "asce": asce, "holdout": holdout}
 
 
 def embedded_overrides(prep: dict[str, Any]) -> list[str]:
