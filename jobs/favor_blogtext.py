@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.data_root is None:  # the embedded default
         if args.smoke:
             args.authors, args.per_round, args.rounds = 6, 3, 2
+            args.ks = args.ks[:1]
             lm = TinyLM(vocab_size=400, hidden_size=32, intermediate_size=64,
                         num_hidden_layers=1, steps=40, batch_size=8, max_length=64,
                         seed=args.seed)
