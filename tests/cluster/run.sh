@@ -13,14 +13,16 @@ export RAY_AUTH_MODE=token            # Ray 2.60 heads use token auth; clients m
 T=$(mktemp -d /tmp/fedray-cluster.XXXXXX)
 trap 'ray stop --force >/dev/null 2>&1 || true' EXIT
 
-wait_job() {  # JOB_ID -> 0 when SUCCEEDED
-  for _ in $(seq 600); do
-    status=$(ray job status --address http://127.0.0.1:8266 "$1" 2>/dev/null | tail -1)
-    case "$status" in
-      *SUCCEEDED*) return 0 ;;
-      *FAILED*|*STOPPED*) echo "$status"; ray job logs --address http://127.0.0.1:8266 "$1" | tail -30; return 1 ;;
-    esac
-    sleep 1
+wait_job() {  # JOB_ID -> 0 when it succeeded (`ray job status` ends "Job 'ID' succeeded")
+  for _ in $(seq 300); do
+    status=$(ray job status --address http://127.0.0.1:8266 "$1" 2>&1 || true)
+    if grep -qi "succeeded" <<<"$status"; then return 0; fi
+    if grep -qiE "' (failed|stopped)" <<<"$status"; then
+      echo "$status" | tail -3
+      ray job logs --address http://127.0.0.1:8266 "$1" | tail -30
+      return 1
+    fi
+    sleep 2
   done
   echo "job $1 timed out"; return 1
 }
