@@ -229,7 +229,7 @@ class SliceableResNet(nn.Module):
 @torch.no_grad()
 def measure(arch: Arch, input_hw: tuple[int, int], geometry: Geometry, flops: bool = True
             ) -> dict[str, int]:
-    """Parameters and forward FLOPs (batch 1; convs and linears at 2 per multiply-add, as run)
+    """Parameters and forward FLOPs (per sample; convs and linears at 2 per multiply-add, as run)
     of the sub-model ``geometry``, measured by building it and running one input through it.
     ``flops=False`` only builds it (on the meta device: no memory, no init)."""
     if not flops:
@@ -239,7 +239,8 @@ def measure(arch: Arch, input_hw: tuple[int, int], geometry: Geometry, flops: bo
     model = SliceableResNet(arch, input_hw, geometry, all_heads=False)
     _FlopCount.active, _FlopCount.total = True, 0
     try:
-        model(torch.zeros(1, arch.in_channels, *input_hw))
+        # two rows (counts are per sample): GroupNorm rejects a lone value per group
+        model(torch.zeros(2, arch.in_channels, *input_hw))
         count = _FlopCount.total
     finally:
         _FlopCount.active = False
