@@ -215,3 +215,11 @@ def test_rolling_windows_follow_each_axis_through_a_stage_change():
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         assert torch.isfinite(model(x)).all()
+
+
+def test_tiny_sub_models_with_one_value_per_group_can_be_measured():
+    arch = Arch(1, 10, width=4)  # 8x8 input: the last stage is 1x1 with 4 channels
+    g = arch.geometry(0.25, 1.0)
+    m = measure(arch, (8, 8), g)
+    assert m["parameters"] > 0 and m["flops"] > 0
+    assert solve_rung(arch, (8, 8), 0.064, "dual", 0.25).geometry.within(arch.full())
