@@ -165,6 +165,23 @@ def trial_bundles(cfg: ExperimentConfig) -> list[dict[str, float]]:
     return [b or {"CPU": 0.01} for b in bundles]
 
 
+def check_trial_fits(cfg: ExperimentConfig) -> None:
+    """Raise when one trial's placement group can never fit this cluster's resources."""
+    import ray
+
+    have = ray.cluster_resources()
+    want: dict[str, float] = {}
+    for b in trial_bundles(cfg):
+        for k, v in b.items():
+            want[k] = want.get(k, 0.0) + v
+    for k, v in want.items():
+        if v > have.get(k, 0.0) + 1e-9:
+            raise ConfigError("runtime.tiers", [t.name for t in cfg.runtime.tiers],
+                              f"tiers whose executors fit one trial on this Ray: a trial "
+                              f"needs {v:g} {k} (1 CPU for the trial and the driver plus "
+                              f"every executor) but the cluster has {have.get(k, 0.0):g}")
+
+
 def _finite(row: dict) -> dict[str, float]:
     return {k: float(v) for k, v in row.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
@@ -213,7 +230,9 @@ def sweep(config: str | os.PathLike | dict, space: dict[str, dict] | None = None
           overrides: Iterable[str] = (), preset: str | None = None,
           storage_path: str = "runs/sweeps", name: str | None = None,
           resume: bool = False, **options: Any) -> SweepResult:
-    """Run (or, with ``resume``, continue) a sweep and write its result table."""
+    """Run (or, with ``resume``, continue) a sweep and write its result table. When this
+    call starts Ray (or ``FEDRAY_CHECK_TRIAL_FITS`` is set, for a fixed-size cluster you
+    started), a trial that can never fit the cluster fails here instead of pending."""
     from ray import tune
 
     from fedray.runtime import init_ray
@@ -223,7 +242,8 @@ def sweep(config: str | os.PathLike | dict, space: dict[str, dict] | None = None
     storage_path = os.path.abspath(storage_path) if "://" not in storage_path else storage_path
     path = os.path.join(storage_path, name)
     run_root = os.path.join(path, "runs")
-    init_ray(cfg)
+    if init_ray(cfg) or os.environ.get("FEDRAY_CHECK_TRIAL_FITS"):
+        check_trial_fits(cfg)  # a fixed-size Ray cannot grow: fail now, not pend forever
     trainable = tune.with_resources(
         tune.with_parameters(_trial, base=base, overrides=overrides, run_root=run_root,
                              cwd=os.getcwd()),

@@ -70,6 +70,17 @@ def test_sweep_block_in_the_config_file_and_presets(tmp_path):
 
 
 @pytest.mark.ray
+def test_a_trial_that_cannot_fit_fails_before_running(ray_session, tmp_path, monkeypatch):
+    from fedray.tune import sweep
+
+    monkeypatch.setenv("FEDRAY_CHECK_TRIAL_FITS", "1")
+    big = [*SMALL, "runtime.tiers=[{name: default, executors: 3, num_cpus: 1}]"]
+    with pytest.raises(ConfigError, match="needs 4 CPU"):
+        sweep(DEMO, {"local.lr": {"choice": [0.1]}}, overrides=big,
+              storage_path=str(tmp_path), name="big")
+
+
+@pytest.mark.ray
 def test_real_sweep_with_asha_stopping_weak_trials(ray_session, tmp_path):
     from fedray.tune import sweep
 
