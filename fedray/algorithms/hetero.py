@@ -213,17 +213,13 @@ class Hetero(Algorithm):
         return task_classes(num_classes, cl.tasks, cl.class_order) if cl.tasks else None
 
     def client_update(self, ctx: ClientContext, broadcast: State) -> ClientOutput:
-        import torch
-
-        from fedray.training import get_state
+        from fedray.training import get_state, set_state
 
         res: Resident = ctx.resident
         rung = res.tiers[ctx.tier]
         model = res.model(rung.geometry)
         net = {k: v for k, v in broadcast.items() if not k.startswith("bic.")}
-        with torch.no_grad():
-            for k, p in model.state_dict().items():
-                p.copy_(torch.from_numpy(np.asarray(net[k])))
+        set_state(model, net)
         grid = [r for r in res.grid if r.geometry.within(rung.geometry)] \
             if self.params.rule == "od" else [rung]
         metrics, state, bic = self._train(ctx, model, grid, broadcast, dict(ctx.state or {}))
@@ -260,8 +256,8 @@ class Hetero(Algorithm):
         last = bool(classes) and ctx.round % cl.rounds_per_task == 0
         old = torch.as_tensor(old_classes(classes, task) if classes else [], dtype=torch.long)
         capacity = cl.buffer_total // self.cfg.clients.num_clients
-        buffer = ReservoirBuffer(capacity, state.get("buffer")) if method != "ewc" and \
-            method != "none" else None
+        buffer = ReservoirBuffer(capacity, state.get("buffer")) \
+            if method in ("er", "derpp", "bic") else None
         replay = cl.replay_batch or loc.batch_size
         gen = rng(ctx.seed, ctx.round, ctx.client_id, "replay")
         tgen = torch_generator(ctx.seed, ctx.round, ctx.client_id, "augment")
@@ -384,12 +380,12 @@ class Hetero(Algorithm):
         """Logits of the sub-model in ``broadcast`` (its tier found by shape), BiC-corrected."""
         import torch
 
+        from fedray.training import set_state
+
         rung = resident.tiers[resident.tier_of_state(
             {k: v for k, v in broadcast.items() if not k.startswith("bic.")})]
         model = resident.model(rung.geometry)
-        with torch.no_grad():
-            for k, p in model.state_dict().items():
-                p.copy_(torch.from_numpy(np.asarray(broadcast[k])))
+        set_state(model, broadcast)
         model.eval()
         outs = []
         with torch.no_grad():

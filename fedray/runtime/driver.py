@@ -192,6 +192,7 @@ class Driver:
         per_client = policy_metrics.pop("per_client", {})
         client_rows = []
         up = down = 0
+        per_tier: dict[str, float] = {}
         ok = [final[c] for c in sampled if final[c].ok]
         for c in sorted(set(sampled) | set(evaluated.get("clients", {}))):
             row: dict[str, Any] = {"round": r, "client_id": c, "tier": self.tier_of[c],
@@ -204,6 +205,9 @@ class Driver:
                     self.has_base.add(c)
                 up += res.upload_bytes
                 down += d
+                for kind, nbytes in (("upload_bytes", res.upload_bytes), ("download_bytes", d)):
+                    key = f"tier/{self.tier_of[c]}/{kind}"
+                    per_tier[key] = per_tier.get(key, 0) + nbytes
                 row.update(status=res.status, error=res.error, attempts=attempts[c],
                            executor=res.executor,
                            num_samples=res.num_samples, upload_bytes=res.upload_bytes,
@@ -233,13 +237,8 @@ class Driver:
         if scores:  # the fleet: unweighted mean over tiers of each tier's own model
             g = {k: float(np.mean([v.get(k, math.nan) for v in scores.values()]))
                  for k in ("accuracy", "loss")}
-        per_tier = {f"tier/{t}/{k}": float(v) for t, res in scores.items()
-                    for k, v in res.items() if k != "n"}
-        for t in {self.tier_of[c] for c in sampled}:
-            mine = [final[c] for c in sampled if self.tier_of[c] == t]
-            per_tier[f"tier/{t}/upload_bytes"] = sum(x.upload_bytes for x in mine)
-            per_tier[f"tier/{t}/download_bytes"] = bcast[t][2] * sum(attempts[x.client_id]
-                                                                     for x in mine)
+        per_tier |= {f"tier/{t}/{k}": float(v) for t, res in scores.items()
+                     for k, v in res.items() if k != "n"}
         row = {
             "round": r, "sampled": len(sampled), "ok": len(ok),
             "failed": sum(final[c].status == "error" for c in sampled),
