@@ -56,10 +56,12 @@ def main(argv: list[str] | None = None) -> dict:
     if args.stress:
         args.authors, args.per_round, args.rounds = 100, 20, 20
 
+    from fedray.algorithms import make_algorithm
     from fedray.config import load_config
     from fedray.data import build_data
     from fedray.favor.evaluate import evaluate_style
     from fedray.favor.lm import TinyLM
+    from fedray.favor.pooled import train_pooled
     from fedray.favor.prepare import embedded_overrides, prepare_embedded
     from fedray.runtime import run_experiment
     from fedray.runtime.storage import Storage
@@ -111,31 +113,24 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     data = None
     for variant in args.variants:
-        if variant == "pooled":  # centralized reference: no federation, one adapter
-            from fedray.favor.pooled import train_pooled
-
-            cfg = load_config(None, common + algo + ["algorithm.variant=fedavg",
-                                                     "name=favor-pooled"] + args.set)
-            data = data or build_data(cfg)
-            from fedray.algorithms import make_algorithm
-
-            style = evaluate_style(None, data, make_algorithm(cfg).params, args.seed,
-                                   adapter=train_pooled(cfg, data))
-            rows.append({"method": "pooled", "upload_bytes": 0,
-                         "global_next_token_accuracy": None, **style})
-            print(json.dumps({"variant": variant, **style}), flush=True)
-            continue
-        cfg = load_config(None, common + algo + [f"algorithm.variant={variant}",
-                                                 f"name=favor-{variant}"] + args.set)
-        run_dir = f"{out}/{variant}"
-        summary = run_experiment(cfg, run_dir, progress=False,
-                                 resume=Storage(run_dir).exists("checkpoints/LATEST"))
+        pooled = variant == "pooled"  # centralized reference: one adapter, no federation
+        cfg = load_config(None, common + algo + [
+            f"algorithm.variant={'fedavg' if pooled else variant}", f"name=favor-{variant}"]
+            + args.set)
         data = data or build_data(cfg)
-        from fedray.algorithms import make_algorithm
-
-        style = evaluate_style(run_dir, data, make_algorithm(cfg).params, args.seed)
-        rows.append({"method": variant, "upload_bytes": summary["total_upload_bytes"],
-                     "global_next_token_accuracy": summary["final_global_accuracy"], **style})
+        params = make_algorithm(cfg).params
+        if pooled:
+            style = evaluate_style(None, data, params, args.seed,
+                                   adapter=train_pooled(cfg, data))
+            extra = {"upload_bytes": 0, "global_next_token_accuracy": None}
+        else:
+            run_dir = f"{out}/{variant}"
+            summary = run_experiment(cfg, run_dir, progress=False,
+                                     resume=Storage(run_dir).exists("checkpoints/LATEST"))
+            style = evaluate_style(run_dir, data, params, args.seed)
+            extra = {"upload_bytes": summary["total_upload_bytes"],
+                     "global_next_token_accuracy": summary["final_global_accuracy"]}
+        rows.append({"method": variant, **extra, **style})
         print(json.dumps({"variant": variant, **style}), flush=True)
     write_table(rows, out)
     cold = None
