@@ -18,7 +18,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -113,7 +113,6 @@ class SweepSpec:
     scheduler: str = "asha"
     grace_period: int = 1
     reduction_factor: int = 2
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self, cfg: ExperimentConfig, base: dict, overrides: list[str]) -> None:
         check_space(self.space)
@@ -147,7 +146,7 @@ def load_sweep(config: str | os.PathLike | dict, overrides: Iterable[str] = (),
             raise ConfigError("--preset", preset, "one of " + ", ".join(PRESETS))
         merged |= PRESETS[preset](cfg)
     merged |= space or {}
-    known = {f.name for f in SweepSpec.__dataclass_fields__.values()} - {"space", "extra"}
+    known = {f.name for f in SweepSpec.__dataclass_fields__.values()} - {"space"}
     unknown = set(block) - known
     if unknown:
         raise ConfigError("sweep", sorted(unknown)[0], "one of " + ", ".join(sorted(known)))
@@ -156,11 +155,19 @@ def load_sweep(config: str | os.PathLike | dict, overrides: Iterable[str] = (),
     return cfg, data, overrides, spec
 
 
+TRIAL_CPU = 1.0  # the trial function's process (the driver actor itself asks for none)
+
+
 def trial_bundles(cfg: ExperimentConfig) -> list[dict[str, float]]:
-    """One bundle for the trial (its process and the driver), one per executor."""
-    bundles = [{"CPU": 1.0}]
+    """One bundle for the trial (its process and the driver), one per executor shaped by
+    :func:`fedray.runtime.pool.executor_options` (so on a CPU-only cluster a tier's
+    ``num_gpus`` asks for no GPU, exactly as its executors do)."""
+    from fedray.runtime.pool import executor_options
+
+    bundles = [{"CPU": TRIAL_CPU}]
     for t in cfg.runtime.tiers:
-        b = {"CPU": float(t.num_cpus), "GPU": float(t.num_gpus), **t.resources}
+        o = executor_options(cfg, t)
+        b = {"CPU": float(o["num_cpus"]), "GPU": float(o["num_gpus"]), **o.get("resources", {})}
         bundles += [{k: v for k, v in b.items() if v}] * t.executors
     return [b or {"CPU": 0.01} for b in bundles]
 
@@ -169,11 +176,11 @@ def check_trial_fits(cfg: ExperimentConfig) -> None:
     """Raise when one trial's placement group can never fit this cluster's resources."""
     import ray
 
+    from fedray.runtime.pool import requested_resources
+
     have = ray.cluster_resources()
-    want: dict[str, float] = {}
-    for b in trial_bundles(cfg):
-        for k, v in b.items():
-            want[k] = want.get(k, 0.0) + v
+    want = requested_resources(cfg)
+    want["CPU"] += TRIAL_CPU
     for k, v in want.items():
         if v > have.get(k, 0.0) + 1e-9:
             raise ConfigError("runtime.tiers", [t.name for t in cfg.runtime.tiers],

@@ -62,7 +62,8 @@ def test_sweep_block_in_the_config_file_and_presets(tmp_path):
     path.write_text(yaml.safe_dump({"sweep": {"spaces": {}}}))
     with pytest.raises(ConfigError, match="sweep"):
         load_sweep(path, [], {"local.lr": {"choice": [0.1]}})
-    cfg = load_sweep(DEMO, ["runtime.tiers=[{name: a, executors: 2, num_cpus: 0.5, "
+    cfg = load_sweep(DEMO, ["runtime.device=cuda",
+                            "runtime.tiers=[{name: a, executors: 2, num_cpus: 0.5, "
                             "num_gpus: 0.25, resources: {tier_a: 1}}]"],
                      {"local.lr": {"choice": [0.1]}})[0]
     assert trial_bundles(cfg) == [{"CPU": 1.0}] + [{"CPU": 0.5, "GPU": 0.25,
