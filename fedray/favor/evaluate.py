@@ -27,12 +27,14 @@ from fedray.favor import style_metrics as sm
 def final_adapters(run_dir: str, variant: str, num_clients: int
                    ) -> tuple[dict[str, np.ndarray], dict[int, dict[str, np.ndarray]]]:
     """The final global adapter and each client's deployed personal adapter (if any)."""
+    from fedray.runtime.driver import latest_checkpoint
     from fedray.runtime.state_store import ClientStateStore
     from fedray.runtime.storage import Storage
 
     storage = Storage(run_dir)
-    latest = int(storage.read_bytes("checkpoints/LATEST").decode())
-    ck = storage.read_pickle(f"checkpoints/{latest:06d}.pkl")
+    ck = latest_checkpoint(storage)
+    if ck is None:
+        raise FileNotFoundError(f"no checkpoint under {run_dir}")
     store = ClientStateStore(storage)
     personal = {}
     for cid, version in ck["versions"].items():

@@ -36,6 +36,14 @@ def sample_clients(seed: int, round: int, num_clients: int, k: int) -> list[int]
                                                                          replace=False))
 
 
+def latest_checkpoint(storage: Storage) -> dict | None:
+    """The run's latest round-boundary checkpoint (None before the first one)."""
+    if not storage.exists("checkpoints/LATEST"):
+        return None
+    latest = int(storage.read_bytes("checkpoints/LATEST").decode())
+    return storage.read_pickle(f"checkpoints/{latest:06d}.pkl")
+
+
 def chunks(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
@@ -63,9 +71,8 @@ class Driver:
     def setup(self, resume: bool = False) -> dict:
         """Wait for the executors, then load the latest checkpoint or initialise the model."""
         self.pool.wait_placed()
-        if resume and self.storage.exists("checkpoints/LATEST"):
-            latest = int(self.storage.read_bytes("checkpoints/LATEST").decode())
-            ck = self.storage.read_pickle(f"checkpoints/{latest:06d}.pkl")
+        ck = latest_checkpoint(self.storage) if resume else None
+        if ck is not None:
             self.round, self.global_state = ck["round"], ck["global_state"]
             self.versions, self.totals = ck["versions"], ck["totals"]
             self.has_base = set(ck["has_base"])
