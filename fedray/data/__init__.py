@@ -1,6 +1,7 @@
 """Datasets, client partitions and the per-client federated view of a dataset."""
 
-from fedray.data.continual import ContinualData, build_continual, build_data, task_classes
+from fedray.data.build import build_data
+from fedray.data.continual import ContinualData, build_continual, task_classes
 from fedray.data.datasets import (
     Dataset,
     load_cifar,

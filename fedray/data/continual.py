@@ -117,16 +117,3 @@ def build_continual(cfg: ExperimentConfig, dataset: Dataset | None = None) -> Co
     return ContinualData(ds.x_train, ds.y_train, ds.x_test, ds.y_test, ds.num_classes,
                          tuple(ds.input_shape), classes, cl.rounds_per_task, train_idx, test_idx)
 
-
-def build_data(cfg: ExperimentConfig, dataset: Dataset | None = None) -> Any:
-    """The experiment's client data: a task stream when ``continual.tasks`` is set, else a
-    static federated split."""
-    from fedray.data.federated import build_federated
-
-    if cfg.data.dataset == "blogtext":
-        from fedray.favor.data import build_text_data
-
-        return build_text_data(cfg)
-    if cfg.continual.tasks:
-        return build_continual(cfg, dataset)
-    return build_federated(cfg.data, cfg.clients.num_clients, cfg.seed, dataset)
