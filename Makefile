@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fedray-installed
 
-.PHONY: demo test lint bench flower-venv clean
+.PHONY: demo tour test lint bench flower-venv clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
+	$(PY) jobs/favor_blogtext.py --out runs/favor-blogtext
+
+tour: $(STAMP)
 	$(VENV)/bin/fedray demo
 
 test: $(STAMP)

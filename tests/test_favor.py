@@ -101,16 +101,72 @@ def test_favor_config_errors(base_dir):
                            "data.dataset=blogtext", "data.root=/no/such.csv"])
 
 
+def test_text_data_embeds_sources_once_and_targets_come_from_them(base_dir, tmp_path):
+    """Per author: blocks, prompts with references, every source post's ASCE embedding,
+    and q_i = the normalised mean of the first reference posts' embeddings (eq. 6)."""
+    from test_asce import tiny_backbone
+    from transformers import AutoModel, AutoTokenizer
+
+    from fedray.data import build_data
+    from fedray.data.authors import generate_corpus
+    from fedray.favor.asce import StyleEncoder, author_target, embed, load_asce, save_asce
+    from fedray.runtime.experiment import Experiment
+
+    bb = tiny_backbone(tmp_path / "bb")
+    save_asce(StyleEncoder(AutoModel.from_pretrained(bb)), AutoTokenizer.from_pretrained(bb),
+              str(tmp_path / "asce"), {})
+    csv = generate_corpus(tmp_path / "a.csv", num_authors=4, seed=0, posts=(10, 12))
+    cfg = load_config(None, [
+        "algorithm.name=favor", f"algorithm.base={base_dir}", f"algorithm.asce={tmp_path}/asce",
+        "data.dataset=blogtext", f"data.root={csv}", "clients.num_clients=3",
+        "algorithm.asce_authors=0", "algorithm.min_tokens=1", "algorithm.block_length=16",
+        "algorithm.prompt_tokens=8", "algorithm.new_tokens=8", "algorithm.reference_texts=3",
+        "algorithm.eval_prompts=2"])
+    data = build_data(cfg)
+    enc, tok = load_asce(str(tmp_path / "asce"))
+    assert data.num_clients == 3 and len(set(data.authors)) == 3
+    for c in range(3):
+        assert data.train[c].shape[1] == 16
+        assert 1 <= len(data.prompts[c]) == len(data.references[c]) <= 2
+        assert data.source_z[c].shape == (len(data.sources[c]), 256)
+        np.testing.assert_allclose(data.source_z[c], embed(enc, tok, data.sources[c]),
+                                   atol=1e-5)
+        np.testing.assert_allclose(data.targets[c], author_target(
+            embed(enc, tok, data.sources[c][:3])), atol=1e-5)
+    with pytest.raises(ConfigError, match="prebuilt data for 4 clients"):
+        Experiment(load_config(None, [], base={**cfg.to_dict(), "clients": {
+            "num_clients": 4}}), str(tmp_path / "run"), data=data)
+
+
+def test_generate_batches_left_padded_prompts_deterministically(base_dir):
+    from fedray.favor.evaluate import generate
+    from fedray.favor.lm import load_lm
+
+    model, tok = load_lm(base_dir)
+    prompts = ["Hello", "Hello world, this is a tiny"]  # different lengths: left padding
+    a = generate(model, tok, {}, prompts, 6, seed=1)
+    assert a == generate(model, tok, {}, prompts, 6, seed=1) and len(a) == 2
+    assert tok.padding_side == "right" and generate(model, tok, {}, [], 6, seed=1) == []
+    alone = generate(model, tok, {}, prompts[:1], 6, seed=0, sample=False)
+    batched = generate(model, tok, {}, prompts, 6, seed=0, sample=False)
+    assert batched[0] == alone[0]  # the padded prompt continues as it does alone
+
+
 @pytest.mark.ray
 def test_favor_job_smoke_end_to_end(ray_session, tmp_path):
     out = run_job(ray_session, "favor_blogtext.py", "--smoke", "--out",
-                  str(tmp_path / "favor"), timeout=900)
+                  str(tmp_path / "favor"), "--variants", "favor", "fedavg", "ditto_asce",
+                  "local", timeout=900)
     rows = {r["method"]: r for r in out["rows"]}
-    assert set(rows) == {"favor", "fedavg", "ditto", "local"}
+    assert set(rows) == {"favor", "fedavg", "ditto_asce", "local"}
+    cfg = (tmp_path / "favor" / "ditto_asce" / "config.yaml").read_text()
+    assert "variant: ditto" in cfg and "align: true" in cfg  # the Ditto + ASCE ablation
     assert rows["local"]["upload_bytes"] < 1000 < rows["fedavg"]["upload_bytes"]
     assert rows["favor"]["personalized_clients"] > 0 == rows["fedavg"]["personalized_clients"]
     for r in rows.values():
         assert r["generations"] > 0 and 0 <= r.get("author_accuracy", 0) <= 1
+        if "error" not in r:
+            assert 0 <= r["stylo_gen_source_auc"] <= 1
     assert (tmp_path / "favor" / "RESULTS.md").exists()
     assert (tmp_path / "favor" / "style_retention.png").exists()
 
@@ -141,3 +197,28 @@ def test_cold_start_arms_on_held_out_authors(base_dir, tmp_path):
     rows = cold_start(alg.params, g, g, rnd, authors, [2], seed=0)
     assert [r["arm"] for r in rows] == list(ARMS)
     assert all(0 <= r["sep_accuracy"] <= 1 and r["generations"] > 0 for r in rows)
+
+
+def test_prepared_embedded_default_is_cached_per_arguments(tmp_path):
+    """The corpus, base LM and ASCE are reused for the same arguments and rebuilt for
+    others (a cache from another seed must not leak into a run)."""
+    import time
+
+    from fedray.favor.lm import TinyLM
+    from fedray.favor.prepare import prepare_embedded
+
+    def prep(seed):
+        lm = TinyLM(vocab_size=300, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                    steps=2, batch_size=2, max_length=32, seed=seed)
+        return prepare_embedded(str(tmp_path), 3, seed, pretrain_authors=2, lm=lm,
+                                roster_posts=(6, 7))
+
+    first = prep(0)
+    corpus = open(first["csv"]).read()
+    asce = open(f"{first['asce']}/asce.json").read()
+    t0 = time.perf_counter()
+    assert prep(0) == first and time.perf_counter() - t0 < 5  # cached
+    assert open(first["csv"]).read() == corpus
+    prep(1)
+    assert open(first["csv"]).read() != corpus  # another seed: another corpus
+    assert open(f"{first['asce']}/asce.json").read() != asce  # and a retrained ASCE

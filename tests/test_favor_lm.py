@@ -29,9 +29,11 @@ def test_pretrain_cache_and_load(tmp_path):
                   steps=30, batch_size=4, max_length=32)
     out = pretrain_tiny(texts, str(tmp_path / "lm"), spec)
     meta = json.load(open(os.path.join(out, "fedray_tiny_lm.json")))
-    assert meta["key"] == spec.key() and meta["final_loss"] < 6.0
+    assert meta["key"].startswith(spec.key()) and meta["final_loss"] < 6.0
     t0 = time.perf_counter()
     assert pretrain_tiny(texts, out, spec) == out and time.perf_counter() - t0 < 1.0  # cached
+    other = pretrain_tiny(texts[1:], str(tmp_path / "lm2"), spec)  # other corpus, other key
+    assert json.load(open(os.path.join(other, "fedray_tiny_lm.json")))["key"] != meta["key"]
     model, tok = load_lm(out)
     assert not any(p.requires_grad for p in model.parameters())
     peft_model = with_lora(model, LoraSpec(r=2, alpha=4))

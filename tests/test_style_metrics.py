@@ -6,12 +6,15 @@ import numpy as np
 import pytest
 
 from fedray.favor.style_metrics import (
+    FUNCTION_WORDS,
+    PUNCTUATION,
     centroid_distance,
     equal_error_rate,
     macro_f1,
     prototype_accuracy,
     roc_auc,
     silhouette,
+    stylometric_features,
     verification,
 )
 
@@ -72,3 +75,37 @@ def test_silhouette_matches_sklearn_and_centroids_separate():
     assert centroid_distance(emb, y) > 0.5
     same = g.normal(0, 1, (40, 3))
     assert centroid_distance(same, y) < centroid_distance(emb, y)
+
+
+def test_equal_error_rate_matches_a_threshold_sweep():
+    """The searchsorted EER equals the direct FAR/FRR sweep over every threshold."""
+    gen = np.random.default_rng(3)
+    pos, neg = gen.normal(1, 1, 300), gen.normal(0, 1, 500)
+    t = np.unique(np.concatenate([pos, neg, [np.inf]]))
+    far = np.array([np.mean(neg >= x) for x in t])
+    frr = np.array([np.mean(pos < x) for x in t])
+    k = int(np.argmin(np.abs(far - frr)))
+    eer = equal_error_rate(pos, neg)
+    assert min(far[k], frr[k]) - 1e-9 <= eer <= max(far[k], frr[k]) + 1e-9
+    assert 0.25 < equal_error_rate(pos, neg) < 0.35  # two unit normals one sd apart: ≈ 0.31
+
+
+def test_stylometric_features_separate_writing_habits():
+    """Authors who differ only in habits (casing, punctuation, function words) verify well
+    in the stylometric space; the features are deterministic and the blocks unit-norm."""
+    shouty = ["WOW!!! the game was SO good!!! we won!!!", "OMG!!! the food is GREAT!!! yes!!!",
+              "HUGE news!!! the band is BACK!!! go!!!", "NO WAY!!! the test was EASY!!! lol!!!"]
+    calm = ["well, i think that the game was fine; perhaps we will win, however.",
+            "i suppose that the food was fine; perhaps it is, however, a bit cold.",
+            "well, i think that the band is back; perhaps they will play, however.",
+            "i suppose that the test was fine; perhaps it was, however, long."]
+    f = stylometric_features(shouty + calm)
+    assert np.array_equal(f, stylometric_features(shouty + calm)) and f.shape[0] == 8
+    blocks = np.split(f, [2048, 2048 + len(FUNCTION_WORDS)], axis=1)
+    assert blocks[2].shape[1] == len(PUNCTUATION) + 5
+    for b in blocks:
+        assert np.allclose(np.linalg.norm(b, axis=1), 1.0)
+    y = [0, 0, 0, 0, 1, 1, 1, 1]
+    v = verification(f[[0, 1, 4, 5]], [0, 0, 1, 1], f[[2, 3, 6, 7]], [0, 0, 1, 1])
+    assert v["auc"] == 1.0 and v["eer"] == 0.0
+    assert silhouette(f, y) > 0.2

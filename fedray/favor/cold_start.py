@@ -36,6 +36,7 @@ def cold_start(params: Any, shared: dict[str, np.ndarray], initial: dict[str, np
     from fedray.favor.evaluate import generate
     from fedray.favor.lm import blocks, load_lm, with_lora
     from fedray.favor.train import StageConfig, compose, private_stage, to_numpy, to_torch
+    from fedray.seeding import derive_seed
 
     base, tok = load_lm(params.base, device)
     model = with_lora(base, lora_spec(params, dropout=0.0))
@@ -68,7 +69,7 @@ def cold_start(params: Any, shared: dict[str, np.ndarray], initial: dict[str, np
                                            ids.to(device), None, cfg, 0.0, seed, k, i)
                     adapter = to_numpy(compose(to_torch(start, device), res))
                 texts = generate(model, tok, adapter, prompts[i], params.new_tokens,
-                                 seed + i, device)
+                                 derive_seed(seed, k, i, "cold-start-generate"), device)
                 gens += texts
                 gen_y += [i] * len(texts)
             zg = embed(enc, etok, gens)

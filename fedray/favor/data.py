@@ -6,7 +6,8 @@ authors and the roster drawn disjoint from (seed); each roster author's train te
 its long-tail word budget (Gini-controlled) and tokenized into fixed-length blocks (plain
 causal-LM training on the author's posts: every token supervised — the paper does not say
 how its training pairs are cut). Per client the executor also gets its style target q_i
-(eq. 6, the ASCE embedding mean of its first reference posts). Evaluation prompts are the
+(eq. 6, the ASCE embedding mean of its first reference posts); every source post's ASCE
+embedding is kept for the evaluation's prototypes. Evaluation prompts are the
 first ``prompt_tokens`` tokens of held-out test posts with the human continuation.
 """
 
@@ -44,6 +45,7 @@ class TextData:
     prompts: list[list[str]]
     references: list[list[str]]
     sources: list[list[str]]  # the authors' (allocated) train posts: prototypes
+    source_z: list[np.ndarray]  # their ASCE embeddings (embedded once, reused by evaluation)
     topics: list[str]
     budgets: np.ndarray
     gini: float
@@ -121,7 +123,8 @@ def build_text_data(cfg: Any) -> TextData:
         prompts.append(pr)
         refs.append(rf)
     enc, etok = load_asce(p["asce"])
-    targets = np.stack([author_target(embed(enc, etok, s[:p["reference_texts"]]))
-                        for s in sources])
+    flat = embed(enc, etok, [t for s in sources for t in s])
+    source_z = np.split(flat, np.cumsum([len(s) for s in sources])[:-1])
+    targets = np.stack([author_target(z[:p["reference_texts"]]) for z in source_z])
     return TextData([a.id for a in roster], train, val, targets, prompts, refs, sources,
-                    [a.topic for a in roster], budgets, g)
+                    source_z, [a.topic for a in roster], budgets, g)

@@ -9,8 +9,10 @@ dropped (< 20 whitespace tokens or distinct-bigram ratio < 0.15). In ASCE space:
 accuracy and macro-F1 against source-train prototypes, generated-to-generated and
 generated-to-source verification AUC/EER (same-author positives; negatives of the same
 topic and another author when the corpus has such pairs, else any other author),
-silhouette and centroid distance; SemSim is the MiniLM cosine between a generation and its
-human continuation. BERTScore and MAUVE need models this machine cannot download: they are
+silhouette and centroid distance; the same generated-to-source verification with classical
+stylometric features (ASCE-independent: our stand-in for the paper's StyleDistance column,
+whose model is not available offline); SemSim is the MiniLM cosine between a generation and
+its human continuation. BERTScore and MAUVE need models this machine cannot download: they are
 reported as unavailable.
 """
 
@@ -22,6 +24,7 @@ import numpy as np
 import torch
 
 from fedray.favor import style_metrics as sm
+from fedray.seeding import derive_seed
 
 
 def final_adapters(run_dir: str, variant: str, num_clients: int
@@ -61,21 +64,28 @@ def _mixed(g: dict, local: dict, weight: float) -> dict[str, np.ndarray]:
 
 @torch.no_grad()
 def generate(model: Any, tok: Any, adapter: dict[str, np.ndarray], prompts: list[str],
-             max_new_tokens: int, seed: int, device: str = "cpu") -> list[str]:
+             max_new_tokens: int, seed: int, device: str = "cpu", sample: bool = True
+             ) -> list[str]:
     """Sampled continuations (top-p 0.9, temperature 0.8: the paper does not give its
-    sampling settings) of each prompt with ``adapter`` loaded into the LoRA factors."""
+    sampling settings; greedy with ``sample=False``) of ``prompts`` with ``adapter`` loaded
+    into the LoRA factors, as one left-padded batch sampled from ``seed``."""
+    if not prompts:
+        return []
     params = dict(model.named_parameters())
     for k, v in adapter.items():
         params[k].data.copy_(torch.as_tensor(v))
     model.eval()
-    out = []
-    for i, p in enumerate(prompts):
-        torch.manual_seed(seed * 100_003 + i)
-        ids = tok(p, return_tensors="pt").to(device)
-        gen = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=True, top_p=0.9,
-                             temperature=0.8, pad_token_id=tok.pad_token_id)
-        out.append(tok.decode(gen[0, ids["input_ids"].shape[1]:], skip_special_tokens=True))
-    return out
+    side, tok.padding_side = tok.padding_side, "left"
+    try:
+        ids = tok(prompts, return_tensors="pt", padding=True).to(device)
+    finally:
+        tok.padding_side = side
+    torch.manual_seed(seed)
+    how = {"do_sample": True, "top_p": 0.9, "temperature": 0.8} if sample else \
+        {"do_sample": False, "top_p": None, "temperature": None}
+    gen = model.generate(**ids, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
+                         **how)
+    return tok.batch_decode(gen[:, ids["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
 def semsim(gens: list[str], refs: list[str]) -> float:
@@ -114,7 +124,7 @@ def evaluate_style(run_dir: str | None, data: Any, params: Any, seed: int,
     for cid in range(data.num_clients):
         adapter = personal.get(cid, glob)
         texts = generate(model, tok, adapter, data.prompts[cid], params.new_tokens,
-                         seed + cid, device)
+                         derive_seed(seed, -1, cid, "generate"), device)
         for g, r in zip(texts, data.references[cid], strict=True):
             total += 1
             if is_degenerate(g, min_tokens):
@@ -126,11 +136,12 @@ def evaluate_style(run_dir: str | None, data: Any, params: Any, seed: int,
     enc, etok = load_asce(params.asce, device)
     src = [t for s in data.sources for t in s]
     src_y = [c for c, s in enumerate(data.sources) for _ in s]
+    zs = np.concatenate(data.source_z)
     out: dict[str, Any] = {"generations": total, "kept": kept,
                            "personalized_clients": len(personal)}
     if len(set(gen_y)) < 2:
         return out | {"error": "fewer than two authors have non-degenerate generations"}
-    zg, zs = embed(enc, etok, gens), embed(enc, etok, src)
+    zg = embed(enc, etok, gens)
     out |= sm.prototype_accuracy(zg, gen_y, zs, src_y)
     gg = sm.verification(zg, gen_y)
     out |= {"gen_gen_auc": gg["auc"], "gen_gen_eer": gg["eer"]}
@@ -140,7 +151,10 @@ def evaluate_style(run_dir: str | None, data: Any, params: Any, seed: int,
     hard = (topic[gy][:, None] == topic[sy][None, :]) & (gy[:, None] != sy[None, :])
     negatives = np.stack([gi[hard], si[hard]], 1) if hard.any() else None
     gs = sm.verification(zg, gen_y, zs, src_y, negatives=negatives)
+    f = sm.stylometric_features(gens + src)
+    st = sm.verification(f[:len(gens)], gen_y, f[len(gens):], src_y, negatives=negatives)
     out |= {"gen_source_auc": gs["auc"], "gen_source_eer": gs["eer"],
+            "stylo_gen_source_auc": st["auc"], "stylo_gen_source_eer": st["eer"],
             "gen_source_negatives": "same-topic" if negatives is not None else "any-author",
             "silhouette": sm.silhouette(zg, gen_y),
             "centroid_distance": sm.centroid_distance(zg, gen_y),

@@ -8,6 +8,7 @@ Everything returns plain Hugging Face objects; LoRA is added by :func:`with_lora
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -69,7 +70,7 @@ def pretrain_tiny(texts: Sequence[str], out_dir: str, spec: TinyLM | None = None
                   progress: bool = False) -> str:
     """Train the tokenizer and the tiny LM on ``texts`` (plain next-token prediction, our
     Adam with cosine decay) and ``save_pretrained`` both into ``out_dir``; reuse a cached
-    copy with the same spec. Returns ``out_dir``."""
+    copy with the same spec and texts. Returns ``out_dir``."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from fedray.seeding import derive_seed, rng
@@ -77,7 +78,8 @@ def pretrain_tiny(texts: Sequence[str], out_dir: str, spec: TinyLM | None = None
 
     spec = spec or TinyLM()
     marker = os.path.join(out_dir, "fedray_tiny_lm.json")
-    if os.path.exists(marker) and json.load(open(marker)).get("key") == spec.key():
+    key = spec.key() + "-" + hashlib.sha256(json.dumps(list(texts)).encode()).hexdigest()
+    if os.path.exists(marker) and json.load(open(marker)).get("key") == key:
         return out_dir
     tok = train_tokenizer(texts, spec.vocab_size)
     cfg = Qwen2Config(vocab_size=len(tok), hidden_size=spec.hidden_size,
@@ -108,7 +110,7 @@ def pretrain_tiny(texts: Sequence[str], out_dir: str, spec: TinyLM | None = None
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
-    json.dump({"key": spec.key(), "final_loss": float(np.mean(losses[-50:])),
+    json.dump({"key": key, "final_loss": float(np.mean(losses[-50:])),
                "parameters": sum(p.numel() for p in model.parameters())}, open(marker, "w"))
     return out_dir
 

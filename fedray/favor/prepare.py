@@ -9,6 +9,7 @@ and ASCE is trained on the 50 authors :func:`fedray.favor.data.split_roles` hold
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Any
@@ -22,8 +23,9 @@ def train_style_encoder(texts: list[str], labels: list[int], out_dir: str, *,
     """Train ASCE on (text, author) and save it to ``out_dir`` (cached by its settings)."""
     from fedray.favor.asce import save_asce, train_asce
 
-    key = json.dumps({"n": len(texts), "authors": len(set(labels)), "backbone": backbone,
-                      "epochs": epochs, "max_length": max_length, "lr": lr, "seed": seed})
+    corpus = hashlib.sha256(json.dumps([list(texts), [str(y) for y in labels]]).encode())
+    key = json.dumps({"corpus": corpus.hexdigest(), "backbone": backbone, "epochs": epochs,
+                      "max_length": max_length, "lr": lr, "seed": seed})
     marker = os.path.join(out_dir, "asce.json")
     if os.path.exists(marker) and json.load(open(marker)).get("key") == key:
         return out_dir
@@ -37,19 +39,33 @@ def prepare_embedded(work_dir: str, roster: int = 50, seed: int = 0,
                      pretrain_authors: int = 24, lm: TinyLM | None = None,
                      roster_posts: tuple[int, int] = (30, 80), asce_epochs: int = 1
                      ) -> dict[str, Any]:
-    """Generate the corpora, pretrain the tiny LM and train ASCE; returns their paths."""
+    """Generate the corpora, pretrain the tiny LM and train ASCE; returns their paths.
+    Cached in ``work_dir``: a cache prepared with other arguments is rebuilt."""
+    import shutil
+
     from fedray.data.authors import generate_corpus
     from fedray.data.blogtext import load_authors
 
-    os.makedirs(work_dir, exist_ok=True)
+    lm = lm or TinyLM(seed=seed)
+    key = json.dumps({"roster": roster, "seed": seed, "pretrain_authors": pretrain_authors,
+                      "lm": lm.key(), "roster_posts": list(roster_posts),
+                      "asce_epochs": asce_epochs})
+    marker = os.path.join(work_dir, "prepared.json")
     csv = os.path.join(work_dir, "authors.csv")
     pre_csv = os.path.join(work_dir, "pretrain_authors.csv")
+    holdout = os.path.join(work_dir, "holdout_authors.csv")  # cold-start authors
+    if not (os.path.exists(marker) and json.load(open(marker)).get("key") == key):
+        for path in (csv, pre_csv, holdout, marker):  # another preparation: start over
+            if os.path.exists(path):
+                os.remove(path)
+        for d in ("base_lm", "asce"):
+            shutil.rmtree(os.path.join(work_dir, d), ignore_errors=True)
+    os.makedirs(work_dir, exist_ok=True)
     if not os.path.exists(csv):
         generate_corpus(csv, roster, seed, posts=roster_posts)
     if not os.path.exists(pre_csv):
         generate_corpus(pre_csv, pretrain_authors, seed, posts=(30, 40),
                         first_author=100_000)
-    holdout = os.path.join(work_dir, "holdout_authors.csv")  # cold-start authors
     if not os.path.exists(holdout):
         generate_corpus(holdout, 10, seed, posts=roster_posts, first_author=50_000)
     pre = load_authors(pre_csv, lambda t: 1, min_tokens=1, seed=seed)
@@ -57,9 +73,10 @@ def prepare_embedded(work_dir: str, roster: int = 50, seed: int = 0,
     labels = [a.id for a in pre for _ in a.train]
     from fedray.favor.lm import pretrain_tiny
 
-    base = pretrain_tiny(texts, os.path.join(work_dir, "base_lm"), lm or TinyLM(seed=seed))
+    base = pretrain_tiny(texts, os.path.join(work_dir, "base_lm"), lm)
     asce = train_style_encoder(texts, labels, os.path.join(work_dir, "asce"),
                                epochs=asce_epochs, seed=seed)
+    json.dump({"key": key}, open(marker, "w"))
     return {"csv": csv, "base": base, "asce": asce, "holdout": holdout}
 
 

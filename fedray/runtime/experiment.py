@@ -48,7 +48,8 @@ class Experiment:
     """
 
     def __init__(self, cfg: ExperimentConfig, run_dir: str | None = None, *,
-                 resume: bool = False, algorithm_cls: type | None = None):
+                 resume: bool = False, algorithm_cls: type | None = None,
+                 data: Any | None = None):
         from fedray.algorithms import get_algorithm
         from fedray.data import build_data
 
@@ -59,7 +60,10 @@ class Experiment:
         if not resume and self.storage.exists("checkpoints/LATEST"):
             raise ConfigError("run_dir", self.run_dir, "a new directory (this one holds a "
                                                        "run: use --resume to continue it)")
-        self.data = build_data(cfg)
+        self.data = build_data(cfg) if data is None else data
+        if self.data.num_clients != cfg.clients.num_clients:
+            raise ConfigError("data", self.data.num_clients, f"prebuilt data for "
+                                                             f"{cfg.clients.num_clients} clients")
         if not resume:
             self.storage.write_bytes("config.yaml", yaml.safe_dump(
                 cfg.to_dict(), sort_keys=False).encode())
@@ -143,11 +147,14 @@ class Experiment:
 
 def run_experiment(cfg: ExperimentConfig, run_dir: str | None = None, *, resume: bool = False,
                    progress: bool = True, algorithm_cls: type | None = None,
-                   on_round: Callable[[dict], None] | None = None) -> dict[str, Any]:
-    """Run ``cfg`` (or continue the run in ``run_dir`` when ``resume``); return the summary."""
+                   on_round: Callable[[dict], None] | None = None,
+                   data: Any | None = None) -> dict[str, Any]:
+    """Run ``cfg`` (or continue the run in ``run_dir`` when ``resume``); return the summary.
+    ``data`` is ``build_data(cfg)`` when the caller already holds it (several methods on
+    one corpus build it once)."""
     from tqdm.auto import tqdm
 
-    exp = Experiment(cfg, run_dir, resume=resume, algorithm_cls=algorithm_cls)
+    exp = Experiment(cfg, run_dir, resume=resume, algorithm_cls=algorithm_cls, data=data)
     try:
         exp.start()
         bar = tqdm(total=cfg.rounds, initial=exp.round, desc=cfg.name, unit="round",
