@@ -41,8 +41,6 @@ def prepare_embedded(work_dir: str, roster: int = 50, seed: int = 0,
                      ) -> dict[str, Any]:
     """Generate the corpora, pretrain the tiny LM and train ASCE; returns their paths.
     Cached in ``work_dir``: a cache prepared with other arguments is rebuilt."""
-    import shutil
-
     from fedray.data.authors import generate_corpus
     from fedray.data.blogtext import load_authors
 
@@ -55,11 +53,9 @@ def prepare_embedded(work_dir: str, roster: int = 50, seed: int = 0,
     pre_csv = os.path.join(work_dir, "pretrain_authors.csv")
     holdout = os.path.join(work_dir, "holdout_authors.csv")  # cold-start authors
     if not (os.path.exists(marker) and json.load(open(marker)).get("key") == key):
-        for path in (csv, pre_csv, holdout, marker):  # another preparation: start over
-            if os.path.exists(path):
+        for path in (csv, pre_csv, holdout, marker):  # other corpora (the LM and ASCE
+            if os.path.exists(path):                    # caches are keyed by their texts)
                 os.remove(path)
-        for d in ("base_lm", "asce"):
-            shutil.rmtree(os.path.join(work_dir, d), ignore_errors=True)
     os.makedirs(work_dir, exist_ok=True)
     if not os.path.exists(csv):
         generate_corpus(csv, roster, seed, posts=roster_posts)
