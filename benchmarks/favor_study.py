@@ -1,10 +1,12 @@
 """FAVoR study on the embedded default: FAVoR's Table 2 (collaborative methods) and Table 4
 (component ablations) over several seeds, 50 synthetic authors.
 
-Each seed is one run of ``jobs/favor_blogtext.py`` with every method (FL seed = the seed:
-roster allocation, LoRA init, client sampling, generation); the corpus, the tiny base LM and
-the ASCE encoder are prepared once (``--data-seed``) and shared, so the spread over seeds is
-the federated run's, not the corpus's. Per-seed tables stay in ``RUN_ROOT/seed<N>``; the
+Each seed is one run of ``jobs/favor_blogtext.py`` with every method; the seed drives each
+author's 80/10/10 post split (hence the evaluation prompts and source prototypes), the
+long-tail word allocation, the LoRA init, client sampling and generation. The corpus, the
+tiny base LM and the ASCE encoder are prepared once (``--data-seed``) and shared, so the
+spread over seeds is the run's and its evaluation split's, not the corpus's or the
+models'. Per-seed tables stay in ``RUN_ROOT/seed<N>``; the
 seeds are aggregated (mean ± sample sd) into ``OUT.json`` / ``OUT.md`` next to the paper's
 BlogText numbers. Re-running continues: finished methods are only re-evaluated.
 
@@ -59,7 +61,8 @@ def tables(rows: list[dict], methods: list[str], chance: float) -> str:
     def col(m, key):
         return mean_sd([r.get(key) for r in by[m]])
 
-    n = {m: len(by[m]) for m in methods}
+    n = {m: sum(np.isfinite(r.get("author_accuracy") or np.nan) for r in by[m])
+         for m in methods}
     t2 = ["| method | Author Acc. ↑ | Macro-F1 ↑ | Verif. AUC ↑ | EER ↓ | BERTScore | "
           "SemSim ↑ | kept / generated | seeds | paper Acc. / AUC / SemSim |",
           "|---|---|---|---|---|---|---|---|---|---|"]

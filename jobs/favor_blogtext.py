@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--gpus", type=float, default=0.0, help="GPU fraction per executor")
     p.add_argument("--executors", type=int, default=2)
     p.add_argument("--seed", type=int, default=0,
-                   help="the FL run's seed: roster, allocation, LoRA init, sampling")
+                   help="the run's seed: post split, roster, word allocation, LoRA init, "
+                        "client sampling, generation")
     p.add_argument("--data-seed", type=int, help="seed of the embedded default's corpus, "
                                                   "base LM and ASCE (default: --seed)")
     p.add_argument("--out", default="runs/favor-blogtext",
@@ -75,7 +76,6 @@ def main(argv: list[str] | None = None) -> dict:
     from fedray.favor.pooled import train_pooled
     from fedray.favor.prepare import embedded_overrides, prepare_embedded
     from fedray.runtime import run_experiment
-    from fedray.runtime.storage import Storage
 
     t0 = time.time()
     remote = "://" in args.out
@@ -135,13 +135,13 @@ def main(argv: list[str] | None = None) -> dict:
         params = make_algorithm(cfg).params
         if pooled:
             style = evaluate_style(None, data, params, args.seed,
-                                   adapter=train_pooled(cfg, data))
+                                   adapter=train_pooled(cfg, data), archive=f"{out}/pooled")
             extra = {"upload_bytes": 0, "global_next_token_accuracy": None}
         else:
             run_dir = f"{out}/{variant}"
             summary = run_experiment(cfg, run_dir, progress=False, data=data,
-                                     resume=Storage(run_dir).exists("checkpoints/LATEST"))
-            style = evaluate_style(run_dir, data, params, args.seed)
+                                     resume=resumable(run_dir, cfg, data))
+            style = evaluate_style(run_dir, data, params, args.seed, archive=run_dir)
             extra = {"upload_bytes": summary["total_upload_bytes"],
                      "global_next_token_accuracy": summary["final_global_accuracy"]}
         rows.append({"method": variant, **extra, **style})
@@ -154,6 +154,27 @@ def main(argv: list[str] | None = None) -> dict:
               "cold_start": cold}
     print(json.dumps(result, default=str))
     return result
+
+
+def resumable(run_dir: str, cfg, data) -> bool:
+    """True when ``run_dir`` holds a checkpoint of this very run (it continues, or is only
+    re-evaluated when finished); a run trained with another config or on other data (another
+    seed, corpus or base LM into the same --out) is refused rather than scored as this one."""
+    import yaml
+
+    from fedray.config import ConfigError
+    from fedray.runtime.storage import Storage
+
+    storage = Storage(run_dir)
+    if not storage.exists("checkpoints/LATEST"):
+        return False
+    stored = yaml.safe_load(storage.read_bytes("config.yaml").decode())
+    same_data = json.loads(storage.read_bytes("data.json").decode()) == json.loads(
+        json.dumps(data.summary()))
+    if stored != yaml.safe_load(yaml.safe_dump(cfg.to_dict())) or not same_data:
+        raise ConfigError("--out", run_dir, "a new directory: this one holds a run with "
+                                            "another config or data")
+    return True
 
 
 def run_cold_start(args, out: str, holdout_csv: str | None, csv: str, seed: int) -> list:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 from conftest import run_job
@@ -159,6 +162,11 @@ def test_favor_job_smoke_end_to_end(ray_session, tmp_path):
                   "local", timeout=900)
     rows = {r["method"]: r for r in out["rows"]}
     assert set(rows) == {"favor", "fedavg", "ditto_asce", "local"}
+    import pyarrow.parquet as pq
+
+    archive = pq.read_table(tmp_path / "favor" / "favor" / "generations.parquet").to_pylist()
+    assert len(archive) == rows["favor"]["generations"]
+    assert sum(not r["degenerate"] for r in archive) == rows["favor"]["kept"]
     cfg = (tmp_path / "favor" / "ditto_asce" / "config.yaml").read_text()
     assert "variant: ditto" in cfg and "align: true" in cfg  # the Ditto + ASCE ablation
     assert rows["local"]["upload_bytes"] < 1000 < rows["fedavg"]["upload_bytes"]
@@ -169,6 +177,15 @@ def test_favor_job_smoke_end_to_end(ray_session, tmp_path):
             assert 0 <= r["stylo_gen_source_auc"] <= 1
     assert (tmp_path / "favor" / "RESULTS.md").exists()
     assert (tmp_path / "favor" / "style_retention.png").exists()
+    import subprocess
+    import sys
+
+    again = subprocess.run(  # another FL seed into the same --out: refused, not re-scored
+        [sys.executable, "jobs/favor_blogtext.py", "--smoke", "--seed", "1", "--data-seed",
+         "0", "--variants", "fedavg", "--ks", "--out", str(tmp_path / "favor")],
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, RAY_ADDRESS=ray_session.get_runtime_context().gcs_address))
+    assert again.returncode != 0 and "holds a run with another config or data" in again.stderr
 
 
 def test_cold_start_arms_on_held_out_authors(base_dir, tmp_path):
@@ -216,9 +233,10 @@ def test_prepared_embedded_default_is_cached_per_arguments(tmp_path):
     first = prep(0)
     corpus = open(first["csv"]).read()
     asce = open(f"{first['asce']}/asce.json").read()
-    t0 = time.perf_counter()
-    assert prep(0) == first and time.perf_counter() - t0 < 5  # cached
-    assert open(first["csv"]).read() == corpus
+    made = [first["csv"], f"{first['base']}/fedray_tiny_lm.json", f"{first['asce']}/asce.json"]
+    stamps = [os.stat(p).st_mtime_ns for p in made]
+    time.sleep(0.01)
+    assert prep(0) == first and [os.stat(p).st_mtime_ns for p in made] == stamps  # cached
     prep(1)
     assert open(first["csv"]).read() != corpus  # another seed: another corpus
     assert open(f"{first['asce']}/asce.json").read() != asce  # and a retrained ASCE

@@ -105,6 +105,9 @@ def test_stylometric_features_separate_writing_habits():
     assert blocks[2].shape[1] == len(PUNCTUATION) + 5
     for b in blocks:
         assert np.allclose(np.linalg.norm(b, axis=1), 1.0)
+    fit = stylometric_features(shouty + calm, fit_rows=4)  # scaled on the first four only
+    k = 2048 + len(FUNCTION_WORDS)
+    assert np.array_equal(fit[:, :k], f[:, :k]) and not np.allclose(fit[:, k:], f[:, k:])
     y = [0, 0, 0, 0, 1, 1, 1, 1]
     v = verification(f[[0, 1, 4, 5]], [0, 0, 1, 1], f[[2, 3, 6, 7]], [0, 0, 1, 1])
     assert v["auc"] == 1.0 and v["eer"] == 0.0

@@ -51,7 +51,7 @@ def cold_start(params: Any, shared: dict[str, np.ndarray], initial: dict[str, np
     rows = []
     for k in ks:
         shots = [a.train[:k] for a in authors]
-        protos = [embed(enc, etok, s) for s in shots]
+        protos = [embed(enc, etok, s, device=device) for s in shots]
         src = np.concatenate(protos)
         src_y = [i for i, p in enumerate(protos) for _ in p]
         for arm in ARMS:
@@ -72,7 +72,7 @@ def cold_start(params: Any, shared: dict[str, np.ndarray], initial: dict[str, np
                                  derive_seed(seed, k, i, "cold-start-generate"), device)
                 gens += texts
                 gen_y += [i] * len(texts)
-            zg = embed(enc, etok, gens)
+            zg = embed(enc, etok, gens, device=device)
             acc = sm.prototype_accuracy(zg, gen_y, src, src_y)
             _, proto = sm.prototypes(src, src_y)
             target = float(np.mean(np.sum(sm.normalize(zg) * proto[np.asarray(gen_y)], 1)))

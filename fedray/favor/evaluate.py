@@ -108,9 +108,12 @@ def semsim(gens: list[str], refs: list[str]) -> float:
 
 def evaluate_style(run_dir: str | None, data: Any, params: Any, seed: int,
                    device: str = "cpu", min_tokens: int = 20,
-                   adapter: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+                   adapter: dict[str, np.ndarray] | None = None,
+                   archive: str | None = None) -> dict[str, Any]:
     """Generate, filter, embed and score (see the module docstring); ``adapter`` replaces
-    the run's adapters (one adapter for every author: the pooled reference)."""
+    the run's adapters (one adapter for every author: the pooled reference). Every
+    generation, kept or not, with its prompt and human continuation is written to
+    ``archive``/generations.parquet (a directory or URI) for post-hoc rescoring."""
     from fedray.algorithms.favor import lora_spec
     from fedray.data.blogtext import is_degenerate
     from fedray.favor.asce import embed, load_asce
@@ -120,19 +123,24 @@ def evaluate_style(run_dir: str | None, data: Any, params: Any, seed: int,
         final_adapters(run_dir, params.variant, data.num_clients)
     base, tok = load_lm(params.base, device)
     model = with_lora(base, lora_spec(params, dropout=0.0))
-    gens, gen_y, refs, kept, total = [], [], [], 0, 0
+    gens, gen_y, refs, archived, kept, total = [], [], [], [], 0, 0
     for cid in range(data.num_clients):
         adapter = personal.get(cid, glob)
         texts = generate(model, tok, adapter, data.prompts[cid], params.new_tokens,
                          derive_seed(seed, -1, cid, "generate"), device)
-        for g, r in zip(texts, data.references[cid], strict=True):
+        for g, p, r in zip(texts, data.prompts[cid], data.references[cid], strict=True):
             total += 1
-            if is_degenerate(g, min_tokens):
+            bad = is_degenerate(g, min_tokens)
+            archived.append({"client": cid, "author": data.authors[cid], "prompt": p,
+                             "generation": g, "reference": r, "degenerate": bad})
+            if bad:
                 continue
             kept += 1
             gens.append(g)
             gen_y.append(cid)
             refs.append(r)
+    if archive is not None:
+        _write_generations(archive, archived)
     enc, etok = load_asce(params.asce, device)
     src = [t for s in data.sources for t in s]
     src_y = [c for c, s in enumerate(data.sources) for _ in s]
@@ -141,7 +149,7 @@ def evaluate_style(run_dir: str | None, data: Any, params: Any, seed: int,
                            "personalized_clients": len(personal)}
     if len(set(gen_y)) < 2:
         return out | {"error": "fewer than two authors have non-degenerate generations"}
-    zg = embed(enc, etok, gens)
+    zg = embed(enc, etok, gens, device=device)
     out |= sm.prototype_accuracy(zg, gen_y, zs, src_y)
     gg = sm.verification(zg, gen_y)
     out |= {"gen_gen_auc": gg["auc"], "gen_gen_eer": gg["eer"]}
@@ -151,8 +159,8 @@ def evaluate_style(run_dir: str | None, data: Any, params: Any, seed: int,
     hard = (topic[gy][:, None] == topic[sy][None, :]) & (gy[:, None] != sy[None, :])
     negatives = np.stack([gi[hard], si[hard]], 1) if hard.any() else None
     gs = sm.verification(zg, gen_y, zs, src_y, negatives=negatives)
-    f = sm.stylometric_features(gens + src)
-    st = sm.verification(f[:len(gens)], gen_y, f[len(gens):], src_y, negatives=negatives)
+    f = sm.stylometric_features(src + gens, fit_rows=len(src))
+    st = sm.verification(f[len(src):], gen_y, f[:len(src)], src_y, negatives=negatives)
     out |= {"gen_source_auc": gs["auc"], "gen_source_eer": gs["eer"],
             "stylo_gen_source_auc": st["auc"], "stylo_gen_source_eer": st["eer"],
             "gen_source_negatives": "same-topic" if negatives is not None else "any-author",
@@ -160,3 +168,16 @@ def evaluate_style(run_dir: str | None, data: Any, params: Any, seed: int,
             "centroid_distance": sm.centroid_distance(zg, gen_y),
             "semsim": semsim(gens, refs), "bertscore": None, "mauve": None}
     return out
+
+
+def _write_generations(out: str, rows: list[dict[str, Any]]) -> None:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from fedray.runtime.storage import Storage
+
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), buf)
+    Storage(out).write_bytes("generations.parquet", buf.getvalue())

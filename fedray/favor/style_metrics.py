@@ -155,12 +155,15 @@ def centroid_distance(emb: np.ndarray, labels: Sequence) -> float:
     return float(np.mean(1 - np.sum(c[i] * c[j], 1))) if len(i) else 0.0
 
 
-def stylometric_features(texts: Sequence[str], ngram_buckets: int = 2048) -> np.ndarray:
+def stylometric_features(texts: Sequence[str], fit_rows: int | None = None,
+                         ngram_buckets: int = 2048) -> np.ndarray:
     """Per text, three ℓ2-normalised blocks side by side (each weighs the same in a cosine):
     hashed character-3-gram frequencies (CRC32 into ``ngram_buckets``: deterministic across
     processes), function-word frequencies per word, and structure rates — each punctuation
     mark per character, uppercase, digit and whitespace shares, mean word and sentence
-    length — centred and scaled by their spread over ``texts``."""
+    length — centred and scaled by their mean and spread over the first ``fit_rows`` texts
+    (all when None; the human sources in an evaluation, so every method's generations are
+    scored on the same scale)."""
     grams = np.zeros((len(texts), ngram_buckets))
     fw = np.zeros((len(texts), len(FUNCTION_WORDS)))
     stats = np.zeros((len(texts), len(PUNCTUATION) + 5))
@@ -180,5 +183,6 @@ def stylometric_features(texts: Sequence[str], ngram_buckets: int = 2048) -> np.
             sum(c.isspace() for c in t) / n,
             np.mean([len(w) for w in words]) if words else 0.0,
             len(words) / max(len(sentences), 1)]
-    stats = (stats - stats.mean(0)) / np.maximum(stats.std(0), 1e-9)
+    fit = stats[:fit_rows]
+    stats = (stats - fit.mean(0)) / np.maximum(fit.std(0), 1e-9)
     return np.concatenate([normalize(grams), normalize(fw), normalize(stats)], axis=1)
