@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
     from fedray.favor.pooled import train_pooled
     from fedray.favor.prepare import embedded_overrides, prepare_embedded
     from fedray.runtime import run_experiment
+    from fedray.runtime.storage import Storage
 
     t0 = time.time()
     remote = "://" in args.out
@@ -139,8 +140,12 @@ def main(argv: list[str] | None = None) -> dict:
             extra = {"upload_bytes": 0, "global_next_token_accuracy": None}
         else:
             run_dir = f"{out}/{variant}"
-            summary = run_experiment(cfg, run_dir, progress=False, data=data,
-                                     resume=resumable(run_dir, cfg, data))
+            storage = Storage(run_dir)
+            if resumable(run_dir, cfg, data) and storage.exists("summary.json"):
+                summary = json.loads(storage.read_bytes("summary.json"))  # finished: rescore
+            else:
+                summary = run_experiment(cfg, run_dir, progress=False, data=data,
+                                         resume=storage.exists("checkpoints/LATEST"))
             style = evaluate_style(run_dir, data, params, args.seed, archive=run_dir)
             extra = {"upload_bytes": summary["total_upload_bytes"],
                      "global_next_token_accuracy": summary["final_global_accuracy"]}
@@ -158,8 +163,9 @@ def main(argv: list[str] | None = None) -> dict:
 
 def resumable(run_dir: str, cfg, data) -> bool:
     """True when ``run_dir`` holds a checkpoint of this very run (it continues, or is only
-    re-evaluated when finished); a run trained with another config or on other data (another
-    seed, corpus or base LM into the same --out) is refused rather than scored as this one."""
+    rescored when finished: summary.json is written at its end); a run trained with another
+    config or on other data (another seed, corpus or base LM into the same --out) is refused
+    rather than scored as this one."""
     import yaml
 
     from fedray.config import ConfigError

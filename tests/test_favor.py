@@ -186,6 +186,11 @@ def test_favor_job_smoke_end_to_end(ray_session, tmp_path):
         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300,
         env=dict(os.environ, RAY_ADDRESS=ray_session.get_runtime_context().gcs_address))
     assert again.returncode != 0 and "holds a run with another config or data" in again.stderr
+    stamp = os.stat(tmp_path / "favor" / "fedavg" / "summary.json").st_mtime_ns
+    rescored = run_job(ray_session, "favor_blogtext.py", "--smoke", "--variants", "fedavg",
+                       "--ks", "--out", str(tmp_path / "favor"), timeout=300)
+    assert rescored["rows"][0]["upload_bytes"] == rows["fedavg"]["upload_bytes"]
+    assert os.stat(tmp_path / "favor" / "fedavg" / "summary.json").st_mtime_ns == stamp
 
 
 def test_cold_start_arms_on_held_out_authors(base_dir, tmp_path):
