@@ -6,12 +6,10 @@ Readable by pandas, polars and duckdb: ``pandas.read_parquet("RUN/rounds.parquet
 
 from __future__ import annotations
 
-import io
 import math
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from fedray.runtime.storage import Storage
 
@@ -40,9 +38,7 @@ class MetricsWriter:
                     client_rows: list[dict[str, Any]]) -> None:
         for kind, rows in (("rounds", [round_row]), ("clients", client_rows)):
             if rows:
-                buf = io.BytesIO()
-                pq.write_table(_table(rows), buf)
-                self.storage.write_bytes(f"metrics/{kind}/{round:06d}.parquet", buf.getvalue())
+                self.storage.write_parquet(f"metrics/{kind}/{round:06d}.parquet", _table(rows))
 
     def truncate_after(self, round: int) -> None:
         """Drop part files of rounds after ``round`` (a resumed run redoes them)."""
@@ -53,8 +49,7 @@ class MetricsWriter:
 
     def read(self, kind: str) -> pa.Table | None:
         parts = [f for f in self.storage.listdir(f"metrics/{kind}") if f.endswith(".parquet")]
-        tables = [pq.read_table(io.BytesIO(self.storage.read_bytes(f"metrics/{kind}/{f}")))
-                  for f in parts]
+        tables = [self.storage.read_parquet(f"metrics/{kind}/{f}") for f in parts]
         if not tables:
             return None
         return pa.concat_tables(tables, promote_options="permissive")
@@ -63,16 +58,14 @@ class MetricsWriter:
         for kind in KINDS:
             table = self.read(kind)
             if table is not None:
-                buf = io.BytesIO()
-                pq.write_table(table, buf)
-                self.storage.write_bytes(f"{kind}.parquet", buf.getvalue())
+                self.storage.write_parquet(f"{kind}.parquet", table)
 
 
 def read_metrics(run_dir: str, kind: str = "rounds") -> pa.Table:
     """The ``rounds`` or ``clients`` table of a run (consolidated file or part files)."""
     storage = Storage(run_dir)
     if storage.exists(f"{kind}.parquet"):
-        return pq.read_table(io.BytesIO(storage.read_bytes(f"{kind}.parquet")))
+        return storage.read_parquet(f"{kind}.parquet")
     table = MetricsWriter(storage).read(kind)
     if table is None:
         raise FileNotFoundError(f"no {kind} metrics under {run_dir}")

@@ -13,7 +13,6 @@ unfinished trial continues from its own last round checkpoint. The sweep ends wi
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
@@ -276,8 +275,6 @@ def sweep(config: str | os.PathLike | dict, space: dict[str, dict] | None = None
 
 def write_table(grid: Any, spec: SweepSpec, path: str) -> SweepResult:
     """Every trial's config and final metrics, best first, as Parquet and Markdown."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from fedray.runtime.storage import Storage
 
@@ -297,9 +294,7 @@ def write_table(grid: Any, spec: SweepSpec, path: str) -> SweepResult:
     rows.sort(key=lambda r: (math.isnan(r[spec.metric]), sign * r[spec.metric]
                              if not math.isnan(r[spec.metric]) else 0))
     storage = Storage(path)
-    buf = io.BytesIO()
-    pq.write_table(pa.Table.from_pylist(rows), buf)
-    storage.write_bytes("sweep.parquet", buf.getvalue())
+    storage.write_parquet("sweep.parquet", rows)
     best = rows[0] if rows else {}
     best_config = {k: json.loads(best[k]) for k in keys} if best else {}
     cols = ["trial", *keys, "rounds", "stopped_early", spec.metric, "error"]

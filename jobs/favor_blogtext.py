@@ -140,12 +140,12 @@ def main(argv: list[str] | None = None) -> dict:
             extra = {"upload_bytes": 0, "global_next_token_accuracy": None}
         else:
             run_dir = f"{out}/{variant}"
-            storage = Storage(run_dir)
-            if resumable(run_dir, cfg, data) and storage.exists("summary.json"):
+            storage, resume = Storage(run_dir), resumable(run_dir, cfg, data)
+            if resume and storage.exists("summary.json"):
                 summary = json.loads(storage.read_bytes("summary.json"))  # finished: rescore
             else:
                 summary = run_experiment(cfg, run_dir, progress=False, data=data,
-                                         resume=storage.exists("checkpoints/LATEST"))
+                                         resume=resume)
             style = evaluate_style(run_dir, data, params, args.seed, archive=run_dir)
             extra = {"upload_bytes": summary["total_upload_bytes"],
                      "global_next_token_accuracy": summary["final_global_accuracy"]}
@@ -186,11 +186,8 @@ def resumable(run_dir: str, cfg, data) -> bool:
 def run_cold_start(args, out: str, holdout_csv: str | None, csv: str, seed: int) -> list:
     """K-shot private residuals for 10 held-out authors from the FAVoR run's final shared
     adapter, against a random adapter and the base model (see fedray.favor.cold_start)."""
-    import io
 
     import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
     import yaml
 
     from fedray.algorithms import make_algorithm
@@ -220,10 +217,8 @@ def run_cold_start(args, out: str, holdout_csv: str | None, csv: str, seed: int)
         authors = [a for a in everyone if a.id not in used][:10]
     ks = [k for k in args.ks if k <= min(len(a.train) for a in authors)]
     rows = cold_start(alg.params, shared, initial, random_init, authors, ks, seed)
-    buf = io.BytesIO()
-    pq.write_table(pa.Table.from_pylist(rows), buf)
     storage = Storage(out)
-    storage.write_bytes("cold_start.parquet", buf.getvalue())
+    storage.write_parquet("cold_start.parquet", rows)
     lines = ["| K | arm | Sep. Acc | macro-F1 | target sim. |", "|---|---|---|---|---|"]
     lines += [f"| {r['K']} | {r['arm']} | {r['sep_accuracy']:.3f} | {r['macro_f1']:.3f} | "
               f"{r['target_similarity']:.3f} |" for r in rows]
@@ -233,19 +228,13 @@ def run_cold_start(args, out: str, holdout_csv: str | None, csv: str, seed: int)
 
 def write_table(rows: list[dict], out: str) -> None:
     """results.parquet, RESULTS.md and style_retention.png under ``out`` (path or URI)."""
-    import io
     import tempfile
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from fedray.report import _plt, save
     from fedray.runtime.storage import Storage
 
     storage = Storage(out)
-    buf = io.BytesIO()
-    pq.write_table(pa.Table.from_pylist(rows), buf)
-    storage.write_bytes("results.parquet", buf.getvalue())
+    storage.write_parquet("results.parquet", rows)
     cols = ["author_accuracy", "macro_f1", "gen_gen_auc", "gen_gen_eer", "gen_source_auc",
             "stylo_gen_source_auc", "silhouette", "centroid_distance", "semsim"]
     lines = ["| method | " + " | ".join(cols) + " | kept / generated |",

@@ -57,19 +57,25 @@ def full_and_resumed(cfg, tmp_path, stop_after: int = 2):
     return full, run_experiment(cfg, str(tmp_path / "cut"), resume=True, progress=False)
 
 
-def run_job(ray, script: str, *args: str, timeout: int = 600) -> dict:
-    """Run ``jobs/SCRIPT ARGS`` against the session's Ray (as a submitted job would join it)
-    and return the JSON object on its last stdout line; also checks its ``--help``."""
-    import json
+def job_process(ray, script: str, *args: str, timeout: int = 600):
+    """Run ``jobs/SCRIPT ARGS`` against the session's Ray (as a submitted job would join it);
+    returns the finished ``subprocess.CompletedProcess`` (text stdout/stderr)."""
     import subprocess
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, RAY_ADDRESS=ray.get_runtime_context().gcs_address)
-    res = subprocess.run([sys.executable, f"jobs/{script}", *args], cwd=root, env=env,
-                         capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, f"jobs/{script}", *args], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def run_job(ray, script: str, *args: str, timeout: int = 600) -> dict:
+    """:func:`job_process` that must succeed: the JSON object on its last stdout line; also
+    checks the script's ``--help``."""
+    import json
+
+    res = job_process(ray, script, *args, timeout=timeout)
     assert res.returncode == 0, res.stderr[-3000:]
-    helped = subprocess.run([sys.executable, f"jobs/{script}", "--help"], cwd=root,
-                            capture_output=True, text=True, timeout=60)
+    helped = job_process(ray, script, "--help", timeout=60)
     assert helped.returncode == 0 and "--smoke" in helped.stdout
     return json.loads(res.stdout.strip().splitlines()[-1])

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_job
+from conftest import job_process, run_job
 
 from fedray.algorithms.base import ClientContext
 from fedray.config import ConfigError, load_config
@@ -177,14 +176,9 @@ def test_favor_job_smoke_end_to_end(ray_session, tmp_path):
             assert 0 <= r["stylo_gen_source_auc"] <= 1
     assert (tmp_path / "favor" / "RESULTS.md").exists()
     assert (tmp_path / "favor" / "style_retention.png").exists()
-    import subprocess
-    import sys
-
-    again = subprocess.run(  # another FL seed into the same --out: refused, not re-scored
-        [sys.executable, "jobs/favor_blogtext.py", "--smoke", "--seed", "1", "--data-seed",
-         "0", "--variants", "fedavg", "--ks", "--out", str(tmp_path / "favor")],
-        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, RAY_ADDRESS=ray_session.get_runtime_context().gcs_address))
+    again = job_process(  # another seed into the same --out: refused, not re-scored
+        ray_session, "favor_blogtext.py", "--smoke", "--seed", "1", "--data-seed", "0",
+        "--variants", "fedavg", "--ks", "--out", str(tmp_path / "favor"), timeout=300)
     assert again.returncode != 0 and "holds a run with another config or data" in again.stderr
     stamp = os.stat(tmp_path / "favor" / "fedavg" / "summary.json").st_mtime_ns
     rescored = run_job(ray_session, "favor_blogtext.py", "--smoke", "--variants", "fedavg",

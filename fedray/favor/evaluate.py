@@ -140,7 +140,9 @@ def evaluate_style(run_dir: str | None, data: Any, params: Any, seed: int,
             gen_y.append(cid)
             refs.append(r)
     if archive is not None:
-        _write_generations(archive, archived)
+        from fedray.runtime.storage import Storage
+
+        Storage(archive).write_parquet("generations.parquet", archived)
     enc, etok = load_asce(params.asce, device)
     src = [t for s in data.sources for t in s]
     src_y = [c for c, s in enumerate(data.sources) for _ in s]
@@ -169,15 +171,3 @@ def evaluate_style(run_dir: str | None, data: Any, params: Any, seed: int,
             "semsim": semsim(gens, refs), "bertscore": None, "mauve": None}
     return out
 
-
-def _write_generations(out: str, rows: list[dict[str, Any]]) -> None:
-    import io
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from fedray.runtime.storage import Storage
-
-    buf = io.BytesIO()
-    pq.write_table(pa.Table.from_pylist(rows), buf)
-    Storage(out).write_bytes("generations.parquet", buf.getvalue())

@@ -4,6 +4,7 @@ object storage."""
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 from typing import Any
@@ -52,6 +53,22 @@ class Storage:
 
     def read_pickle(self, rel: str) -> Any:
         return pickle.loads(self.read_bytes(rel))
+
+    def write_parquet(self, rel: str, table: Any) -> None:
+        """A ``pyarrow.Table`` (or a list of row dicts) as one Parquet file."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not isinstance(table, pa.Table):
+            table = pa.Table.from_pylist(table)
+        buf = io.BytesIO()
+        pq.write_table(table, buf)
+        self.write_bytes(rel, buf.getvalue())
+
+    def read_parquet(self, rel: str) -> Any:
+        import pyarrow.parquet as pq
+
+        return pq.read_table(io.BytesIO(self.read_bytes(rel)))
 
     def exists(self, rel: str) -> bool:
         return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
