@@ -91,6 +91,8 @@ def run(config: Path | None = typer.Argument(
         as_json: bool = JSON_OPT) -> None:
     """Run a federated experiment (or resume one) and print its summary."""
     from fedray.runtime import resume_config, run_experiment
+    from fedray.runtime.driver import RoundFailedError
+    from fedray.runtime.pool import PlacementError
 
     try:
         if resume:
@@ -105,6 +107,8 @@ def run(config: Path | None = typer.Argument(
         summary = run_experiment(cfg, target, resume=bool(resume), progress=progress)
     except ConfigError as e:
         fail(str(e), as_json)
+    except (RoundFailedError, PlacementError) as e:
+        fail(str(e), as_json, code=1)
     emit(summary, as_json, _summary_text(summary))
 
 

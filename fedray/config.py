@@ -136,16 +136,33 @@ class TierConfig:
     resources: dict[str, float] = spec(
         default_factory=dict, help="custom Ray resources per executor (maps tiers to node "
                                    "types, e.g. {tier_full: 0.25})")
+    accelerator_type: str | None = spec(
+        None, help="pin the tier's executors to one GPU type (Ray's accelerator_type, e.g. "
+                   "A100, A10G, H100): one GPU type per tier, required by "
+                   "runtime.deterministic on GPU tiers")
 
 
 @dataclass
 class RuntimeConfig:
     tiers: list[TierConfig] = spec(default_factory=lambda: [TierConfig()])
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = spec(
+        "auto", help="cpu: no GPU anywhere; cuda: every tier asks for its num_gpus (> 0); "
+                     "auto: each tier's num_gpus as written, except on a local Ray started by "
+                     "this run without GPUs (then cpu). An executor uses CUDA only when Ray "
+                     "granted it a GPU share")
+    deterministic: bool = spec(
+        False, help="deterministic GPU kernels (cuDNN/cuBLAS, no TF32) in every executor: "
+                    "bitwise-repeatable GPU runs on one GPU type (CPU runs always are)")
     threads_per_executor: int = spec(1, ge=1)
     max_client_retries: int = spec(2, ge=0, help="re-runs of a failing client within a round")
+    min_accepted: int = spec(
+        1, ge=0, help="fewest accepted uploads a round needs; a round with fewer stops the "
+                      "run with an error naming the round and the clients' errors")
     max_executor_restarts: int = spec(5, ge=0)
-    placement_timeout_s: float = spec(60.0, gt=0, help="fail if executors cannot be placed")
+    placement_timeout_s: float | None = spec(
+        None, gt=0, help="fail if executors cannot be placed within this many seconds "
+                         "(default 60 on a local Ray, 1800 on a cluster whose GPU nodes may "
+                         "still be booting)")
     checkpoint_every: int = spec(1, ge=1)
     chunk_size: int | None = spec(None, ge=1, help="clients per executor call (default auto)")
     ray_address: str | None = spec(None, help="Ray cluster; default RAY_ADDRESS or local")
@@ -462,6 +479,10 @@ def validate(cfg: ExperimentConfig) -> None:
         raise ConfigError("runtime.tiers", [], "at least one tier")
     if len(set(names)) != len(names):
         raise ConfigError("runtime.tiers", names, "unique tier names")
+    _validate_devices(cfg)
+    if cfg.runtime.min_accepted > c.sampled_count():
+        raise ConfigError("runtime.min_accepted", cfg.runtime.min_accepted,
+                          f"at most the {c.sampled_count()} clients sampled per round")
     if c.tiers is not None:
         if len(c.tiers) != c.num_clients:
             raise ConfigError("clients.tiers", c.tiers,
@@ -500,6 +521,21 @@ def validate(cfg: ExperimentConfig) -> None:
     if hasattr(params, "validate"):
         params.validate(cfg)
     cfg.algorithm = {"name": aname, **dataclasses.asdict(params)}
+
+
+def _validate_devices(cfg: ExperimentConfig) -> None:
+    rt = cfg.runtime
+    for i, t in enumerate(rt.tiers):
+        if rt.device == "cuda" and t.num_gpus <= 0:
+            raise ConfigError(f"runtime.tiers[{i}].num_gpus", t.num_gpus,
+                              "a GPU share > 0 when runtime.device=cuda (an executor given no "
+                              "GPU share runs on the CPU)")
+        gpu_tier = rt.device != "cpu" and t.num_gpus > 0
+        if rt.deterministic and gpu_tier and not t.accelerator_type:
+            raise ConfigError(f"runtime.tiers[{i}].accelerator_type", None,
+                              "a GPU type (e.g. A100) when runtime.deterministic=true: kernels "
+                              "differ between GPU types, so bitwise repeatability needs one "
+                              "type per tier")
 
 
 def _validate_continual(cfg: ExperimentConfig) -> None:

@@ -159,15 +159,13 @@ TRIAL_CPU = 1.0  # the trial function's process (the driver actor itself asks fo
 
 def trial_bundles(cfg: ExperimentConfig) -> list[dict[str, float]]:
     """One bundle for the trial (its process and the driver), one per executor shaped by
-    :func:`fedray.runtime.pool.executor_options` (so on a CPU-only cluster a tier's
-    ``num_gpus`` asks for no GPU, exactly as its executors do)."""
-    from fedray.runtime.pool import executor_options
+    :func:`fedray.runtime.pool.executor_bundle` of the sweep's settled config (so a tier
+    asks for a GPU exactly when its executors do)."""
+    from fedray.runtime.pool import executor_bundle
 
     bundles = [{"CPU": TRIAL_CPU}]
     for t in cfg.runtime.tiers:
-        o = executor_options(cfg, t)
-        b = {"CPU": float(o["num_cpus"]), "GPU": float(o["num_gpus"]), **o.get("resources", {})}
-        bundles += [{k: v for k, v in b.items() if v}] * t.executors
+        bundles += [executor_bundle(cfg, t)] * t.executors
     return [b or {"CPU": 0.01} for b in bundles]
 
 
@@ -242,13 +240,18 @@ def sweep(config: str | os.PathLike | dict, space: dict[str, dict] | None = None
     from ray import tune
 
     from fedray.runtime import init_ray
+    from fedray.runtime.experiment import settled
 
     cfg, base, overrides, spec = load_sweep(config, overrides, space, preset, **options)
     name = name or f"sweep-{cfg.name}"
     storage_path = os.path.abspath(storage_path) if "://" not in storage_path else storage_path
     path = os.path.join(storage_path, name)
     run_root = os.path.join(path, "runs")
-    if init_ray(cfg) or os.environ.get("FEDRAY_CHECK_TRIAL_FITS"):
+    started = init_ray(cfg)
+    cfg = settled(cfg)  # device and placement timeout decided once, here, for every trial
+    overrides = [*overrides, override("runtime.device", cfg.runtime.device),
+                 override("runtime.placement_timeout_s", cfg.runtime.placement_timeout_s)]
+    if started or os.environ.get("FEDRAY_CHECK_TRIAL_FITS"):
         check_trial_fits(cfg)  # a fixed-size Ray cannot grow: fail now, not pend forever
     trainable = tune.with_resources(
         tune.with_parameters(_trial, base=base, overrides=overrides, run_root=run_root,

@@ -125,3 +125,27 @@ def test_adam_matches_torch_optim(wd, clip):
             opt.step()
     for p, q in zip(a.parameters(), b.parameters(), strict=True):
         assert torch.allclose(p, q, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn", "resnet18"])
+def test_initial_weights_do_not_depend_on_the_residents_device(model):
+    """The global start is drawn on the CPU from the seed alone: a resident on another
+    device (here ``meta``, which holds no values at all) gives the same bits. It used to
+    reset the resident in place, drawing from the CUDA RNG on a GPU executor."""
+    import torch
+
+    cfg = load_config(None, [f"model.name={model}", "seed=3"])
+    algo = make_algorithm(cfg)
+    shape = (1, 8, 8) if model != "resnet18" else (3, 8, 8)
+    kw = {"width": 4} if model == "resnet18" else {}
+    from fedray.models import build_model
+
+    cpu = build_model(model, shape, 10, **kw)
+    before = {k: v.clone() for k, v in cpu.state_dict().items()}
+    a = algo.init_global_state(cpu, cfg.seed)
+    b = algo.init_global_state(build_model(model, shape, 10, **kw).to("meta"), cfg.seed)
+    assert a.keys() == b.keys()
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert all(torch.equal(v, before[k]) for k, v in cpu.state_dict().items())  # untouched
+    c = algo.init_global_state(cpu, cfg.seed + 1)
+    assert any(not np.array_equal(a[k], c[k]) for k in a)

@@ -12,11 +12,12 @@ from fedray.favor.train import (
     adapter_of,
     client_round,
     compose,
-    forward,
     kappa,
+    lm_loss,
     pooled_hidden,
     private_stage,
     shared_stage,
+    using,
 )
 
 
@@ -79,8 +80,10 @@ def test_residual_pack_reconstructs_the_private_adapter_exactly(lm):
     # with the reconstruction equals the loss computed with the same tensors re-added
     again = {k: state["shared"][k] + state["residual"][k] for k in private}
     assert all(torch.equal(private[k], again[k]) for k in private)
-    a = forward(model, private, ids[:4], labels[:4]).loss
-    b = forward(model, again, ids[:4], labels[:4]).loss
+    with using(model, private):
+        a, _ = lm_loss(model, ids[:4], labels[:4])
+    with using(model, again):
+        b, _ = lm_loss(model, ids[:4], labels[:4])
     assert torch.equal(a, b)
     # only the shared delta leaves the client
     assert set(upload) == set(start)
@@ -107,3 +110,101 @@ def test_kappa_ramp_and_pooling():
     h = torch.tensor([[[1.0], [3.0]], [[5.0], [100.0]]])
     labels = torch.tensor([[1, 1], [1, -100]])
     assert float(pooled_hidden(h, labels)) == 3.0  # mean over the batch's supervised tokens
+
+
+def _tiny_qwen(tmp_path, dtype=torch.float32, vocab=64):
+    """A tiny Qwen2 saved to disk in ``dtype`` (as a Qwen2.5 checkpoint is in bf16)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
+
+    from fedray.favor.lm import train_tokenizer
+
+    torch.manual_seed(0)
+    tok = train_tokenizer(["the quick brown fox jumps over the lazy dog"] * 4, vocab)
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=48,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    AutoModelForCausalLM.from_config(cfg).to(dtype).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    assert AutoTokenizer.from_pretrained(tmp_path) is not None
+    return str(tmp_path), len(tok)
+
+
+def test_alignment_runs_on_a_bf16_lm(tmp_path):
+    """A Qwen2.5 checkpoint (bf16, and bf16 compute under 4-bit) yields bf16 hidden states;
+    the fp32 projection head used to fail on them ("mat1 and mat2 must have the same
+    dtype") in favor, global_asce and every +ASCE variant."""
+    from fedray.favor.lm import load_lm, with_lora
+
+    path, vocab = _tiny_qwen(tmp_path, torch.bfloat16)
+    base, _ = load_lm(path, "cpu", dtype=torch.bfloat16)
+    assert next(base.parameters()).dtype == torch.bfloat16
+    model = with_lora(base, LoraSpec(r=4, alpha=8, dropout=0.05)).eval()
+    start = adapter_of(model)
+    ids = torch.randint(0, vocab, (8, 12), generator=torch.Generator().manual_seed(0))
+    target = torch.nn.functional.normalize(torch.randn(8), dim=0)
+    res, m = private_stage(model, start, ids, ids, target, CFG, align=0.3, seed=0, round=1,
+                           client=0, proj_hidden=16)
+    assert np.isfinite(m["align_loss"]) and np.isfinite(m["private_loss"])
+    assert any(v.abs().sum() > 0 for v in res.values())
+
+
+def test_chunked_loss_equals_the_models_own_loss_and_checkpointing_keeps_gradients(
+        tmp_path, monkeypatch):
+    """lm_loss (head applied chunk by chunk, each chunk checkpointed) equals the
+    *ForCausalLM loss; with gradient checkpointing on (as for 4-bit training) the LoRA
+    gradients equal those without it — the recomputed forward sees the swapped-in tensors."""
+    import fedray.favor.train as train
+    from fedray.favor.lm import load_lm, with_lora
+
+    path, vocab = _tiny_qwen(tmp_path)
+    ids = torch.randint(0, vocab, (4, 16), generator=torch.Generator().manual_seed(1))
+
+    def grads(checkpointing: bool, chunk: int | None = None):
+        base, _ = load_lm(path, "cpu", gradient_checkpointing=checkpointing)
+        torch.manual_seed(3)  # LoRA's own init
+        model = with_lora(base, LoraSpec(r=4, alpha=8, dropout=0.0))
+        g = torch.Generator().manual_seed(2)
+        adapter = {k: (v + 0.1 * torch.randn(v.shape, generator=g)).requires_grad_(True)
+                   for k, v in adapter_of(model).items()}
+        if chunk:
+            monkeypatch.setattr(train, "LOGIT_CHUNK", chunk * vocab)
+        model.train()
+        with using(model, adapter):
+            loss, _ = lm_loss(model, ids, ids)
+            ref = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+        monkeypatch.setattr(train, "LOGIT_CHUNK", 1 << 26)
+        assert any(getattr(m, "gradient_checkpointing", False)
+                   for m in base.modules()) == checkpointing
+        return loss.detach(), ref.detach(), {k: v.grad.clone() for k, v in adapter.items()}
+
+    plain, ref, g0 = grads(False)
+    torch.testing.assert_close(plain, ref, rtol=1e-6, atol=1e-6)
+    chunked, _, g1 = grads(True, chunk=7)  # 60 predicted tokens in 9 chunks
+    torch.testing.assert_close(chunked, plain, rtol=1e-6, atol=1e-6)
+    assert any(v.abs().sum() > 0 for v in g0.values())
+    for k in g0:
+        torch.testing.assert_close(g1[k], g0[k], rtol=1e-5, atol=1e-7)
+
+
+def test_stages_draw_their_dropout_from_the_seed_not_the_process_history(lm):
+    """LoRA dropout acts in training (train mode), with masks from (seed, round, client):
+    the same stage gives the same adapter whatever the process drew before."""
+    model, start, ids, labels = lm
+    for m in model.modules():
+        if hasattr(m, "lora_dropout"):
+            m.lora_dropout["default"].p = 0.3
+    try:
+        a, _ = shared_stage(model, start, ids, labels, CFG, prox=0.0, seed=0, round=1,
+                            client=0)
+        torch.rand(1000)  # another client's work in between
+        b, _ = shared_stage(model, start, ids, labels, CFG, prox=0.0, seed=0, round=1,
+                            client=0)
+        c, _ = shared_stage(model, start, ids, labels, CFG, prox=0.0, seed=0, round=1,
+                            client=5)
+    finally:
+        for m in model.modules():
+            if hasattr(m, "lora_dropout"):
+                m.lora_dropout["default"].p = 0.0
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not model.training  # left in eval mode
+    assert any(not torch.equal(a[k], c[k]) for k in a)

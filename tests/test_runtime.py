@@ -36,16 +36,53 @@ def assert_bitwise_equal(a, b):
         assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
 
 
+TIMING = {"seconds", "wall_seconds", "executor", "run_dir", "rounds_this_session"}
+
+
+def run_outputs(run_dir) -> dict:
+    """rounds.parquet, clients.parquet (sorted by round, client) and summary.json without
+    the timing and executor columns."""
+    import json
+
+    rounds = pq.read_table(run_dir / "rounds.parquet").to_pandas()
+    clients = pq.read_table(run_dir / "clients.parquet").to_pandas()
+    clients = clients.sort_values(["round", "client_id"]).reset_index(drop=True)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return {"rounds": rounds.drop(columns=[c for c in rounds if c in TIMING]),
+            "clients": clients.drop(columns=[c for c in clients if c in TIMING]),
+            "summary": {k: v for k, v in summary.items() if k not in TIMING}}
+
+
+def assert_same_outputs(a: dict, b: dict) -> None:
+    """Bitwise: every float column compared by its bits, NaN included."""
+    assert a["summary"] == b["summary"]
+    for table in ("rounds", "clients"):
+        x, y = a[table], b[table]
+        assert list(x.columns) == list(y.columns) and len(x) == len(y), table
+        for col in x.columns:
+            if x[col].dtype.kind == "f":
+                assert np.array_equal(x[col].values.view(np.int64),
+                                      y[col].values.view(np.int64)), (table, col)
+            else:
+                assert x[col].equals(y[col]), (table, col)
+
+
 def test_bitwise_identical_with_1_2_3_executors_and_across_runs(ray_session, tiny_cfg, tmp_path):
-    states = []
+    """The final state and every metric (rounds, clients, summary) are bitwise the same with
+    1, 2 or 3 executors and across runs; per-client evaluations are reduced in client-id
+    order, not in finish order."""
+    states, outputs = [], []
     for i, n in enumerate([1, 2, 3, 2]):
         cfg = tiny_cfg(**{"runtime.tiers": f"[{{name: default, executors: {n}, num_cpus: 0.5}}]",
                           "clients.fraction": 0.67, "local.momentum": 0.5,
-                          "local.keep_optimizer_state": "true"})
+                          "local.keep_optimizer_state": "true", "runtime.chunk_size": 1})
         run_experiment(cfg, str(tmp_path / f"r{i}"), progress=False)
         states.append(final_state(tmp_path / f"r{i}"))
-    for s in states[1:]:
+        outputs.append(run_outputs(tmp_path / f"r{i}"))
+    for s, o in zip(states[1:], outputs[1:], strict=True):
         assert_bitwise_equal(states[0], s)
+        assert_same_outputs(outputs[0], o)
+    assert outputs[0]["rounds"]["personalized_accuracy"].notna().all()
     clients = pq.read_table(tmp_path / "r2" / "clients.parquet").to_pandas()
     assert clients["executor"].dropna().nunique() == 3
 
@@ -74,17 +111,25 @@ def test_metrics_bytes_and_outputs(ray_session, tiny_cfg, tmp_path):
 
 def test_tiers_and_fractional_gpu_placement(ray_session, tiny_cfg, tmp_path):
     """Clients of tier T run only on tier-T executors; GPU executors get 0.25 of the
-    declared (fake) GPU, so four share it and CUDA_VISIBLE_DEVICES is set."""
+    declared (fake) GPU, so four share it and CUDA_VISIBLE_DEVICES is set; an executor of a
+    tier without a GPU share is granted no GPU and runs on the CPU (it used to take cuda:0
+    whenever torch saw a GPU)."""
     cfg = tiny_cfg(**{
-        "runtime.device": "cuda",
         "runtime.tiers": "[{name: big, executors: 1, num_cpus: 0.25, num_gpus: 0.25},"
-                         " {name: small, executors: 2, num_cpus: 0.25, num_gpus: 0.25}]",
-        "clients.tiers": "[big, small, small, big, small, small]", "rounds": 2})
+                         " {name: small, executors: 2, num_cpus: 0.25, num_gpus: 0.25},"
+                         " {name: cpu, executors: 1, num_cpus: 0.25}]",
+        "clients.tiers": "[big, small, small, big, small, cpu]", "rounds": 2})
     exp = Experiment(cfg, str(tmp_path / "t"))
     info = exp.start()
     try:
-        assert sorted(e["tier"] for e in info["executors"]) == ["big", "small", "small"]
-        assert all(e["cuda_visible_devices"] != "" for e in info["executors"])
+        assert exp.cfg.runtime.device == "auto"  # not this run's local Ray: as written
+        assert sorted(e["tier"] for e in info["executors"]) == ["big", "cpu", "small", "small"]
+        gpu = [e for e in info["executors"] if e["tier"] != "cpu"]
+        assert all(e["cuda_visible_devices"] != "" and e["gpu_ids"] for e in gpu)
+        (cpu,) = [e for e in info["executors"] if e["tier"] == "cpu"]
+        assert cpu["gpu_ids"] == [] and cpu["device"] == "cpu"
+        # a declared GPU on a node without CUDA: granted, but the work runs on the CPU
+        assert all(e["device"] == ("cuda" if e["cuda_available"] else "cpu") for e in gpu)
         while not exp.done:
             exp.step()
         exp.close()
@@ -94,6 +139,7 @@ def test_tiers_and_fractional_gpu_placement(ray_session, tiny_cfg, tmp_path):
     trained = clients[clients["sampled"]]
     assert (trained["executor"].str.split("/").str[0] == trained["tier"]).all()
     assert set(trained[trained["tier"] == "big"]["client_id"]) == {0, 3}
+    assert set(trained[trained["tier"] == "cpu"]["client_id"]) == {5}
 
 
 def test_unplaceable_executors_fail_clearly(ray_session, tiny_cfg, tmp_path):
@@ -151,6 +197,80 @@ def test_failing_client_recorded_and_nan_rejected(ray_session, tiny_cfg, tmp_pat
     assert all(np.isfinite(v).all() for v in state.values())
 
 
+class BrokenFedAvg(FedAvg):
+    """Every client raises."""
+
+    name = "broken-fedavg"
+
+    def client_update(self, ctx, broadcast):
+        raise RuntimeError(f"no data for client {ctx.client_id}")
+
+
+def test_a_round_without_enough_accepted_uploads_stops_the_run(ray_session, tiny_cfg,
+                                                                 tmp_path):
+    """A round in which every client fails used to "succeed": the model stayed put and the
+    run ended with exit 0 and untrained results."""
+    from fedray.runtime.driver import RoundFailedError
+
+    cfg = tiny_cfg(**{"runtime.max_client_retries": 0, "rounds": 2})
+    with pytest.raises(RoundFailedError, match=r"round 1: 0 accepted uploads, "
+                                               r"runtime.min_accepted is 1; client 0 error: "
+                                               r"RuntimeError: no data for client 0"):
+        run_experiment(cfg, str(tmp_path / "b"), progress=False, algorithm_cls=BrokenFedAvg)
+    assert not (tmp_path / "b" / "checkpoints" / "LATEST").exists()
+    assert not (tmp_path / "b" / "summary.json").exists()
+    part = pq.read_table(tmp_path / "b" / "metrics").to_pandas()  # the round is on record
+    rows = part[part["client_id"].notna()] if "client_id" in part else part
+    assert len(rows) > 0
+    # min_accepted = 0 lets a user opt out: the rounds pass, the model is unchanged
+    free = tiny_cfg(**{"runtime.max_client_retries": 0, "rounds": 1,
+                       "runtime.min_accepted": 0})
+    summary = run_experiment(free, str(tmp_path / "free"), progress=False,
+                             algorithm_cls=BrokenFedAvg)
+    assert summary["rounds"] == 1 and summary["client_failures"] == 6
+
+
+def test_all_uploads_rejected_exits_non_zero(ray_session, tmp_path):
+    """End to end through a job script: NaN uploads from every client are rejected, the
+    round fails, the process exits non-zero and says why."""
+    from conftest import job_process
+
+    res = job_process(ray_session, "fedavg_digits.py", "--smoke", "--no-progress",
+                      "--run-dir", str(tmp_path / "nan"), "-s", "local.lr=1.0e+30",
+                      "-s", "rounds=2")
+    assert res.returncode != 0
+    assert "round 1: 0 accepted uploads" in res.stderr and "NaN" in res.stderr
+    assert not (tmp_path / "nan" / "summary.json").exists()
+
+
+class CudaCrashFedAvg(FedAvg):
+    """Client 1's first attempt hits an error that poisons a CUDA context."""
+
+    name = "cuda-crash-fedavg"
+    marker = ""
+
+    def client_update(self, ctx, broadcast):
+        import os
+
+        if ctx.client_id == 1 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return super().client_update(ctx, broadcast)
+
+
+def test_fatal_device_error_replaces_the_executor(ray_session, tiny_cfg, tmp_path):
+    """After an illegal memory access every later kernel of that process fails: the
+    executor exits, the pool replaces it and re-runs its clients; nothing is lost."""
+    CudaCrashFedAvg.marker = str(tmp_path / "crashed")
+    cfg = tiny_cfg(**{"rounds": 1, "runtime.max_client_retries": 0})
+    summary = run_experiment(cfg, str(tmp_path / "c"), progress=False,
+                             algorithm_cls=CudaCrashFedAvg)
+    assert (tmp_path / "crashed").exists()
+    assert summary["executor_restarts"] == 1 and summary["client_failures"] == 0
+    rounds = pq.read_table(tmp_path / "c" / "rounds.parquet").to_pandas()
+    assert rounds["ok"].tolist() == [6]
+
+
 class SlowFedAvg(FedAvg):
     """FedAvg whose clients take 0.3 s, so a round lasts long enough to kill an executor."""
 
@@ -190,10 +310,9 @@ def test_resume_after_interrupt_matches_uninterrupted(ray_session, tiny_cfg, tmp
     _, summary = full_and_resumed(cfg, tmp_path)
     assert summary["rounds"] == 4 and summary["rounds_this_session"] == 2
     assert_bitwise_equal(final_state(tmp_path / "full"), final_state(tmp_path / "cut"))
-    a = pq.read_table(tmp_path / "full" / "rounds.parquet").to_pandas()
     b = pq.read_table(tmp_path / "cut" / "rounds.parquet").to_pandas()
     assert list(b["round"]) == [1, 2, 3, 4]
-    assert np.array_equal(a["global_accuracy"].values, b["global_accuracy"].values)
+    assert_same_outputs(run_outputs(tmp_path / "full"), run_outputs(tmp_path / "cut"))
 
 
 def test_new_run_refuses_existing_run_dir(ray_session, tiny_cfg, tmp_path):

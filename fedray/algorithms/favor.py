@@ -120,7 +120,7 @@ class Favor(Algorithm):
         from fedray.favor.lm import load_lm, with_lora
 
         model, tok = load_lm(self.params.base, device)
-        return {"model": with_lora(model, self.lora()), "tokenizer": tok}
+        return {"model": with_lora(model, self.lora()).eval(), "tokenizer": tok}
 
     def init_global_state(self, resident, seed):
         import torch
@@ -129,11 +129,14 @@ class Favor(Algorithm):
         from fedray.seeding import derive_seed
 
         model = resident["model"]
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]):  # drawn on the CPU: the same on any device
             torch.manual_seed(derive_seed(seed, -1, -1, "lora-init"))
             for m in model.modules():
                 if hasattr(m, "reset_lora_parameters"):
+                    device = m.lora_A["default"].weight.device
+                    m.lora_A.to("cpu"), m.lora_B.to("cpu")
                     m.reset_lora_parameters("default", True)
+                    m.lora_A.to(device), m.lora_B.to(device)
         state = to_numpy(adapter_of(model))
         if self.params.variant == "feddpa":  # the global half of the rank-2r factors
             r = self.params.rank
@@ -225,7 +228,7 @@ class Favor(Algorithm):
         """LM loss and next-token accuracy of the global adapter on held-out blocks."""
         import torch
 
-        from fedray.favor.train import forward, to_torch
+        from fedray.favor.train import lm_scores, to_torch
 
         model = resident["model"]
         adapter = to_torch(broadcast, device)
@@ -234,14 +237,9 @@ class Favor(Algorithm):
 
             adapter = mix(adapter, {k: torch.zeros_like(v) for k, v in adapter.items()}, 0.0)
         ids = torch.from_numpy(np.asarray(x)).to(device)
-        loss = correct = count = 0.0
-        with torch.no_grad():
-            for i in range(0, len(ids), 8):
-                b = ids[i:i + 8]
-                out = forward(model, adapter, b, b)
-                n = b[:, 1:].numel()
-                loss += float(out.loss) * n
-                correct += float((out.logits[:, :-1].argmax(-1) == b[:, 1:]).sum())
-                count += n
+        loss = correct = count = 0
+        for i in range(0, len(ids), 8):
+            lsum, ok, n = lm_scores(model, adapter, ids[i:i + 8])
+            loss, correct, count = loss + lsum, correct + ok, count + n
         return {"loss": loss / max(count, 1), "accuracy": correct / max(count, 1),
                 "n": float(len(ids))}

@@ -4,6 +4,7 @@ the update Δ_i = θ_i − θ_t (not θ_i, so codecs quantize small deltas). The
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,12 +110,15 @@ class FedAvg(Algorithm):
 
         if self.base:
             return get_state(resident)
+        # drawn on the CPU from the seed alone: the same start on any device (every module of
+        # the registry's models resets all its parameters and buffers)
+        model = copy.deepcopy(resident).to_empty(device="cpu")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(seed, -1, -1, "model-init"))
-            for m in resident.modules():
+            for m in model.modules():
                 if hasattr(m, "reset_parameters"):
                     m.reset_parameters()
-        return get_state(resident)
+        return get_state(model)
 
     def grad_hook(self, model: Any, broadcast: State, device: str) -> Any:
         """A per-step gradient edit (``None``: plain SGD). FedProx overrides it."""

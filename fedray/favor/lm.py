@@ -115,28 +115,48 @@ def pretrain_tiny(texts: Sequence[str], out_dir: str, spec: TinyLM | None = None
     return out_dir
 
 
-def load_lm(name_or_path: str, device: str = "cpu", four_bit: bool | None = None):
-    """(model, tokenizer) from a hub id or directory. On CUDA the weights load in 4-bit NF4
-    with bf16 compute (QLoRA) unless ``four_bit=False``; on CPU in fp32."""
+def load_lm(name_or_path: str, device: str = "cpu", four_bit: bool | None = None,
+            dtype: torch.dtype | None = None, gradient_checkpointing: bool | None = None):
+    """(model, tokenizer) from a hub id or directory, in eval mode, frozen.
+
+    On CUDA the weights load in 4-bit NF4 with double quantization, and every other tensor
+    and the compute in bf16 (QLoRA), unless ``four_bit=False`` (then bf16); ``dtype`` is
+    always set explicitly (transformers < 5 would otherwise load fp16, which overflows on
+    Qwen). On CPU fp32 unless ``dtype`` says otherwise. ``gradient_checkpointing`` (default:
+    on for 4-bit) recomputes each decoder layer's activations in the backward, non-reentrant
+    so that LoRA tensors swapped in by :func:`fedray.favor.train.using` are seen by the
+    recomputation; the frozen non-quantized weights are *not* upcast to fp32 (what peft's
+    ``prepare_model_for_kbit_training`` does), which would add 4 bytes per embedding weight
+    — 1.2 GB for Qwen2.5-3B's 151,936 × 2,048 tied embedding — to every executor."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(name_or_path)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     cuda = device.startswith("cuda")
-    if cuda and four_bit is not False:
+    quantized = cuda and four_bit is not False
+    dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
+    if quantized:
         from transformers import BitsAndBytesConfig
 
         quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                    bnb_4bit_compute_dtype=torch.bfloat16,
-                                   bnb_4bit_use_double_quant=True)
+                                   bnb_4bit_use_double_quant=True,
+                                   bnb_4bit_quant_storage=torch.bfloat16)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, quantization_config=quant,
+                                                     dtype=torch.bfloat16,
                                                      device_map={"": device})
     else:
-        model = AutoModelForCausalLM.from_pretrained(
-            name_or_path, dtype=torch.bfloat16 if cuda else torch.float32).to(device)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype).to(device)
     model.requires_grad_(False)
-    return model, tok
+    if quantized if gradient_checkpointing is None else gradient_checkpointing:
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        model.enable_input_require_grads()
+    return model.eval(), tok
 
 
 def with_lora(model: Any, lora: Any) -> Any:

@@ -1,8 +1,12 @@
 """FAVoR's client round (Algorithm 2) in plain PyTorch: no Ray, no runtime.
 
 An adapter is a dict of LoRA factor tensors keyed by their peft parameter names; the base
-model stays frozen and every forward pass runs ``torch.func.functional_call`` with the
-adapter's tensors, so a stage trains exactly the tensors it is given.
+model stays frozen and every forward *and backward* pass runs inside :func:`using`, which
+puts the adapter's tensors in place of the LoRA parameters, so a stage trains exactly the
+tensors it is given (and gradient checkpointing, which re-runs the forward during the
+backward, sees the same tensors). The task loss is computed from the decoder's last hidden
+state with the output head applied chunk by chunk (:func:`lm_loss`): a Qwen2.5 vocabulary of
+151,936 tokens never has its full logits tensor in memory.
 
 - Shared stage (eq. 8): from the server adapter A_t, minimise the task loss (eq. 7: token
   cross-entropy on the supervised tokens) + λ_prox Σ_ℓ ‖A − A_t‖²_F (no ½, as written),
@@ -24,7 +28,8 @@ itself is not named in the paper).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,12 +75,100 @@ class StageConfig:
     max_steps: int | None = None
 
 
-def forward(model: nn.Module, adapter: Adapter, ids: torch.Tensor, labels: torch.Tensor,
-            hidden: bool = False):
-    """The model with ``adapter``'s LoRA factors on full (unpadded) token blocks."""
-    return torch.func.functional_call(
-        model, adapter, args=(), kwargs=dict(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                             labels=labels, output_hidden_states=hidden))
+@contextmanager
+def using(model: nn.Module, adapter: Adapter) -> Iterator[nn.Module]:
+    """``model`` with its LoRA parameters replaced by ``adapter``'s tensors until the block
+    ends. Unlike ``torch.func.functional_call``, which restores the parameters when the
+    forward returns, the swap lasts through ``backward()`` inside the block: gradient
+    checkpointing (on for 4-bit training) recomputes the forward there and must see the
+    tensors the forward saw."""
+    saved = []
+    try:
+        for name, tensor in adapter.items():
+            owner, _, leaf = name.rpartition(".")
+            module = model.get_submodule(owner)
+            saved.append((module, leaf, module._parameters[leaf]))
+            module._parameters[leaf] = tensor
+        yield model
+    finally:
+        for module, leaf, param in reversed(saved):
+            module._parameters[leaf] = param
+
+
+def causal_lm(model: nn.Module) -> nn.Module:
+    """The ``*ForCausalLM`` under a peft wrapper (or ``model`` itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+@contextmanager
+def training(model: nn.Module, seed: int, round: int, client: int, purpose: str
+             ) -> Iterator[None]:
+    """Train mode for one stage — LoRA dropout acts, and gradient checkpointing, which HF
+    applies only in train mode — with the torch RNG (the dropout masks) drawn from
+    (seed, round, client, purpose), so a client's stage is the same on any executor and
+    after any earlier work; the RNG is restored and the model left in eval mode after."""
+    from fedray.seeding import derive_seed
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(seed, round, client, purpose))
+        model.train()
+        try:
+            yield
+        finally:
+            model.eval()
+
+
+LOGIT_CHUNK = 1 << 26  # logits (tokens x vocabulary) materialised at once in lm_loss
+
+
+def _ce_sum(head: nn.Module, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(head(h).float(), y, ignore_index=IGNORE, reduction="sum")
+
+
+def lm_loss(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor, hidden: bool = False
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Eq. 7: mean token cross-entropy of next-token prediction over the supervised tokens
+    (labels ≠ -100), as the ``*ForCausalLM`` loss computes it, and, with ``hidden``, the
+    final-layer hidden states (B, L, H) for eq. 9.
+
+    The output head runs on at most ``LOGIT_CHUNK`` logits at a time; with several chunks
+    each is checkpointed, so its logits are recomputed in the backward instead of kept.
+    Call it inside :func:`using`."""
+    lm = causal_lm(model)
+    h = lm.get_decoder()(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+    head = lm.get_output_embeddings()
+    x = h[:, :-1].reshape(-1, h.shape[-1])
+    y = labels[:, 1:].reshape(-1)
+    step = max(1, LOGIT_CHUNK // head.weight.shape[0])
+    if len(x) <= step:
+        total = _ce_sum(head, x, y)
+    else:
+        from torch.utils.checkpoint import checkpoint
+
+        total = sum(checkpoint(_ce_sum, head, x[i:i + step], y[i:i + step],
+                               use_reentrant=False) for i in range(0, len(x), step))
+    loss = total / (y != IGNORE).sum().clamp_min(1)
+    return loss, (h if hidden else None)
+
+
+@torch.no_grad()
+def lm_scores(model: nn.Module, adapter: Adapter, ids: torch.Tensor) -> tuple[float, int, int]:
+    """(summed next-token loss, correct next-token predictions, predicted tokens) of
+    ``model`` with ``adapter`` on full token blocks, the head applied chunk by chunk."""
+    model.eval()
+    with using(model, adapter):
+        lm = causal_lm(model)
+        h = lm.get_decoder()(input_ids=ids, attention_mask=torch.ones_like(ids)
+                             ).last_hidden_state
+        head = lm.get_output_embeddings()
+        x, y = h[:, :-1].reshape(-1, h.shape[-1]), ids[:, 1:].reshape(-1)
+        step = max(1, LOGIT_CHUNK // head.weight.shape[0])
+        loss, correct = 0.0, 0
+        for i in range(0, len(x), step):
+            logits = head(x[i:i + step]).float()
+            loss += float(F.cross_entropy(logits, y[i:i + step], reduction="sum"))
+            correct += int((logits.argmax(-1) == y[i:i + step]).sum())
+    return loss, correct, len(y)
 
 
 def _micro_batches(n: int, cfg: StageConfig, seed: int, round: int, client: int,
@@ -98,16 +191,19 @@ def shared_stage(model: nn.Module, start: Adapter, ids: torch.Tensor, labels: to
     anchor = {k: v.detach() for k, v in start.items()}
     opt = Adam(list(params.values()), lr=cfg.lr)
     total, count = 0.0, 0
-    for step in _micro_batches(len(ids), cfg, seed, round, client, "favor-shared"):
-        opt.zero_grad()
-        for mb in step:
-            loss = forward(model, params, ids[mb], labels[mb]).loss
-            if prox:
-                loss = loss + prox * sum(((params[k] - anchor[k]) ** 2).sum() for k in params)
-            (loss / len(step)).backward()
-            total += float(loss.detach())
-            count += 1
-        opt.step()
+    with training(model, seed, round, client, "favor-shared"):
+        for step in _micro_batches(len(ids), cfg, seed, round, client, "favor-shared"):
+            opt.zero_grad()
+            for mb in step:
+                with using(model, params):
+                    loss, _ = lm_loss(model, ids[mb], labels[mb])
+                    if prox:
+                        loss = loss + prox * sum(((params[k] - anchor[k]) ** 2).sum()
+                                                 for k in params)
+                    (loss / len(step)).backward()
+                total += float(loss.detach())
+                count += 1
+            opt.step()
     return {k: v.detach() for k, v in params.items()}, {"shared_loss": total / max(count, 1)}
 
 
@@ -160,25 +256,28 @@ def private_stage(model: nn.Module, shared: Adapter, ids: torch.Tensor, labels: 
     steps = _micro_batches(len(ids), cfg, seed, round, client, "favor-private")
     task_sum = align_sum = 0.0
     count = 0
-    for s, step in enumerate(steps):
-        k = kappa(s, len(steps), ramp)
-        opt.zero_grad()
-        for mb in step:
-            adapter = compose(base, residual)
-            out = forward(model, adapter, ids[mb], labels[mb], hidden=use_align)
-            loss = out.loss
-            if prox and prox_anchor is not None:
-                loss = loss + prox * sum(((adapter[k] - prox_anchor[k].detach()) ** 2).sum()
-                                         for k in adapter)
-            task_sum += float(out.loss.detach())
-            if use_align:
-                z = F.normalize(head(pooled_hidden(out.hidden_states[-1], labels[mb])), dim=0)
-                l_align = 1 - torch.dot(z, F.normalize(target, dim=0))
-                loss = loss + align * k * l_align
-                align_sum += float(l_align.detach())
-            (loss / len(step)).backward()
-            count += 1
-        opt.step()
+    with training(model, seed, round, client, "favor-private"):
+        for s, step in enumerate(steps):
+            k = kappa(s, len(steps), ramp)
+            opt.zero_grad()
+            for mb in step:
+                adapter = compose(base, residual)
+                with using(model, adapter):
+                    task, h = lm_loss(model, ids[mb], labels[mb], hidden=use_align)
+                    loss = task
+                    if prox and prox_anchor is not None:
+                        loss = loss + prox * sum(((adapter[k] - prox_anchor[k].detach()) ** 2)
+                                                 .sum() for k in adapter)
+                    task_sum += float(task.detach())
+                    if use_align:  # the head and target in fp32 whatever the LM computes in
+                        pooled = pooled_hidden(h, labels[mb]).float()
+                        z = F.normalize(head(pooled), dim=0)
+                        l_align = 1 - torch.dot(z, F.normalize(target.float(), dim=0))
+                        loss = loss + align * k * l_align
+                        align_sum += float(l_align.detach())
+                    (loss / len(step)).backward()
+                count += 1
+            opt.step()
     return ({k: v.detach() for k, v in residual.items()},
             {"private_loss": task_sum / max(count, 1),
              "align_loss": align_sum / max(count, 1) if use_align else float("nan")})
@@ -212,18 +311,20 @@ def pfedme_stage(model: nn.Module, start: Adapter, ids: torch.Tensor, labels: to
     w = {k: v.detach().clone() for k, v in start.items()}
     theta = {k: v.clone() for k, v in w.items()}
     total, count = 0.0, 0
-    for step in _micro_batches(len(ids), cfg, seed, round, client, "pfedme"):
-        batch = np.concatenate(step)
-        for _ in range(inner_steps):
-            params = {k: v.detach().requires_grad_(True) for k, v in theta.items()}
-            loss = forward(model, params, ids[batch], labels[batch]).loss
-            loss = loss + lam / 2 * sum(((params[k] - w[k]) ** 2).sum() for k in params)
-            grads = torch.autograd.grad(loss, list(params.values()))
-            theta = {k: (p - inner_lr * g).detach()
-                     for (k, p), g in zip(params.items(), grads, strict=True)}
-            total += float(loss.detach())
-            count += 1
-        w = {k: w[k] - cfg.lr * lam * (w[k] - theta[k]) for k in w}
+    with training(model, seed, round, client, "pfedme"):
+        for step in _micro_batches(len(ids), cfg, seed, round, client, "pfedme"):
+            batch = np.concatenate(step)
+            for _ in range(inner_steps):
+                params = {k: v.detach().requires_grad_(True) for k, v in theta.items()}
+                with using(model, params):
+                    loss, _ = lm_loss(model, ids[batch], labels[batch])
+                    loss = loss + lam / 2 * sum(((params[k] - w[k]) ** 2).sum() for k in params)
+                    grads = torch.autograd.grad(loss, list(params.values()))
+                theta = {k: (p - inner_lr * g).detach()
+                         for (k, p), g in zip(params.items(), grads, strict=True)}
+                total += float(loss.detach())
+                count += 1
+            w = {k: w[k] - cfg.lr * lam * (w[k] - theta[k]) for k in w}
     return w, theta, {"pfedme_loss": total / max(count, 1)}
 
 
@@ -255,13 +356,15 @@ def feddpa_round(model: nn.Module, server: Adapter, local: Adapter | None, gate:
     g_params = {k: v.clone().requires_grad_(True) for k, v in server.items()}
     opt = Adam(list(g_params.values()), lr=shared_cfg.lr)
     total = count = 0.0
-    for step in _micro_batches(len(ids), shared_cfg, seed, round, client, "feddpa-global"):
-        opt.zero_grad()
-        for mb in step:
-            loss = forward(model, mix(g_params, zeros, 0.0), ids[mb], labels[mb]).loss
-            (loss / len(step)).backward()
-            total, count = total + float(loss.detach()), count + 1
-        opt.step()
+    with training(model, seed, round, client, "feddpa-global"):
+        for step in _micro_batches(len(ids), shared_cfg, seed, round, client, "feddpa-global"):
+            opt.zero_grad()
+            for mb in step:
+                with using(model, mix(g_params, zeros, 0.0)):
+                    loss, _ = lm_loss(model, ids[mb], labels[mb])
+                    (loss / len(step)).backward()
+                total, count = total + float(loss.detach()), count + 1
+            opt.step()
     endpoint = {k: v.detach() for k, v in g_params.items()}
     if local is None:  # LoRA's own start: A random, B zero (contributes nothing yet)
         gen = torch.Generator().manual_seed(derive_seed(seed, -1, client, "feddpa-local"))
@@ -271,14 +374,15 @@ def feddpa_round(model: nn.Module, server: Adapter, local: Adapter | None, gate:
     g = torch.tensor(float(gate), requires_grad=True)
     opt = Adam([*l_params.values(), g], lr=local_cfg.lr)
     ltotal = lcount = 0.0
-    for step in _micro_batches(len(ids), local_cfg, seed, round, client, "feddpa-local"):
-        opt.zero_grad()
-        for mb in step:
-            loss = forward(model, mix(endpoint, l_params, torch.sigmoid(g)), ids[mb],
-                           labels[mb]).loss
-            (loss / len(step)).backward()
-            ltotal, lcount = ltotal + float(loss.detach()), lcount + 1
-        opt.step()
+    with training(model, seed, round, client, "feddpa-local"):
+        for step in _micro_batches(len(ids), local_cfg, seed, round, client, "feddpa-local"):
+            opt.zero_grad()
+            for mb in step:
+                with using(model, mix(endpoint, l_params, torch.sigmoid(g))):
+                    loss, _ = lm_loss(model, ids[mb], labels[mb])
+                    (loss / len(step)).backward()
+                ltotal, lcount = ltotal + float(loss.detach()), lcount + 1
+            opt.step()
     upload = {k: endpoint[k] - server[k] for k in server}
     state = {"local": {k: v.detach() for k, v in l_params.items()}, "gate": float(g.detach())}
     return upload, state, {"shared_loss": total / max(count, 1),

@@ -89,13 +89,18 @@ class _MappedLayer(nn.Module):
         self.z = nn.Parameter(torch.zeros(factors.d, dtype=torch.float32, device=device))
 
     def delta(self, z: torch.Tensor) -> torch.Tensor:
-        """U (Vᵀ z), flat (P,): two thin products, never the P×d projection."""
-        w = self.V.T @ z
-        if self.mode == "stored":
-            return self.U @ w
-        # U w = G R⁻¹ w: solve the r×r triangular system (float64), then stream G.
-        a = torch.linalg.solve_triangular(self.R, w.double().unsqueeze(1), upper=True)
-        return _StreamedGaussianProduct.apply(a.squeeze(1).to(w.dtype), self.factors)
+        """U (Vᵀ z), flat (P,): two thin products, never the P×d projection.
+
+        Always in fp32, autocast or not: the generated weights are master weights (a bf16
+        product would round θ^pre + δ to 8 bits of mantissa), and the streamed product's
+        backward, which runs outside autocast, needs its gradient in the factors' dtype."""
+        with torch.autocast(device_type=z.device.type, enabled=False):
+            w = self.V.T @ z.float()
+            if self.mode == "stored":
+                return self.U @ w
+            # U w = G R⁻¹ w: solve the r×r triangular system (float64), then stream G.
+            a = torch.linalg.solve_triangular(self.R, w.double().unsqueeze(1), upper=True)
+            return _StreamedGaussianProduct.apply(a.squeeze(1).to(w.dtype), self.factors)
 
     def weight(self, z: torch.Tensor) -> torch.Tensor:
         """θ = θ^pre + U Vᵀ z in the layer's shape (Eq. 3)."""

@@ -3,8 +3,10 @@
 Per round: sample clients from (seed, round); ``ray.put`` each tier's broadcast once; hand
 the sampled clients to their tier's executors in batches; gather results as they finish;
 re-run clients whose update raised (up to ``runtime.max_client_retries``); reject uploads
-with NaN/Inf; give the accepted uploads to the policy in client-id order; evaluate; log
-Parquet metrics; checkpoint. It knows no model code and no method.
+with NaN/Inf; stop the run when fewer than ``runtime.min_accepted`` uploads were accepted;
+give the accepted uploads to the policy in client-id order; evaluate; log Parquet metrics
+(every per-client quantity reduced in client-id order, so the metrics are bitwise the same
+whatever the executor count or finish order); checkpoint. It knows no model code and no method.
 """
 
 from __future__ import annotations
@@ -42,6 +44,23 @@ def latest_checkpoint(storage: Storage) -> dict | None:
         return None
     latest = int(storage.read_bytes("checkpoints/LATEST").decode())
     return storage.read_pickle(f"checkpoints/{latest:06d}.pkl")
+
+
+class RoundFailedError(RuntimeError):
+    """A round had fewer accepted uploads than ``runtime.min_accepted``: the global model was
+    not updated and the run stops (its metrics up to and including this round are logged;
+    ``--resume`` re-runs the round)."""
+
+    def __init__(self, round: int, accepted: int, needed: int,
+                 failures: list[tuple[int, str, str | None]]):
+        self.round, self.accepted, self.needed, self.failures = round, accepted, needed, failures
+        shown = "; ".join(f"client {c} {status}: {err}" for c, status, err in failures[:3])
+        more = f" (and {len(failures) - 3} more)" if len(failures) > 3 else ""
+        super().__init__(f"round {round}: {accepted} accepted uploads, runtime.min_accepted "
+                         f"is {needed}; {shown}{more}")
+
+    def __reduce__(self):  # survives pickling (raised inside the driver actor)
+        return RoundFailedError, (self.round, self.accepted, self.needed, self.failures)
 
 
 def chunks(items: list, size: int) -> list[list]:
@@ -151,6 +170,12 @@ class Driver:
                 accepted.append((cid, res.num_samples, res.payload.decode()))
                 if "state_bytes" in res.metrics:
                     self.versions[cid] = r
+        if len(accepted) < cfg.runtime.min_accepted:
+            self._log(r, sampled, final, attempts, bcast, {}, {},
+                      self.pool.restarts - restarts_before, time.perf_counter() - t0)
+            raise RoundFailedError(r, len(accepted), cfg.runtime.min_accepted,
+                                   [(c, final[c].status, final[c].error) for c in sampled
+                                    if not final[c].ok])
         if accepted:
             self.global_state, policy_metrics = self.policy.aggregate(
                 self.global_state, accepted, r)
@@ -190,6 +215,7 @@ class Driver:
                 out["clients"].update(dict(res))
         if ev.global_test:
             out["tiers"] = {t: out["tiers"][scored[bcast[t][0]]] for t in names}
+        out["clients"] = dict(sorted(out["clients"].items()))  # reduced in client-id order
         return out
 
     # ------------------------------------------------------------------ logging

@@ -5,6 +5,11 @@ It knows nothing of the round loop: it receives a broadcast ObjectRef, a round a
 of client ids (with the state version each client must start from) and returns one
 :class:`ClientResult` per client. A client whose update raises is returned with status
 ``error`` (the driver decides whether to re-run it); everything else is the algorithm's.
+
+Its device is what Ray granted it (:func:`fedray.runtime.devices.worker_device`): CUDA only
+with a GPU share. After an error that poisons the CUDA context (illegal memory access,
+device-side assert) the process exits, so the pool replaces it and re-queues its clients,
+instead of failing every later client on a dead context.
 """
 
 from __future__ import annotations
@@ -18,21 +23,30 @@ from fedray.algorithms.base import ClientContext, ClientResult
 from fedray.payload import Payload
 
 
+def exit_if_fatal(exc: BaseException) -> None:
+    """End this process when ``exc`` left its CUDA context unusable (the pool replaces it)."""
+    from fedray.runtime.devices import is_fatal_device_error
+
+    if is_fatal_device_error(exc):
+        traceback.print_exception(exc)
+        os._exit(3)
+
+
 class ClientExecutor:
     def __init__(self, cfg: Any, algorithm_cls: type, data: Any, run_uri: str, tier: str,
                  index: int):
-        import torch
-
         from fedray.algorithms import make_algorithm_from_class
+        from fedray.runtime.devices import configure_process, worker_device
         from fedray.runtime.state_store import ClientStateStore
         from fedray.runtime.storage import Storage
 
-        torch.set_num_threads(cfg.runtime.threads_per_executor)
         self.cfg, self.tier, self.index = cfg, tier, index
         self.name = f"{tier}/{index}"
         self.data = data
-        self.device = "cuda" if torch.cuda.is_available() and cfg.runtime.device != "cpu" \
-            else "cpu"
+        self.device = worker_device()
+        share = next(t.num_gpus for t in cfg.runtime.tiers if t.name == tier)
+        configure_process(self.device, gpu_share=share, deterministic=cfg.runtime.deterministic,
+                          threads=cfg.runtime.threads_per_executor)
         self.algorithm = make_algorithm_from_class(algorithm_cls, cfg)
         self.resident = self.algorithm.build_resident(data.input_shape, data.num_classes,
                                                       self.device)
@@ -44,9 +58,10 @@ class ClientExecutor:
         model = getattr(self.resident, "model", self.resident)
         params = sum(p.numel() for p in model.parameters()) if hasattr(model, "parameters") \
             else None
+        from fedray.runtime.devices import device_info
+
         return {"pid": os.getpid(), "tier": self.tier, "index": self.index,
-                "device": self.device, "model_parameters": params,
-                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+                "model_parameters": params, **device_info()}
 
     def init_global_state(self, seed: int) -> Payload:
         return Payload.encode(self.algorithm.init_global_state(self.resident, seed), "fp32")
@@ -79,6 +94,7 @@ class ClientExecutor:
                                         seconds=time.perf_counter() - t0,
                                         executor=self.name))
             except Exception as e:  # noqa: BLE001 — reported per client, never swallowed
+                exit_if_fatal(e)
                 tb = traceback.format_exception_only(type(e), e)[-1].strip()
                 out.append(ClientResult(cid, round, "error", error=tb,
                                         seconds=time.perf_counter() - t0,
@@ -100,21 +116,39 @@ class ClientExecutor:
         tensors = self._decoded(key, broadcast)
         epochs = self.cfg.eval.finetune_epochs
         out = []
-        for cid in clients:
-            ctx = self._context(cid, round)
-            res = self.algorithm.evaluate(self.resident, tensors, ctx.x_test, ctx.y_test,
-                                          self.device)
-            if epochs:
-                ft = self.algorithm.finetune_evaluate(ctx, tensors, epochs)
-                res.update(ft_loss=ft["loss"], ft_accuracy=ft["accuracy"])
-            out.append((cid, res))
+        try:
+            for cid in clients:
+                ctx = self._context(cid, round)
+                res = self.algorithm.evaluate(self.resident, tensors, ctx.x_test, ctx.y_test,
+                                              self.device)
+                if epochs:
+                    ft = self.algorithm.finetune_evaluate(ctx, tensors, epochs)
+                    res.update(ft_loss=ft["loss"], ft_accuracy=ft["accuracy"])
+                out.append((cid, res))
+        except Exception as e:
+            exit_if_fatal(e)
+            raise
         return out
 
     def evaluate_global(self, key: str, broadcast: Payload) -> dict:
         """The broadcast model on the global test set (tagged with the broadcast key)."""
         tensors = self._decoded(key, broadcast)
-        return {"key": key, **self.algorithm.evaluate(self.resident, tensors, self.data.x_test,
-                                                      self.data.y_test, self.device)}
+        try:
+            scores = self.algorithm.evaluate(self.resident, tensors, self.data.x_test,
+                                             self.data.y_test, self.device)
+        except Exception as e:
+            exit_if_fatal(e)
+            raise
+        return {"key": key, **scores}
+
+    def raise_error(self, message: str) -> None:
+        """Raise ``RuntimeError(message)`` here as a client update would (used by tests of
+        the fatal-device-error path)."""
+        try:
+            raise RuntimeError(message)
+        except RuntimeError as e:
+            exit_if_fatal(e)
+            raise
 
     def exit(self) -> None:
         """Die on purpose (used by tests of the fault-tolerance path)."""

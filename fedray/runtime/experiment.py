@@ -24,9 +24,14 @@ def default_run_dir(cfg: ExperimentConfig) -> str:
     return os.path.join("runs", f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
+_STARTED_LOCAL = False  # this process started the Ray it is connected to
+
+
 def init_ray(cfg: ExperimentConfig) -> bool:
-    """Join ``runtime.ray_address`` / ``RAY_ADDRESS`` or start a local instance.
-    Returns True when this call started Ray (a local cluster that cannot grow)."""
+    """Join ``runtime.ray_address`` / ``RAY_ADDRESS`` or start a fresh local instance (never
+    a stale one from ``/tmp/ray/ray_current_cluster``). Returns True when this call started
+    Ray; :func:`ray_is_local` tells later callers that the Ray they share cannot grow."""
+    global _STARTED_LOCAL
     import ray
 
     if ray.is_initialized():
@@ -34,10 +39,43 @@ def init_ray(cfg: ExperimentConfig) -> bool:
     address = cfg.runtime.ray_address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=False)
+        _STARTED_LOCAL = False
         return False
-    ray.init(include_dashboard=cfg.runtime.include_dashboard, log_to_driver=False,
-             logging_level="ERROR", configure_logging=True)
+    ray.init(address="local", include_dashboard=cfg.runtime.include_dashboard,
+             log_to_driver=False, logging_level="ERROR", configure_logging=True)
+    _STARTED_LOCAL = True
     return True
+
+
+def ray_is_local() -> bool:
+    """True when the connected Ray was started by this process's :func:`init_ray`: one
+    machine, no autoscaler, so what it has now is all it will ever have."""
+    import ray
+
+    return _STARTED_LOCAL and ray.is_initialized()
+
+
+def settled(cfg: ExperimentConfig) -> ExperimentConfig:
+    """``cfg`` with the per-run runtime decisions taken once against the connected Ray
+    (:func:`fedray.runtime.devices.settle_runtime`); on a fixed local Ray, executors that
+    can never be placed fail here."""
+    import ray
+
+    from fedray.runtime.devices import settle_runtime
+    from fedray.runtime.pool import check_fits, requested_resources
+
+    local = ray_is_local()
+    cfg = settle_runtime(cfg, local, ray.cluster_resources())
+    if local:
+        check_fits(cfg)
+    else:
+        want, have = requested_resources(cfg)["GPU"], ray.cluster_resources().get("GPU", 0)
+        if want > have:
+            print(f"fedray: the executors ask for {want:g} GPU, the cluster has {have:g} now; "
+                  f"waiting up to runtime.placement_timeout_s="
+                  f"{cfg.runtime.placement_timeout_s:g}s for the autoscaler (runtime.device="
+                  f"cpu runs on CPUs instead)", file=sys.stderr, flush=True)
+    return cfg
 
 
 class Experiment:
@@ -79,12 +117,15 @@ class Experiment:
         import ray
 
         from fedray.runtime.driver import Driver
-        from fedray.runtime.pool import ExecutorPool, check_fits
+        from fedray.runtime.pool import ExecutorPool
 
         self.t_start = time.perf_counter()
         self.started_ray = init_ray(self.cfg)
-        if self.started_ray:
-            check_fits(self.cfg)
+        try:
+            self.cfg = settled(self.cfg)
+        except Exception:
+            self.release()
+            raise
         self.pool = ExecutorPool(self.cfg, self.algorithm_cls, ray.put(self.data),
                                  self.storage.uri)
         self.driver = ray.remote(Driver).options(num_cpus=0, max_restarts=0).remote(
@@ -104,7 +145,14 @@ class Experiment:
     def step(self) -> dict:
         import ray
 
-        row = ray.get(self.driver.run_round.remote())
+        from fedray.runtime.driver import RoundFailedError
+
+        try:
+            row = ray.get(self.driver.run_round.remote())
+        except ray.exceptions.RayTaskError as e:
+            if isinstance(e.cause, RoundFailedError):
+                raise e.cause from None
+            raise
         self.round = row["round"]
         self.rows.append(row)
         return row

@@ -16,6 +16,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
+from fedray.runtime.devices import LOCAL_PLACEMENT_TIMEOUT_S
 from fedray.runtime.executor import ClientExecutor
 
 
@@ -23,31 +24,35 @@ class PlacementError(RuntimeError):
     """The cluster cannot place the executors the configuration asks for."""
 
 
-def use_gpus(cfg: Any) -> bool:
-    if cfg.runtime.device == "cpu":
-        return False
-    if cfg.runtime.device == "cuda":
-        return True
-    return ray.cluster_resources().get("GPU", 0) > 0
-
-
 def executor_options(cfg: Any, tier: Any) -> dict[str, Any]:
-    """Resource shape of one executor of ``tier``: fractional GPU on GPU clusters,
-    CPU fraction otherwise, plus the tier's custom resources."""
-    gpus = tier.num_gpus if use_gpus(cfg) else 0.0
+    """Resource shape of one executor of ``tier``: its GPU share unless ``runtime.device``
+    is (or was settled to, :func:`fedray.runtime.devices.settle_runtime`) ``cpu``, its CPU
+    share, its GPU type and its custom resources. Asks Ray nothing: the same answer in the
+    entry process, the driver and a Tune trial."""
+    gpus = 0.0 if cfg.runtime.device == "cpu" else tier.num_gpus
     opts: dict[str, Any] = {"num_cpus": tier.num_cpus, "num_gpus": gpus}
     if tier.resources:
         opts["resources"] = dict(tier.resources)
+    if gpus and tier.accelerator_type:
+        opts["accelerator_type"] = tier.accelerator_type
     return opts
+
+
+def executor_bundle(cfg: Any, tier: Any) -> dict[str, float]:
+    """The Ray resources one executor of ``tier`` holds (zeros left out; a GPU type is
+    Ray's ``accelerator_type:<T>`` resource)."""
+    opts = executor_options(cfg, tier)
+    b = {"CPU": float(opts["num_cpus"]), "GPU": float(opts["num_gpus"]),
+         **opts.get("resources", {})}
+    if "accelerator_type" in opts:
+        b[f"accelerator_type:{opts['accelerator_type']}"] = 0.001
+    return {k: v for k, v in b.items() if v}
 
 
 def requested_resources(cfg: Any) -> dict[str, float]:
     total = {"CPU": 0.0, "GPU": 0.0}
     for tier in cfg.runtime.tiers:
-        opts = executor_options(cfg, tier)
-        total["CPU"] += tier.executors * opts["num_cpus"]
-        total["GPU"] += tier.executors * opts["num_gpus"]
-        for name, amount in tier.resources.items():
+        for name, amount in executor_bundle(cfg, tier).items():
             total[name] = total.get(name, 0.0) + tier.executors * amount
     return total
 
@@ -100,7 +105,7 @@ class ExecutorPool:
     def wait_placed(self) -> None:
         handles = [(t, i, a) for t, hs in self.executors.items() for i, a in enumerate(hs)]
         refs = {a.ready.remote(): (t, i) for t, i, a in handles}
-        timeout = self.cfg.runtime.placement_timeout_s
+        timeout = self.cfg.runtime.placement_timeout_s or LOCAL_PLACEMENT_TIMEOUT_S
         ready, missing = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
         self.info = ray.get(ready)
         if missing:
