@@ -126,9 +126,9 @@ class EvalConfig:
 
 @dataclass
 class TierConfig:
-    name: str = "default"
-    executors: int = spec(2, ge=1)
-    num_cpus: float = spec(1.0, ge=0)
+    name: str = spec("default", help="tier name (clients.tiers refers to it)")
+    executors: int = spec(2, ge=1, help="executor actors of this tier")
+    num_cpus: float = spec(1.0, ge=0, help="CPUs per executor")
     num_gpus: float = spec(0.0, ge=0, le=1, help="fraction of one GPU per executor")
     capacity: float = spec(
         1.0, gt=0, le=1, help="budget ρ: the share of the full model's parameters (or FLOPs) "
@@ -144,7 +144,8 @@ class TierConfig:
 
 @dataclass
 class RuntimeConfig:
-    tiers: list[TierConfig] = spec(default_factory=lambda: [TierConfig()])
+    tiers: list[TierConfig] = spec(default_factory=lambda: [TierConfig()],
+                                   help="capacity tiers: executors of one resource shape each")
     device: Literal["auto", "cpu", "cuda"] = spec(
         "auto", help="cpu: no GPU anywhere; cuda: every tier asks for its num_gpus (> 0); "
                      "auto: each tier's num_gpus as written, except on a local Ray started by "
@@ -581,8 +582,12 @@ def field_help(cls: type = ExperimentConfig, prefix: str = "") -> list[tuple[str
     for f in dataclasses.fields(cls):
         key = f"{prefix}{f.name}"
         tp = hints[f.name]
+        item = (typing.get_args(tp) or (None,))[0] if typing.get_origin(tp) is list else None
         if dataclasses.is_dataclass(tp):
             rows += field_help(tp, key + ".")
+        elif dataclasses.is_dataclass(item):  # a list of sections: each entry's keys
+            rows.append((key, f"a list of {item.__name__}", f.metadata.get("help", "")))
+            rows += field_help(item, key + "[].")
         else:
             rows.append((key, _type_name(tp), f.metadata.get("help", "")))
     return rows

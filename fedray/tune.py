@@ -211,6 +211,12 @@ def _trial(params: dict, *, base: dict, overrides: list[str], run_root: str, cwd
     exp.start()
     last: dict[str, float] = {}
     try:
+        if exp.done:  # all rounds ran before the sweep was interrupted: report them again
+            from fedray.metrics import read_metrics
+
+            for row in read_metrics(run_dir).to_pylist():
+                last |= _finite(row)
+            tune.report({**last, "rounds_total": cfg.rounds, "run_dir": run_dir})
         while not exp.done:
             row = _finite(exp.step())
             last |= row  # accuracy carried forward between evaluation rounds

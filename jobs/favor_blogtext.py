@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> dict:
     from fedray.favor.lm import TinyLM
     from fedray.favor.pooled import train_pooled
     from fedray.favor.prepare import embedded_overrides, prepare_embedded
-    from fedray.runtime import run_experiment
+    from fedray.runtime import init_ray, run_experiment
+    from fedray.runtime.devices import run_on_device
     from fedray.runtime.storage import Storage
 
     t0 = time.time()
@@ -125,36 +126,49 @@ def main(argv: list[str] | None = None) -> dict:
               "runtime.placement_timeout_s=300"]
     rows = []
     data = None
-    for variant in args.variants:
-        pooled = variant == "pooled"  # centralized reference: one adapter, no federation
-        name, align = METHODS[variant]
-        cfg = load_config(None, common + algo + [
-            f"algorithm.variant={name}", f"name=favor-{variant}"]
-            + ([] if align is None else [f"algorithm.align={str(align).lower()}"])
-            + args.set)
-        data = data or build_data(cfg)  # identical for every method: built once
-        params = make_algorithm(cfg).params
-        if pooled:
-            style = evaluate_style(None, data, params, args.seed,
-                                   adapter=train_pooled(cfg, data), archive=f"{out}/pooled")
-            extra = {"upload_bytes": 0, "global_next_token_accuracy": None}
-        else:
-            run_dir = f"{out}/{variant}"
-            storage, resume = Storage(run_dir), resumable(run_dir, cfg, data)
-            if resume and storage.exists("summary.json"):
-                summary = json.loads(storage.read_bytes("summary.json"))  # finished: rescore
+    started = False
+    try:
+        for variant in args.variants:
+            pooled = variant == "pooled"  # centralized reference: one adapter, no federation
+            name, align = METHODS[variant]
+            cfg = load_config(None, common + algo + [
+                f"algorithm.variant={name}", f"name=favor-{variant}"]
+                + ([] if align is None else [f"algorithm.align={str(align).lower()}"])
+                + args.set)
+            data = data or build_data(cfg)  # identical for every method: built once
+            started = started or init_ray(cfg)
+            params = make_algorithm(cfg).params
+            # evaluation and pooled training: Ray tasks with the executors' GPU share, on
+            # the base the adapters were trained with (NF4 on CUDA), not the entry's CPU
+            if pooled:
+                adapter = run_on_device(train_pooled, cfg, data, num_gpus=args.gpus)
+                style = run_on_device(evaluate_style, None, data, params, args.seed,
+                                      adapter=adapter, archive=f"{out}/pooled",
+                                      num_gpus=args.gpus)
+                extra = {"upload_bytes": 0, "global_next_token_accuracy": None}
             else:
-                summary = run_experiment(cfg, run_dir, progress=False, data=data,
-                                         resume=resume)
-            style = evaluate_style(run_dir, data, params, args.seed, archive=run_dir)
-            extra = {"upload_bytes": summary["total_upload_bytes"],
-                     "global_next_token_accuracy": summary["final_global_accuracy"]}
-        rows.append({"method": variant, **extra, **style})
-        print(json.dumps({"variant": variant, **style}), flush=True)
-    write_table(rows, out)
-    cold = None
-    if "favor" in args.variants and args.ks:
-        cold = run_cold_start(args, out, prep_holdout, csv, args.seed)
+                run_dir = f"{out}/{variant}"
+                storage, resume = Storage(run_dir), resumable(run_dir, cfg, data)
+                if resume and storage.exists("summary.json"):  # finished: only rescored
+                    summary = json.loads(storage.read_bytes("summary.json"))
+                else:
+                    summary = run_experiment(cfg, run_dir, progress=False, data=data,
+                                             resume=resume)
+                style = run_on_device(evaluate_style, run_dir, data, params, args.seed,
+                                      archive=run_dir, num_gpus=args.gpus)
+                extra = {"upload_bytes": summary["total_upload_bytes"],
+                         "global_next_token_accuracy": summary["final_global_accuracy"]}
+            rows.append({"method": variant, **extra, **style})
+            print(json.dumps({"variant": variant, **style}), flush=True)
+        write_table(rows, out)
+        cold = None
+        if "favor" in args.variants and args.ks:
+            cold = run_cold_start(args, out, prep_holdout, csv, args.seed)
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
     result = {"out": out, "seconds": round(time.time() - t0, 1), "rows": rows,
               "cold_start": cold}
     print(json.dumps(result, default=str))
@@ -187,25 +201,17 @@ def run_cold_start(args, out: str, holdout_csv: str | None, csv: str, seed: int)
     """K-shot private residuals for 10 held-out authors from the FAVoR run's final shared
     adapter, against a random adapter and the base model (see fedray.favor.cold_start)."""
 
-    import numpy as np
     import yaml
 
-    from fedray.algorithms import make_algorithm
     from fedray.config import load_config
     from fedray.data.blogtext import load_authors
-    from fedray.favor.cold_start import cold_start
     from fedray.favor.evaluate import final_adapters
+    from fedray.runtime.devices import run_on_device
     from fedray.runtime.storage import Storage
 
     cfg = load_config(None, [], base=yaml.safe_load(
         Storage(f"{out}/favor").read_bytes("config.yaml").decode()))
-    alg = make_algorithm(cfg)
     shared, _ = final_adapters(f"{out}/favor", "fedavg", cfg.clients.num_clients)
-    res = alg.build_resident((alg.params.block_length,), 0, "cpu")
-    initial = alg.init_global_state(res, seed)
-    gen = np.random.default_rng(seed)
-    random_init = {k: gen.normal(0, float(v.std()) or 0.01, v.shape).astype(np.float32)
-                   for k, v in shared.items()}
     if holdout_csv is not None:
         authors = load_authors(holdout_csv, lambda t: 1, min_tokens=1, seed=seed)
     else:
@@ -216,7 +222,7 @@ def run_cold_start(args, out: str, holdout_csv: str | None, csv: str, seed: int)
         used = {a.id for a in asce + roster}
         authors = [a for a in everyone if a.id not in used][:10]
     ks = [k for k in args.ks if k <= min(len(a.train) for a in authors)]
-    rows = cold_start(alg.params, shared, initial, random_init, authors, ks, seed)
+    rows = run_on_device(cold_start_task, cfg, shared, authors, ks, seed, num_gpus=args.gpus)
     storage = Storage(out)
     storage.write_parquet("cold_start.parquet", rows)
     lines = ["| K | arm | Sep. Acc | macro-F1 | target sim. |", "|---|---|---|---|---|"]
@@ -224,6 +230,25 @@ def run_cold_start(args, out: str, holdout_csv: str | None, csv: str, seed: int)
               f"{r['target_similarity']:.3f} |" for r in rows]
     storage.write_bytes("COLD_START.md", ("\n".join(lines) + "\n").encode())
     return rows
+
+
+def cold_start_task(cfg, shared: dict, authors: list, ks: list[int], seed: int,
+                    device: str = "cpu") -> list[dict]:
+    """The cold-start arms on ``device`` (a Ray task's): the initial adapter is drawn from the
+    seed as the federation's was, the random one matches the shared adapter's scale."""
+    import numpy as np
+
+    from fedray.algorithms import make_algorithm
+    from fedray.favor.cold_start import cold_start
+
+    alg = make_algorithm(cfg)
+    res = alg.build_resident((alg.params.block_length,), 0, device)
+    initial = alg.init_global_state(res, seed)
+    del res
+    gen = np.random.default_rng(seed)
+    random_init = {k: gen.normal(0, float(v.std()) or 0.01, v.shape).astype(np.float32)
+                   for k, v in shared.items()}
+    return cold_start(alg.params, shared, initial, random_init, authors, ks, seed, device)
 
 
 def write_table(rows: list[dict], out: str) -> None:

@@ -38,6 +38,13 @@ def test_cluster_yaml_validates_against_rays_schema():
     assert any("pip install" in c and "-e ." in c for c in cfg["setup_commands"])
     tiers = {k for v in gpu.values() for k in v["resources"] if k.startswith("tier_")}
     assert {"tier_full", "tier_mid", "tier_low"} <= tiers
+    # one GPU type per tier: each tier resource on exactly one node type, each node type
+    # advertising its GPU type for tiers that pin runtime.tiers[*].accelerator_type
+    for tier in tiers:
+        assert sum(tier in v["resources"] for v in gpu.values()) == 1, tier
+    kinds = [[k for k in v["resources"] if k.startswith("accelerator_type:")]
+             for v in gpu.values()]
+    assert all(len(k) == 1 for k in kinds) and len({k[0] for k in kinds}) == len(kinds)
 
 
 @pytest.mark.parametrize("edit,where", [

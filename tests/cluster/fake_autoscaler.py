@@ -4,7 +4,7 @@
 the project's ``cluster.yaml`` (same custom tier resources, CPUs scaled down to 1 per node
 so a laptop can host them). ``run`` (against a head started with that config, see
 ``run.sh``) checks that only the head is up, runs a fedray experiment whose tier asks for
-a resource only the ``gpu8`` node type advertises, checks that the autoscaler added such a
+a resource only the ``gpu4`` node type advertises, checks that the autoscaler added such a
 node for it, and that the node is removed once idle.
 """
 
