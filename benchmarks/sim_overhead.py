@@ -96,7 +96,7 @@ def run_fedray(cfg, run_dir: str) -> dict:
         time.perf_counter()))
     e2e = time.perf_counter() - t0
     s = Storage(run_dir)
-    state = s.read_pickle(f"checkpoints/{cfg.rounds:06d}.pkl")["global_state"]
+    state = s.read_checkpoint()["global_state"]
     times = list(np.diff(stamps))
     return {"round_seconds": [float("nan")] + times, "e2e_seconds": e2e, "state": state}
 

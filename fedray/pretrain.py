@@ -93,8 +93,8 @@ def pretrain(cfg: ExperimentConfig, out: str, *, resume: bool = False,
     params = [q for q in model.parameters() if q.requires_grad]
     opt = SGD(params, lr=p.lr, momentum=p.momentum, weight_decay=p.weight_decay)
     start, history = 0, []
-    if resume and storage.exists("checkpoints/LATEST"):
-        ck = storage.read_pickle(f"checkpoints/{storage.read_bytes('checkpoints/LATEST').decode()}")
+    ck = storage.read_checkpoint() if resume else None
+    if ck is not None:
         set_state(model, ck["model"])
         opt.load_state_dict(ck["optimizer"])
         start, history = ck["epoch"], ck["history"]
@@ -122,14 +122,9 @@ def pretrain(cfg: ExperimentConfig, out: str, *, resume: bool = False,
         history.append({"epoch": epoch + 1, "train_loss": total / steps_per_epoch,
                         "test_accuracy": ev["accuracy"], "test_loss": ev["loss"]})
         bar.set_postfix(loss=round(total / steps_per_epoch, 4), acc=round(ev["accuracy"], 4))
-        name = f"epoch_{epoch + 1:04d}.pkl"
-        storage.write_pickle(f"checkpoints/{name}", {
+        storage.write_checkpoint(epoch + 1, {
             "epoch": epoch + 1, "model": get_state(model), "optimizer": opt.state_dict(),
-            "history": history})
-        storage.write_bytes("checkpoints/LATEST", name.encode())
-        for old in storage.listdir("checkpoints")[:-3]:
-            if old.endswith(".pkl"):
-                storage.delete(f"checkpoints/{old}")
+            "history": history}, keep=3)
         if on_epoch is not None:
             on_epoch(history[-1])
     state = get_state(model)
@@ -153,6 +148,6 @@ def load_base(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     if not storage.exists("base.npz"):
         raise ConfigError("algorithm.base", path,
                           "a directory written by `fedray pretrain` (holding base.npz)")
-    with np.load(io.BytesIO(storage.read_bytes("base.npz"))) as f:
+    with np.load(io.BytesIO(storage.read_bytes("base.npz")), allow_pickle=False) as f:
         state = {k: f[k] for k in f.files}
     return state, json.loads(storage.read_bytes("base.json").decode())

@@ -35,9 +35,9 @@ def test_compressed_runs_with_error_feedback(ray_session, tiny_cfg, tmp_path, al
     cfg = tiny_cfg(**{"algorithm.name": algo, "rounds": 3, **extra})
     summary = run_experiment(cfg, str(tmp_path / algo), progress=False)
     storage = Storage(str(tmp_path / algo))
-    ck = storage.read_pickle("checkpoints/000003.pkl")
+    ck = storage.read_checkpoint()
     assert set(ck["versions"]) == set(range(6))
-    state = storage.read_pickle(f"client_state/000000/{ck['versions'][0]:06d}.pkl")
+    state = storage.read_state(f"client_state/000000/{ck['versions'][0]:06d}.npz")
     assert set(state["error"]) == set(ck["global_state"])
     assert any(np.abs(e).sum() > 0 for e in state["error"].values())
     comp = Compressor(algo, density=extra.get("algorithm.density", 0.1),

@@ -37,9 +37,7 @@ def drod_cfg(**extra):
 
 
 def final_state(run_dir):
-    s = Storage(str(run_dir))
-    latest = int(s.read_bytes("checkpoints/LATEST").decode())
-    return s.read_pickle(f"checkpoints/{latest:06d}.pkl")["global_state"]
+    return Storage(str(run_dir)).read_checkpoint()["global_state"]
 
 
 def context(cfg, data, alg, cid, round, resident, state=None):

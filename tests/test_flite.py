@@ -82,7 +82,7 @@ def test_flite_runs_with_identity_check(ray_session, tiny_cfg, base, tmp_path, c
     rounds = pq.read_table(tmp_path / "run" / "rounds.parquet").to_pandas()
     clients = pq.read_table(tmp_path / "run" / "clients.parquet").to_pandas()
     assert (rounds["policy/identity_error"] <= 1e-6).all()
-    z = Storage(str(tmp_path / "run")).read_pickle("checkpoints/000003.pkl")["global_state"]
+    z = Storage(str(tmp_path / "run")).read_checkpoint()["global_state"]
     assert set(z) == {"z"} and z["z"].shape == (32,) and np.abs(z["z"]).sum() > 0
     upload = {"z": z["z"]} if scope == "vector" else {
         f"z/{n}": z["z"][i * 16:(i + 1) * 16] for i, n in enumerate(["0.weight", "3.weight"])}

@@ -272,7 +272,7 @@ def test_orders_end_to_end_on_ray_with_resume(ray_session, tiny_cfg, tmp_path):
     full_and_resumed(cfg, tmp_path)
 
     def final(d):
-        return Storage(str(d)).read_pickle("checkpoints/000004.pkl")
+        return Storage(str(d)).read_checkpoint()
 
     a, b = final(tmp_path / "full"), final(tmp_path / "cut")
     assert all(np.array_equal(a["global_state"][k], b["global_state"][k])

@@ -25,9 +25,7 @@ pytestmark = pytest.mark.ray
 
 
 def final_state(run_dir):
-    s = Storage(str(run_dir))
-    latest = int(s.read_bytes("checkpoints/LATEST").decode())
-    return s.read_pickle(f"checkpoints/{latest:06d}.pkl")["global_state"]
+    return Storage(str(run_dir)).read_checkpoint()["global_state"]
 
 
 def assert_bitwise_equal(a, b):

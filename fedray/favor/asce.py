@@ -167,5 +167,6 @@ def load_asce(path: str, device: str = "cpu") -> tuple[StyleEncoder, Any]:
 
     meta = json.load(open(os.path.join(path, "asce.json")))
     enc = StyleEncoder(AutoModel.from_config(AutoConfig.from_pretrained(path)), meta["dim"])
-    enc.load_state_dict(torch.load(os.path.join(path, "asce.pt"), map_location=device))
+    state = torch.load(os.path.join(path, "asce.pt"), map_location=device, weights_only=True)
+    enc.load_state_dict(state)  # weights_only: tensors and plain containers, never code
     return enc.to(device).eval().requires_grad_(False), AutoTokenizer.from_pretrained(path)

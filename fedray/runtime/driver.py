@@ -39,11 +39,9 @@ def sample_clients(seed: int, round: int, num_clients: int, k: int) -> list[int]
 
 
 def latest_checkpoint(storage: Storage) -> dict | None:
-    """The run's latest round-boundary checkpoint (None before the first one)."""
-    if not storage.exists("checkpoints/LATEST"):
-        return None
-    latest = int(storage.read_bytes("checkpoints/LATEST").decode())
-    return storage.read_pickle(f"checkpoints/{latest:06d}.pkl")
+    """The run's latest round-boundary checkpoint (None before the first one); see
+    :meth:`Storage.read_checkpoint`."""
+    return storage.read_checkpoint()
 
 
 class RoundFailedError(RuntimeError):
@@ -303,11 +301,7 @@ class Driver:
               "policy_state": self.policy.state_dict(), "versions": dict(self.versions),
               "totals": dict(self.totals), "restarts": self.pool.restarts,
               "has_base": sorted(self.has_base)}
-        self.storage.write_pickle(f"checkpoints/{self.round:06d}.pkl", ck)
-        self.storage.write_bytes("checkpoints/LATEST", str(self.round).encode())
-        saved = [f for f in self.storage.listdir("checkpoints") if f.endswith(".pkl")]
-        for f in saved[:-KEEP_CHECKPOINTS]:
-            self.storage.delete(f"checkpoints/{f}")
+        self.storage.write_checkpoint(self.round, ck, keep=KEEP_CHECKPOINTS)
         ClientStateStore(self.storage).prune(self.versions)
 
     # ------------------------------------------------------------------ queries

@@ -98,6 +98,8 @@ class Experiment:
         if not resume and self.storage.exists("checkpoints/LATEST"):
             raise ConfigError("run_dir", self.run_dir, "a new directory (this one holds a "
                                                        "run: use --resume to continue it)")
+        if resume:  # a damaged or planted checkpoint fails here, before any Ray work
+            self.storage.read_checkpoint()
         self.data = build_data(cfg) if data is None else data
         if self.data.num_clients != cfg.clients.num_clients:
             raise ConfigError("data", self.data.num_clients, f"prebuilt data for "

@@ -1,12 +1,12 @@
 """ClientStateStore: each virtual client's persistent state between rounds.
 
-States are versioned by the round that wrote them and stored under
-``client_state/{client_id}/{round}.pkl`` in the run's :class:`Storage`. The driver keeps the
-manifest (client -> latest committed version) inside its checkpoints, so a resumed run
-reads exactly the versions of its checkpoint even if a killed round had already written
-newer ones. Each executor keeps an in-memory cache of the states it wrote last; a cached
-entry is used only when its version equals the manifest's, so a client that moves to
-another executor never sees a stale copy.
+States are versioned by the round that wrote them and stored as data
+(:meth:`Storage.write_state`, never a pickle) under ``client_state/{client_id}/{round}.npz``
+in the run's :class:`Storage`. The driver keeps the manifest (client -> latest committed
+version) inside its checkpoints, so a resumed run reads exactly the versions of its
+checkpoint even if a killed round had already written newer ones. Each executor keeps an
+in-memory cache of the states it wrote last; a cached entry is used only when its version
+equals the manifest's, so a client that moves to another executor never sees a stale copy.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class ClientStateStore:
 
     @staticmethod
     def _rel(client_id: int, version: int) -> str:
-        return f"client_state/{client_id:06d}/{version:06d}.pkl"
+        return f"client_state/{client_id:06d}/{version:06d}.npz"
 
     def load(self, client_id: int, version: int | None) -> Any:
         """The state written by round ``version`` (``None``: the client has no state yet)."""
@@ -37,13 +37,13 @@ class ClientStateStore:
             self.cache.move_to_end(client_id)
             return hit[1]
         self.reads += 1
-        state = self.storage.read_pickle(self._rel(client_id, version))
+        state = self.storage.read_state(self._rel(client_id, version))
         self._remember(client_id, version, state)
         return state
 
     def save(self, client_id: int, version: int, state: Any) -> int:
         """Write-through: persist, cache, return the bytes written."""
-        nbytes = self.storage.write_pickle(self._rel(client_id, version), state)
+        nbytes = self.storage.write_state(self._rel(client_id, version), state)
         self._remember(client_id, version, state)
         return nbytes
 
@@ -59,5 +59,5 @@ class ClientStateStore:
             cid = int(name)
             keep = manifest.get(cid)
             for f in self.storage.listdir(f"client_state/{name}"):
-                if not f.endswith(".pkl") or int(f[:-4]) != keep:
+                if not f.endswith(".npz") or int(f[:-4]) != keep:
                     self.storage.delete(f"client_state/{name}/{f}")

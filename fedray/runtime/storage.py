@@ -1,15 +1,111 @@
 """Run-directory I/O through ``pyarrow.fs``: a local path or a URI (``s3://``, ``gs://``,
 ``hdfs://``) behaves the same, so a cluster can point runs and client state at shared
-object storage."""
+object storage.
+
+A run directory is data, never code: nothing read back from it is unpickled. Nested state
+(checkpoints, client states) is stored by :func:`pack_state` as an ``.npz`` whose arrays
+are read with ``allow_pickle=False`` and whose structure is a JSON skeleton naming them.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import os
-import pickle
+import re
+import zipfile
 from typing import Any
 
+import numpy as np
 import pyarrow.fs as pafs
+
+TREE = "__tree__"
+
+
+class StateFileError(ValueError):
+    """A state file that is not what fedray writes (damaged, foreign, or a pickle)."""
+
+    def __init__(self, name: str, reason: str):
+        self.name, self.reason = name, reason
+        super().__init__(f"{name}: {reason}")
+
+    def __reduce__(self):
+        return StateFileError, (self.name, self.reason)
+
+
+def _encode(obj: Any, arrays: list[np.ndarray], where: str) -> Any:
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, (np.ndarray, np.generic)):
+        arr = np.asarray(obj)
+        if arr.dtype.hasobject:
+            raise TypeError(f"{where}: object arrays cannot be stored")
+        arrays.append(arr)
+        return {"$np": len(arrays) - 1, "scalar": isinstance(obj, np.generic)}
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and not k.startswith("$") for k in obj):
+            return {k: _encode(v, arrays, f"{where}.{k}") for k, v in obj.items()}
+        return {"$dict": [[_encode(k, arrays, where), _encode(v, arrays, f"{where}[{k!r}]")]
+                          for k, v in obj.items()]}
+    if isinstance(obj, list):
+        return [_encode(v, arrays, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return {"$tuple": [_encode(v, arrays, f"{where}[{i}]") for i, v in enumerate(obj)]}
+    raise TypeError(f"{where}: cannot store a {type(obj).__name__} (allowed: None, bool, int, "
+                    f"float, str, numpy arrays and scalars, dict, list, tuple)")
+
+
+def _decode(node: Any, arrays: Any, name: str) -> Any:
+    if isinstance(node, list):
+        return [_decode(v, arrays, name) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if len(node) in (1, 2) and "$np" in node:
+        key = f"a{int(node['$np'])}"
+        if key not in arrays:
+            raise StateFileError(name, f"the skeleton names array {key}, which is missing")
+        arr = arrays[key]
+        return arr[()] if node.get("scalar") else arr
+    if len(node) == 1 and "$dict" in node:
+        return {_decode(k, arrays, name): _decode(v, arrays, name) for k, v in node["$dict"]}
+    if len(node) == 1 and "$tuple" in node:
+        return tuple(_decode(v, arrays, name) for v in node["$tuple"])
+    return {k: _decode(v, arrays, name) for k, v in node.items()}
+
+
+def pack_state(obj: Any) -> bytes:
+    """``obj`` (None/bool/int/float/str, numpy arrays and scalars, dicts with any such keys,
+    lists, tuples) as ``.npz`` bytes: its arrays plus a JSON skeleton. Round-trips exactly
+    (dtypes, shapes, key types, NaN)."""
+    arrays: list[np.ndarray] = []
+    tree = json.dumps(_encode(obj, arrays, "state"), allow_nan=True)
+    buf = io.BytesIO()
+    np.savez(buf, **{TREE: np.frombuffer(tree.encode(), np.uint8)},
+             **{f"a{i}": a for i, a in enumerate(arrays)})
+    return buf.getvalue()
+
+
+def unpack_state(data: bytes, name: str = "state") -> Any:
+    """The object :func:`pack_state` wrote; anything else — a pickle, object arrays, a
+    damaged file — raises :class:`StateFileError` naming ``name``, and nothing is executed
+    (``np.load(..., allow_pickle=False)``)."""
+    if data[:1] == b"\x80":  # the PROTO opcode of every pickle since protocol 2
+        raise StateFileError(name, "a Python pickle; fedray never unpickles run-directory files "
+                                   "(unpickling runs code)")
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            if TREE not in npz.files:
+                raise StateFileError(name, "not a fedray state file (no skeleton)")
+            arrays = {k: npz[k] for k in npz.files if k != TREE}
+            tree = json.loads(npz[TREE].tobytes().decode())
+    except StateFileError:
+        raise
+    except (ValueError, OSError, EOFError, UnicodeDecodeError, KeyError,
+            zipfile.BadZipFile) as e:
+        raise StateFileError(name, f"not a readable fedray state file ({type(e).__name__}: "
+                                   f"{str(e)[:200]})") from None
+    return _decode(tree, arrays, name)
 
 
 class Storage:
@@ -46,13 +142,48 @@ class Storage:
         with self.fs.open_input_stream(self.path(rel)) as f:
             return f.read()
 
-    def write_pickle(self, rel: str, obj: Any) -> int:
-        data = pickle.dumps(obj, protocol=5)
+    def write_state(self, rel: str, obj: Any) -> int:
+        """Nested state as a safe ``.npz`` (:func:`pack_state`); returns the bytes written."""
+        data = pack_state(obj)
         self.write_bytes(rel, data)
         return len(data)
 
-    def read_pickle(self, rel: str) -> Any:
-        return pickle.loads(self.read_bytes(rel))
+    def read_state(self, rel: str) -> Any:
+        """What :meth:`write_state` wrote; never unpickles (:func:`unpack_state`)."""
+        return unpack_state(self.read_bytes(rel), self.path(rel))
+
+    def write_checkpoint(self, index: int, obj: Any, folder: str = "checkpoints",
+                         keep: int = 2) -> None:
+        """``obj`` as ``FOLDER/{index:06d}.npz`` (:func:`pack_state`), then ``FOLDER/LATEST``
+        = "INDEX SHA256" of that file, then all but the newest ``keep`` checkpoints go."""
+        data = pack_state(obj)
+        self.write_bytes(f"{folder}/{index:06d}.npz", data)
+        self.write_bytes(f"{folder}/LATEST",
+                         f"{index} {hashlib.sha256(data).hexdigest()}".encode())
+        saved = [f for f in self.listdir(folder) if f.endswith(".npz")]
+        for f in saved[:-keep]:
+            self.delete(f"{folder}/{f}")
+
+    def read_checkpoint(self, folder: str = "checkpoints") -> Any | None:
+        """The checkpoint ``FOLDER/LATEST`` names (None when there is none yet), read as data
+        only when its SHA-256 matches the one in ``LATEST``: a damaged, replaced or planted
+        file fails with a message naming it, and ``LATEST`` is never used as a path."""
+        latest = f"{folder}/LATEST"
+        if not self.exists(latest):
+            return None
+        text = self.read_bytes(latest)[:200].decode(errors="replace").strip()
+        match = re.fullmatch(r"(\d{1,9}) ([0-9a-f]{64})", text)
+        if match is None:
+            raise StateFileError(self.path(latest), f"got {text[:80]!r}; allowed: "
+                                                    f"'INDEX SHA256' as fedray writes it")
+        rel = f"{folder}/{int(match[1]):06d}.npz"
+        if not self.exists(rel):
+            raise StateFileError(self.path(rel), f"missing (named by {latest})")
+        data = self.read_bytes(rel)
+        if hashlib.sha256(data).hexdigest() != match[2]:
+            raise StateFileError(self.path(rel), f"its SHA-256 differs from the one in "
+                                                 f"{latest} (damaged or replaced)")
+        return unpack_state(data, self.path(rel))
 
     def write_parquet(self, rel: str, table: Any) -> None:
         """A ``pyarrow.Table`` (or a list of row dicts) as one Parquet file."""

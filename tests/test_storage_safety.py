@@ -1,0 +1,162 @@
+"""A run directory is data, never code: every loader of checkpoints, client states, pretrain
+checkpoints and ASCE weights is given a planted malicious pickle; nothing executes and the
+error names the file. Plus the state format's exact round trip."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+from fedray.runtime.storage import StateFileError, Storage, pack_state, unpack_state
+
+
+class Boom:
+    """Unpickling this creates the file ``path``: proof that code ran."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def planted(tmp_path) -> bytes:
+    return pickle.dumps({"global_state": Boom(str(tmp_path / "PWNED"))}, protocol=5)
+
+
+def test_state_round_trip_is_exact():
+    state = {
+        "global_state": {"w": np.arange(6, dtype=np.float32).reshape(2, 3),
+                         "b": np.zeros(0, np.float64), "i": np.array([1, 2], np.int8)},
+        "versions": {0: 3, 17: 5},  # int keys
+        "$weird": "a key that looks like a marker",
+        "scalars": [np.float32(1.5), np.int64(7), 2.5, 3, True, None, float("nan")],
+        "pair": (1, "a", np.array([True, False])),
+        "nested": [{"tau": 4, "gate": -0.25}, [], {}],
+    }
+    back = unpack_state(pack_state(state))
+    assert back.keys() == state.keys()
+    for k in ("w", "b", "i"):
+        a, b = state["global_state"][k], back["global_state"][k]
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+    assert back["versions"] == {0: 3, 17: 5} and all(isinstance(k, int) for k in back["versions"])
+    assert back["$weird"] == state["$weird"]
+    s = back["scalars"]
+    assert type(s[0]) is np.float32 and s[0] == 1.5 and type(s[1]) is np.int64
+    assert s[2:6] == [2.5, 3, True, None] and np.isnan(s[6])
+    assert isinstance(back["pair"], tuple) and back["pair"][:2] == (1, "a")
+    assert back["nested"] == [{"tau": 4, "gate": -0.25}, [], {}]
+
+
+@pytest.mark.parametrize("bad", [{1, 2}, np.array([object()], dtype=object), object()])
+def test_unsupported_values_are_refused_when_written(bad):
+    with pytest.raises(TypeError, match=r"state\.x"):
+        pack_state({"x": bad})
+
+
+def test_a_planted_pickle_never_runs_anywhere_a_state_is_read(tmp_path):
+    payload = planted(tmp_path)
+    with pytest.raises(StateFileError, match="pickle"):
+        unpack_state(payload, "x")
+    for junk in (b"", b"not a zip", b"PK\x03\x04garbage", pack_state({"a": 1})[:50]):
+        with pytest.raises(StateFileError, match="x: not a"):
+            unpack_state(junk, "x")
+    # an .npz holding an object array (np.save would pickle it): refused, not unpickled
+    import io
+
+    buf = io.BytesIO()
+    np.savez(buf, __tree__=np.frombuffer(b'{"$np": 0}', np.uint8),
+             a0=np.array([Boom(str(tmp_path / "PWNED"))], dtype=object))
+    with pytest.raises(StateFileError, match="not a readable"):
+        unpack_state(buf.getvalue(), "x")
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_checkpoint_loaders_refuse_planted_and_damaged_files(tmp_path):
+    run = Storage(str(tmp_path / "run"))
+    run.write_checkpoint(1, {"round": 1, "global_state": {"w": np.ones(3, np.float32)}})
+    run.write_checkpoint(2, {"round": 2, "global_state": {"w": np.zeros(3, np.float32)}})
+    assert run.read_checkpoint()["round"] == 2
+    assert run.listdir("checkpoints") == ["000001.npz", "000002.npz", "LATEST"]
+    # 1. the checkpoint replaced by a pickle: its digest no longer matches LATEST
+    (tmp_path / "run/checkpoints/000002.npz").write_bytes(planted(tmp_path))
+    with pytest.raises(StateFileError, match=r"000002.npz: its SHA-256 differs"):
+        run.read_checkpoint()
+    # 2. the attacker rewrites LATEST with the pickle's digest too: still only data is read
+    digest = hashlib.sha256(planted(tmp_path)).hexdigest()
+    (tmp_path / "run/checkpoints/LATEST").write_text(f"2 {digest}")
+    with pytest.raises(StateFileError, match="pickle"):
+        run.read_checkpoint()
+    # 3. LATEST used as a path (the old pretrain loader): never a path now
+    for text in ("../../x.pkl", "2", "2 xyz", "-1 " + "0" * 64, ""):
+        (tmp_path / "run/checkpoints/LATEST").write_text(text)
+        with pytest.raises(StateFileError, match="LATEST: got"):
+            run.read_checkpoint()
+    (tmp_path / "run/checkpoints/LATEST").write_text(f"7 {digest}")
+    with pytest.raises(StateFileError, match="000007.npz: missing"):
+        run.read_checkpoint()
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_client_state_store_refuses_a_planted_state(tmp_path):
+    from fedray.runtime.state_store import ClientStateStore
+
+    storage = Storage(str(tmp_path / "run"))
+    store = ClientStateStore(storage)
+    nbytes = store.save(3, 2, {"optimizer": {"momentum_buffers": [None, np.ones(2)]}})
+    assert nbytes == len(storage.read_bytes("client_state/000003/000002.npz"))
+    fresh = ClientStateStore(storage)  # no cache: reads the file
+    assert fresh.load(3, 2)["optimizer"]["momentum_buffers"][0] is None
+    (tmp_path / "run/client_state/000003/000002.npz").write_bytes(planted(tmp_path))
+    with pytest.raises(StateFileError, match=r"000002.npz: a Python pickle"):
+        ClientStateStore(storage).load(3, 2)
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_resume_of_a_planted_run_fails_before_any_ray_work(tmp_path, tiny_cfg):
+    """`fedray run --resume` and every job resume through Experiment: the checkpoint is
+    checked in its constructor; nothing in the run dir changes."""
+    from fedray.runtime import Experiment
+
+    run = Storage(str(tmp_path / "run"))
+    run.write_checkpoint(1, {"round": 1})
+    (tmp_path / "run/checkpoints/000001.npz").write_bytes(planted(tmp_path))
+    before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    with pytest.raises(StateFileError, match="SHA-256 differs"):
+        Experiment(tiny_cfg(), str(tmp_path / "run"), resume=True)
+    after = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    assert before == after and not (tmp_path / "PWNED").exists()
+
+
+def test_pretrain_resume_refuses_a_planted_checkpoint(tmp_path):
+    from fedray.config import load_config
+    from fedray.pretrain import pretrain
+
+    out = Storage(str(tmp_path / "base"))
+    out.write_checkpoint(1, {"epoch": 1})
+    (tmp_path / "base/checkpoints/000001.npz").write_bytes(planted(tmp_path))
+    cfg = load_config(None, ["model.hidden=[8]", "pretrain.epochs=2"])
+    with pytest.raises(StateFileError, match="000001.npz"):
+        pretrain(cfg, str(tmp_path / "base"), resume=True, progress=False)
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_asce_weights_load_without_unpickling_code(tmp_path):
+    import torch
+
+    from fedray.favor.asce import load_asce
+
+    (tmp_path / "asce.json").write_text('{"dim": 8}')
+    torch.save({"x": Boom(str(tmp_path / "PWNED"))}, tmp_path / "asce.pt")
+    from transformers import BertConfig
+
+    BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+               intermediate_size=32, vocab_size=30).save_pretrained(tmp_path)
+    with pytest.raises(pickle.UnpicklingError):
+        load_asce(str(tmp_path))
+    assert not (tmp_path / "PWNED").exists()
+    assert os.path.exists(tmp_path / "asce.pt")
