@@ -277,7 +277,7 @@ def test_orders_end_to_end_on_ray_with_resume(ray_session, tiny_cfg, tmp_path):
     a, b = final(tmp_path / "full"), final(tmp_path / "cut")
     assert all(np.array_equal(a["global_state"][k], b["global_state"][k])
                for k in a["global_state"])
-    assert a["policy_state"]["state"].norms == b["policy_state"]["state"].norms
+    assert a["policy_state"]["state"]["norms"] == b["policy_state"]["state"]["norms"]
     clients = pq.read_table(tmp_path / "full" / "clients.parquet").to_pandas()
     trained = clients[clients["sampled"]]
     assert trained["orders/norm"].notna().all() and (trained["orders/norm"] > 0).all()

@@ -57,6 +57,7 @@ Extensions (§6):
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -319,10 +320,11 @@ class OrdersPolicy(AggregationPolicy):
         return out, diag
 
     def state_dict(self) -> dict[str, Any]:
-        return {"state": copy.deepcopy(self.state)}
+        """Plain data (dicts keyed by client id, lists, (round, value) tuples)."""
+        return {"state": dataclasses.asdict(self.state)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.state = copy.deepcopy(state["state"])
+        self.state = OrdersState(**copy.deepcopy(state["state"]))
 
 
 def key_layer_names(names: list[str], key_layers: list[str] | None) -> list[str]:
