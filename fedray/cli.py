@@ -86,6 +86,9 @@ def run(config: Path | None = typer.Argument(
         resume: str | None = typer.Option(
             None, "--resume", help="Continue the run in this directory from its latest "
                                    "checkpoint (only -s rounds=N may change)."),
+        overwrite: bool = typer.Option(
+            False, "--overwrite", help="Replace what the run directory holds (a new run "
+                                       "otherwise needs an empty or new directory)."),
         progress: bool = typer.Option(True, "--progress/--no-progress",
                                       help="Show a progress bar on stderr."),
         as_json: bool = JSON_OPT) -> None:
@@ -93,6 +96,7 @@ def run(config: Path | None = typer.Argument(
     from fedray.runtime import resume_config, run_experiment
     from fedray.runtime.driver import RoundFailedError
     from fedray.runtime.pool import PlacementError
+    from fedray.runtime.storage import StateFileError
 
     try:
         if resume:
@@ -104,8 +108,9 @@ def run(config: Path | None = typer.Argument(
                      "embedded default", as_json)
             cfg = load_config(config, set_ or [])
             target = run_dir
-        summary = run_experiment(cfg, target, resume=bool(resume), progress=progress)
-    except ConfigError as e:
+        summary = run_experiment(cfg, target, resume=bool(resume), progress=progress,
+                                 overwrite=overwrite)
+    except (ConfigError, StateFileError) as e:
         fail(str(e), as_json)
     except (RoundFailedError, PlacementError) as e:
         fail(str(e), as_json, code=1)

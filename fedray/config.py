@@ -16,6 +16,7 @@ import inspect
 import json
 import math
 import os
+import reprlib
 import sys
 import types
 import typing
@@ -31,12 +32,24 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+_REPR = reprlib.Repr()
+_REPR.maxstring, _REPR.maxother, _REPR.maxlevel = 120, 120, 2
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 6
+
+
+def short_repr(value: Any, limit: int = 240) -> str:
+    """``repr`` bounded in depth and length: a value in a message is shown, not expanded
+    (a YAML alias bomb would otherwise take forever to print)."""
+    text = _REPR.repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 class ConfigError(ValueError):
     """A configuration value that is not allowed; names the field, the value and the rule."""
 
     def __init__(self, path: str, value: Any, allowed: str):
         self.path, self.value, self.allowed = path, value, allowed
-        super().__init__(f"config error at '{path}': got {value!r}; allowed: {allowed}")
+        super().__init__(f"config error at '{path}': got {short_repr(value)}; allowed: {allowed}")
 
     def __reduce__(self):  # survives pickling (errors raised inside Ray workers)
         return ConfigError, (self.path, self.value, self.allowed)
@@ -406,7 +419,19 @@ def apply_overrides(data: dict[str, Any], overrides: typing.Iterable[str]) -> di
         keys, value = parse_override(text)
         node = data
         for i, k in enumerate(keys[:-1]):
+            if isinstance(node, list):  # e.g. runtime.tiers.0.executors
+                entry = node[int(k)] if k.isdigit() and int(k) < len(node) else None
+                if not isinstance(entry, dict):
+                    raise ConfigError(".".join(keys[: i + 1]), text,
+                                      f"an index below {len(node)} of a list of sections")
+                node = entry
+                continue
             nxt = node.get(k)
+            if nxt is None and keys[i + 1].isdigit():
+                raise ConfigError(".".join(keys[: i + 2]), text,
+                                  f"an index into a list the config sets; this config has no "
+                                  f"{'.'.join(keys[: i + 1])} list: give it whole, e.g. "
+                                  f"-s '{'.'.join(keys[: i + 1])}=[{{...}}]'")
             if nxt is None:
                 nxt = node[k] = {}
             if isinstance(nxt, list) and keys[i + 1].isdigit():
@@ -430,7 +455,11 @@ def read_file(path: str | os.PathLike) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError("config file", str(path), "an existing .yaml, .yml, .toml or .json file")
-    text = p.read_text()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError("config file", str(path), f"UTF-8 text (byte {e.start} is not)") \
+            from None
     try:
         if p.suffix == ".toml":
             data = tomllib.loads(text)
@@ -439,7 +468,9 @@ def read_file(path: str | os.PathLike) -> dict[str, Any]:
         else:
             data = yaml.safe_load(text)
     except (yaml.YAMLError, tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError("config file", str(path), f"valid {p.suffix[1:] or 'YAML'}: {e}") from e
+        reason = " ".join(str(e).split())[:200]  # one line, bounded
+        raise ConfigError("config file", str(path), f"valid {p.suffix[1:] or 'YAML'}: "
+                                                    f"{reason}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -54,8 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
 
     from fedray.config import load_config
-    from fedray.runtime import run_experiment
-    from fedray.runtime.storage import Storage
+    from fedray.runtime import resumable, run_experiment
 
     names = ("t100", "t025", "t006")
     if args.smoke:
@@ -89,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict:
         overrides.append("model.exits=true")
     rpt = 1 if args.smoke else args.rounds_per_task
     cfg = load_config(None, overrides + [f"eval.every={rpt}"] + args.set)
-    resume = Storage(args.run_dir).exists("checkpoints/LATEST")
+    resume = resumable(args.run_dir, cfg)  # the same run continues; another is refused
     summary = run_experiment(cfg, args.run_dir, resume=resume, progress=False)
     print(json.dumps(summary))
     return summary

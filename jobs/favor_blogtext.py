@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict:
     from fedray.favor.lm import TinyLM
     from fedray.favor.pooled import train_pooled
     from fedray.favor.prepare import embedded_overrides, prepare_embedded
-    from fedray.runtime import init_ray, run_experiment
+    from fedray.runtime import init_ray, resumable, run_experiment
     from fedray.runtime.devices import run_on_device
     from fedray.runtime.storage import Storage
 
@@ -173,28 +173,6 @@ def main(argv: list[str] | None = None) -> dict:
               "cold_start": cold}
     print(json.dumps(result, default=str))
     return result
-
-
-def resumable(run_dir: str, cfg, data) -> bool:
-    """True when ``run_dir`` holds a checkpoint of this very run (it continues, or is only
-    rescored when finished: summary.json is written at its end); a run trained with another
-    config or on other data (another seed, corpus or base LM into the same --out) is refused
-    rather than scored as this one."""
-    import yaml
-
-    from fedray.config import ConfigError
-    from fedray.runtime.storage import Storage
-
-    storage = Storage(run_dir)
-    if not storage.exists("checkpoints/LATEST"):
-        return False
-    stored = yaml.safe_load(storage.read_bytes("config.yaml").decode())
-    same_data = json.loads(storage.read_bytes("data.json").decode()) == json.loads(
-        json.dumps(data.summary()))
-    if stored != yaml.safe_load(yaml.safe_dump(cfg.to_dict())) or not same_data:
-        raise ConfigError("--out", run_dir, "a new directory: this one holds a run with "
-                                            "another config or data")
-    return True
 
 
 def run_cold_start(args, out: str, holdout_csv: str | None, csv: str, seed: int) -> list:

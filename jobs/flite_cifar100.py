@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from fedray.config import load_config
     from fedray.pretrain import pretrain
-    from fedray.runtime import init_ray, run_experiment
+    from fedray.runtime import init_ray, resumable, run_experiment
 
     if args.smoke:
         data = ["data.dataset=digits", "data.image_size=32", "data.channels=3"]
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"algorithm.r={args.r}", f"payload.upload={args.codec}",
         f"local.epochs={args.local_epochs}"] + args.set)
     fl_dir = f"{args.run_dir}/federated"
-    resume = Storage(fl_dir).exists("checkpoints/LATEST")
+    resume = resumable(fl_dir, cfg)  # the same run continues; another is refused
     summary = run_experiment(cfg, fl_dir, resume=resume, progress=False)
     print(json.dumps(summary))
     return summary

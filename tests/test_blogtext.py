@@ -57,7 +57,7 @@ def test_loader_filters_by_tokens_and_splits_80_10_10(corpus):
 def test_loader_rejects_a_csv_without_the_schema(tmp_path):
     p = tmp_path / "x.csv"
     p.write_text("id,text\n1,hello\n")
-    with pytest.raises(ValueError, match="BlogText columns"):
+    with pytest.raises(ValueError, match=r"data.root.*BlogText CSV.*lacks \['gender'"):
         read_blogtext(p)
 
 

@@ -179,7 +179,7 @@ def test_favor_job_smoke_end_to_end(ray_session, tmp_path):
     again = job_process(  # another seed into the same --out: refused, not re-scored
         ray_session, "favor_blogtext.py", "--smoke", "--seed", "1", "--data-seed", "0",
         "--variants", "fedavg", "--ks", "--out", str(tmp_path / "favor"), timeout=300)
-    assert again.returncode != 0 and "holds a run with another config or data" in again.stderr
+    assert again.returncode != 0 and "holds a run whose config differs at 'seed'" in again.stderr
     stamp = os.stat(tmp_path / "favor" / "fedavg" / "summary.json").st_mtime_ns
     rescored = run_job(ray_session, "favor_blogtext.py", "--smoke", "--variants", "fedavg",
                        "--ks", "--out", str(tmp_path / "favor"), timeout=300)

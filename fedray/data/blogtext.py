@@ -42,16 +42,27 @@ class Author:
 def read_blogtext(path: str | os.PathLike) -> dict[int, dict]:
     """Posts grouped by author: ``{id: {"topic", "gender", "age", "sign", "posts": [...]}}``
     (file order kept). Raises on a missing file or a CSV without BlogText's columns."""
+    import pyarrow as pa
     import pyarrow.csv as pcsv
+
+    from fedray.config import ConfigError
 
     if not os.path.exists(path):
         raise FileNotFoundError(f"no BlogText CSV at {path}")
-    table = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(
-        column_types={"id": "int64", "text": "string", "topic": "string"}))
-    missing = [c for c in COLUMNS if c not in table.column_names]
+    rule = f"a BlogText CSV (UTF-8, header with {', '.join(COLUMNS)}; integer id)"
+    try:
+        table = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(
+            column_types={"id": "int64", "text": "string", "topic": "string"}))
+        names = table.column_names
+    except (pa.ArrowInvalid, UnicodeDecodeError) as e:
+        reason = str(e).splitlines()[0][:160].encode("ascii", "backslashreplace").decode()
+        raise ConfigError("data.root", str(path), f"{rule}; reading it failed: {reason}") \
+            from None
+    missing = [c for c in COLUMNS if c not in names]
     if missing:
-        raise ValueError(f"{path} lacks the BlogText columns {missing} (has "
-                         f"{table.column_names})")
+        raise ConfigError("data.root", str(path), f"{rule}; it lacks {missing}")
+    if table.num_rows == 0:
+        raise ConfigError("data.root", str(path), f"{rule} with at least one post")
     out: dict[int, dict] = {}
     cols = {c: table.column(c).to_pylist() for c in COLUMNS}
     for i, a in enumerate(cols["id"]):

@@ -99,7 +99,8 @@ class Driver:
             first = self.pool.executors[self.cfg.runtime.tiers[0].name][0]
             self.global_state = ray.get(first.init_global_state.remote(self.cfg.seed)).decode()
             self.global_state = {k: np.array(v) for k, v in self.global_state.items()}
-        self.metrics.truncate_after(self.round)
+        if resume:  # rounds logged after the checkpoint were not committed: re-run them
+            self.metrics.truncate_after(self.round)
         return {"round": self.round, "executors": self.pool.info,
                 "parameters": int(sum(v.size for v in self.global_state.values()))}
 

@@ -87,24 +87,31 @@ class Experiment:
 
     def __init__(self, cfg: ExperimentConfig, run_dir: str | None = None, *,
                  resume: bool = False, algorithm_cls: type | None = None,
-                 data: Any | None = None):
+                 data: Any | None = None, overwrite: bool = False):
         from fedray.algorithms import get_algorithm
         from fedray.data import build_data
 
         self.cfg, self.resume = cfg, resume
         self.algorithm_cls = algorithm_cls or get_algorithm(cfg.algorithm["name"])
         self.run_dir = run_dir or cfg.run_dir or default_run_dir(cfg)
-        self.storage = Storage(self.run_dir)
-        if not resume and self.storage.exists("checkpoints/LATEST"):
-            raise ConfigError("run_dir", self.run_dir, "a new directory (this one holds a "
-                                                       "run: use --resume to continue it)")
-        if resume:  # a damaged or planted checkpoint fails here, before any Ray work
+        self.storage = open_run_dir(self.run_dir)
+        if resume:  # a missing config or a damaged or planted checkpoint fails here
+            if not self.storage.exists("config.yaml"):
+                raise ConfigError("--resume", self.run_dir, "a run directory holding "
+                                                            "config.yaml")
             self.storage.read_checkpoint()
+        elif not self.storage.is_empty() and not overwrite:
+            raise ConfigError("run_dir", self.run_dir, "an empty or new directory (this one "
+                              "holds files: --resume continues the run in it, --overwrite "
+                              "replaces it)")
         self.data = build_data(cfg) if data is None else data
         if self.data.num_clients != cfg.clients.num_clients:
             raise ConfigError("data", self.data.num_clients, f"prebuilt data for "
                                                              f"{cfg.clients.num_clients} clients")
         if not resume:
+            if overwrite:
+                for name in self.storage.listdir(""):
+                    self.storage.delete(name)
             self.storage.write_bytes("config.yaml", yaml.safe_dump(
                 cfg.to_dict(), sort_keys=False).encode())
             self.storage.write_bytes("data.json", json.dumps(self.data.summary()).encode())
@@ -198,13 +205,15 @@ class Experiment:
 def run_experiment(cfg: ExperimentConfig, run_dir: str | None = None, *, resume: bool = False,
                    progress: bool = True, algorithm_cls: type | None = None,
                    on_round: Callable[[dict], None] | None = None,
-                   data: Any | None = None) -> dict[str, Any]:
+                   data: Any | None = None, overwrite: bool = False) -> dict[str, Any]:
     """Run ``cfg`` (or continue the run in ``run_dir`` when ``resume``); return the summary.
     ``data`` is ``build_data(cfg)`` when the caller already holds it (several methods on
-    one corpus build it once)."""
+    one corpus build it once). A new run needs an empty or new ``run_dir`` unless
+    ``overwrite``, which first deletes what is there."""
     from tqdm.auto import tqdm
 
-    exp = Experiment(cfg, run_dir, resume=resume, algorithm_cls=algorithm_cls, data=data)
+    exp = Experiment(cfg, run_dir, resume=resume, algorithm_cls=algorithm_cls, data=data,
+                     overwrite=overwrite)
     try:
         exp.start()
         bar = tqdm(total=cfg.rounds, initial=exp.round, desc=cfg.name, unit="round",
@@ -267,9 +276,54 @@ def _summary(cfg: ExperimentConfig, run_dir: str, rows: list[dict], finish: dict
     }
 
 
+def open_run_dir(run_dir: str) -> Storage:
+    """``Storage(run_dir)``, a bad path or URI being a :class:`ConfigError`."""
+    try:
+        return Storage(run_dir)
+    except ValueError as e:
+        raise ConfigError("run_dir", run_dir, f"a directory path or a pyarrow.fs URI "
+                                              f"(s3://, gs://, hdfs://, file://): {e}") from None
+
+
+def resumable(run_dir: str, cfg: ExperimentConfig, data: Any | None = None) -> bool:
+    """The one check of a job that continues its own output directory: False for an empty
+    or new directory (start there), True when it holds this very run — the same resolved
+    config and, when ``data`` is given, the same data summary — (continue it, or only
+    rescore it when finished), and a :class:`ConfigError` naming the first differing key
+    when it holds anything else: another run is never continued, rescored or overwritten."""
+    storage = open_run_dir(run_dir)
+    if storage.is_empty():
+        return False
+    if not storage.exists("config.yaml"):
+        raise ConfigError("run_dir", run_dir, "an empty directory or one holding this run "
+                                              "(it holds files but no config.yaml)")
+    stored = yaml.safe_load(storage.read_bytes("config.yaml").decode())
+    diff = _first_difference(stored, yaml.safe_load(yaml.safe_dump(cfg.to_dict())))
+    if diff is not None:
+        raise ConfigError("run_dir", run_dir, f"a new directory or one holding this run: this "
+                                              f"one holds a run whose config differs at "
+                                              f"'{diff}'")
+    if data is not None and storage.exists("data.json"):
+        if json.loads(storage.read_bytes("data.json").decode()) != json.loads(
+                json.dumps(data.summary())):
+            raise ConfigError("run_dir", run_dir, "a new directory or one holding this run: "
+                                                  "this one holds a run on other data")
+    return True
+
+
+def _first_difference(a: Any, b: Any, path: str = "") -> str | None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b), key=str):
+            d = _first_difference(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
+            if d is not None:
+                return d
+        return None
+    return None if a == b else (path or "<root>")
+
+
 def resume_config(run_dir: str, overrides: list[str] = ()) -> ExperimentConfig:
     """The resolved config a run was started with (``rounds`` may be raised on resume)."""
-    storage = Storage(run_dir)
+    storage = open_run_dir(run_dir)
     if not storage.exists("config.yaml"):
         raise ConfigError("--resume", run_dir, "a run directory holding config.yaml")
     base = yaml.safe_load(storage.read_bytes("config.yaml").decode())
@@ -279,4 +333,4 @@ def resume_config(run_dir: str, overrides: list[str] = ()) -> ExperimentConfig:
     return load_config(None, overrides, base=base)
 
 
-__all__ = ["Experiment", "init_ray", "resume_config", "run_experiment"]
+__all__ = ["Experiment", "init_ray", "resumable", "resume_config", "run_experiment"]

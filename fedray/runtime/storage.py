@@ -112,12 +112,24 @@ class Storage:
     """A directory on some filesystem; paths are relative to its root."""
 
     def __init__(self, uri: str):
+        """Nothing is created until something is written (a ``--resume`` of a mistyped path
+        must not leave an empty directory behind). Raises ValueError for a URI no pyarrow
+        filesystem serves and for a path that is a file."""
         self.uri = uri
         if "://" in uri:
-            self.fs, self.root = pafs.FileSystem.from_uri(uri)
+            try:
+                self.fs, self.root = pafs.FileSystem.from_uri(uri)
+            except Exception as e:  # noqa: BLE001 — pyarrow raises ArrowInvalid/OSError/...
+                raise ValueError(f"{uri}: not a filesystem pyarrow serves ({str(e)[:160]})") \
+                    from None
         else:
             self.fs, self.root = pafs.LocalFileSystem(), os.path.abspath(uri)
-        self.fs.create_dir(self.root, recursive=True)
+        if self.fs.get_file_info(self.root).type == pafs.FileType.File:
+            raise ValueError(f"{uri}: a file, not a directory")
+
+    def is_empty(self) -> bool:
+        """True when the directory does not exist or holds nothing."""
+        return not self.listdir("")
 
     def __reduce__(self):
         return (Storage, (self.uri,))

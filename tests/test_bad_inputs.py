@@ -1,0 +1,275 @@
+"""Bad input, as a new user (or an attacker) gives it: each case ends in one clear line
+naming the field or file, the value and the rule — before any Ray work — and leaves an
+existing run directory exactly as it was."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from fedray.config import ConfigError, load_config
+from fedray.runtime import Experiment, resumable, resume_config
+from fedray.runtime.storage import StateFileError, Storage
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["clients.num_clients=4", "model.hidden=[8]", "rounds=2"]
+
+# (overrides, the field the message must name, a fragment of the rule it must state)
+CONFIG_CASES = [
+    (["local.lr=-1"], "local.lr", "a number > 0"),
+    (["local.lr=abc"], "local.lr", "a number"),
+    (["local.lr=.nan"], "local.lr", "a finite number"),
+    (["rounds=0"], "rounds", ">= 1"),
+    (["rounds=2.5"], "rounds", "an integer"),
+    (["eval.global_test=1"], "eval.global_test", "true or false"),
+    (["locall.lr=0.1"], "locall", "known keys of 'config'"),
+    (["local.lrr=0.1"], "local.lrr", "known keys of 'local'"),
+    (["local.lr"], "local.lr", "key.sub=value"),
+    (["=3"], "=3", "a dotted key"),
+    (["data.partition=bogus"], "data.partition", "one of"),
+    (["model.name=nope"], "model.name", ""),
+    (["algorithm.name=nope"], "algorithm.name", ""),
+    (["model.width=3"], "model.width", "known keys"),
+    (["clients.num_clients=4", "clients.per_round=5"], "clients.per_round",
+     "at most clients.num_clients"),
+    (["clients.fraction=0"], "clients.fraction", "> 0"),
+    (["clients.num_clients=3", "clients.tiers=[default]"], "clients.tiers", "one per client"),
+    (["clients.num_clients=2", "clients.tiers=[default, gpu]"], "clients.tiers[1]",
+     "one of the tiers"),
+    (["runtime.tiers=[{name: a}, {name: a}]"], "runtime.tiers", "unique tier names"),
+    (["runtime.tiers=[]"], "runtime.tiers", "at least one tier"),
+    (["runtime.tiers.0.executors=0"], "runtime.tiers.0", "give it whole"),
+    (["runtime.tiers=[{name: a}]", "runtime.tiers.3.executors=1"], "runtime.tiers.3",
+     "an index below 1"),
+    (["runtime.tiers=[{name: a, executors: 0}]"], "runtime.tiers[0].executors", ">= 1"),
+    (["runtime.tiers=[{name: a, num_gpus: 2}]"], "runtime.tiers[0].num_gpus", "<= 1"),
+    (["runtime.tiers=[{name: a, gpus: 1}]"], "runtime.tiers[0].gpus", "known keys"),
+    (["runtime.device=cuda"], "runtime.tiers[0].num_gpus", "runtime.device=cuda"),
+    (["runtime.device=tpu"], "runtime.device", "one of"),
+    (["runtime.deterministic=true", "runtime.tiers=[{name: g, num_gpus: 0.5}]"],
+     "runtime.tiers[0].accelerator_type", "one type per tier"),
+    (["clients.num_clients=10", "clients.per_round=2", "runtime.min_accepted=3"],
+     "runtime.min_accepted", "at most the 2 clients"),
+    (["runtime.placement_timeout_s=-5"], "runtime.placement_timeout_s", "> 0"),
+    (["payload.upload=int3"], "payload.upload", "one of"),
+    (["data.dataset=cifar10"], "data.root", "a local directory"),
+    (["data.dataset=cifar10", "data.root=/nonexistent/cifar"], "data.root",
+     "an existing directory"),
+    (["data.dataset=blogtext", "data.root=/nonexistent.csv"], "data.root",
+     "an existing BlogText-schema CSV"),
+    (["data.partition=pathological", "data.classes_per_client=11"],
+     "data.classes_per_client", "at most the dataset's 10 classes"),
+    (["rounds=3", "data.drift_round=4"], "data.drift_round", "a round in 1..rounds"),
+    (["continual.tasks=3", "algorithm.name=drod", "model.name=sliceable_resnet18"],
+     "continual.tasks", "a divisor"),
+    (["continual.tasks=2", "continual.rounds_per_task=5"], "algorithm.name",
+     "supports continual.tasks"),
+    (["algorithm.name=fedavg", "algorithm.base=/nonexistent"], "algorithm.base",
+     "fedray pretrain"),
+    (["algorithm.name=favor"], "algorithm.base", "a hub id or a model directory"),
+    (["algorithm.name=orders", "algorithm.weighting=linear"], "algorithm.weighting", "one of"),
+    (["algorithm.name=flite", "algorithm.r=0"], "algorithm.r", ">= 1"),
+]
+
+
+@pytest.mark.parametrize("overrides,field,rule", CONFIG_CASES,
+                         ids=[" ".join(c[0]) for c in CONFIG_CASES])
+def test_bad_config_values(overrides, field, rule):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    text = str(err.value)
+    assert f"config error at '{field}'" in text and rule in text, text
+    assert "\n" not in text and len(text) < 600
+
+
+BOMB = "name: [" + ", ".join(  # a billion laughs: 9**8 leaves once expanded
+    f"&{k} [{', '.join(['*' + p] * 9 if p else ['x'] * 9)}]"
+    for k, p in zip("abcdefgh", ["", *"abcdefg"], strict=True)) + "]\n"
+
+FILE_CASES = [
+    ("bad.yaml", b"rounds: [1, 2\n", "valid yaml"),
+    ("list.yaml", b"- 1\n- 2\n", "a mapping at the top level"),
+    ("latin1.yaml", b"name: caf\xe9\n", "UTF-8 text"),
+    ("bad.toml", b"rounds = = 3\n", "valid toml"),
+    ("bad.json", b"{rounds: 3}", "valid json"),
+    ("bomb.yaml", BOMB.encode(), "a string"),
+]
+
+
+@pytest.mark.parametrize("name,content,rule", FILE_CASES, ids=[c[0] for c in FILE_CASES])
+def test_bad_config_files(tmp_path, name, content, rule):
+    path = tmp_path / name
+    path.write_bytes(content)
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert time.monotonic() - t0 < 5  # the alias bomb is shown, not expanded
+    text = str(err.value)
+    assert rule in text and len(text) < 600 and "\n" not in text, text
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="an existing .yaml"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def snapshot(path) -> dict:
+    return {str(p): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """A run directory holding a finished-looking run: config, metrics part, checkpoint."""
+    cfg = load_config(None, TINY)
+    d = tmp_path / "run"
+    s = Storage(str(d))
+    import yaml
+
+    s.write_bytes("config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False).encode())
+    s.write_bytes("metrics/rounds-000001.parquet", b"PAR1")
+    s.write_checkpoint(1, {"round": 1, "global_state": {"w": np.ones(2, np.float32)}})
+    return d
+
+
+def test_new_run_into_a_run_dir_is_refused_and_nothing_changes(run_dir):
+    before = snapshot(run_dir)
+    with pytest.raises(ConfigError, match="--resume continues .* --overwrite replaces"):
+        Experiment(load_config(None, TINY), str(run_dir))
+    assert snapshot(run_dir) == before
+
+
+def test_new_run_into_a_dir_without_checkpoint_is_refused_too(tmp_path):
+    """It used to replace config.yaml and delete earlier metrics without a word."""
+    d = tmp_path / "half"
+    d.mkdir()
+    (d / "config.yaml").write_text("name: earlier\n")
+    (d / "notes.txt").write_text("mine")
+    before = snapshot(d)
+    with pytest.raises(ConfigError, match="an empty or new directory"):
+        Experiment(load_config(None, TINY), str(d))
+    assert snapshot(d) == before
+
+
+def test_overwrite_replaces_only_when_asked(tmp_path):
+    d = tmp_path / "old"
+    d.mkdir()
+    (d / "stale.txt").write_text("x")
+    exp = Experiment(load_config(None, TINY), str(d), overwrite=True)
+    assert sorted(os.listdir(d)) == ["config.yaml", "data.json"] and exp.round == 0
+
+
+def test_resume_of_a_missing_dir_is_refused_and_creates_nothing(tmp_path):
+    with pytest.raises(ConfigError, match="a run directory holding config.yaml"):
+        resume_config(str(tmp_path / "typo"))
+    with pytest.raises(ConfigError, match="a run directory holding config.yaml"):
+        Experiment(load_config(None, TINY), str(tmp_path / "typo"), resume=True)
+    assert not (tmp_path / "typo").exists()
+
+
+def test_resume_may_change_rounds_only(run_dir):
+    assert resume_config(str(run_dir), ["rounds=5"]).rounds == 5
+    with pytest.raises(ConfigError, match="only rounds=N may change"):
+        resume_config(str(run_dir), ["local.lr=0.5"])
+
+
+@pytest.mark.parametrize("latest", ["../../x.pkl", "1", "1 beef", "one " + "0" * 64])
+def test_a_tampered_latest_is_refused_before_ray(run_dir, latest):
+    (run_dir / "checkpoints" / "LATEST").write_text(latest)
+    before = snapshot(run_dir)
+    with pytest.raises(StateFileError, match="LATEST: got"):
+        Experiment(load_config(None, TINY), str(run_dir), resume=True)
+    assert snapshot(run_dir) == before
+
+
+def test_truncated_checkpoint_is_refused_before_ray(run_dir):
+    ck = run_dir / "checkpoints" / "000001.npz"
+    ck.write_bytes(ck.read_bytes()[:40])
+    before = snapshot(run_dir)
+    with pytest.raises(StateFileError, match="000001.npz: its SHA-256 differs"):
+        Experiment(load_config(None, TINY), str(run_dir), resume=True)
+    assert snapshot(run_dir) == before
+
+
+@pytest.mark.parametrize("target,rule", [("file", "a file, not a directory"),
+                                         ("nosuchfs://bucket/run", "not a filesystem")])
+def test_run_dir_that_is_a_file_or_an_unknown_uri(tmp_path, target, rule):
+    if target == "file":
+        (tmp_path / "file").write_text("x")
+        target = str(tmp_path / "file")
+    with pytest.raises(ConfigError, match=f"config error at 'run_dir'.*{rule}"):
+        Experiment(load_config(None, TINY), target)
+
+
+def test_jobs_refuse_to_continue_another_run(run_dir):
+    before = snapshot(run_dir)
+    assert resumable(str(run_dir), load_config(None, TINY)) is True
+    with pytest.raises(ConfigError, match="differs at 'local.lr'"):
+        resumable(str(run_dir), load_config(None, [*TINY, "local.lr=0.2"]))
+    (run_dir / "config.yaml").rename(run_dir / "config.old")
+    with pytest.raises(ConfigError, match="holds files but no config.yaml"):
+        resumable(str(run_dir), load_config(None, TINY))
+    (run_dir / "config.old").rename(run_dir / "config.yaml")
+    assert snapshot(run_dir) == before
+    assert resumable(str(run_dir.parent / "fresh"), load_config(None, TINY)) is False
+
+
+@pytest.mark.parametrize("content,rule", [
+    (b"", "reading it failed"),
+    (b"\x00\x01\xff\xfe binary\n\x00", "reading it failed"),
+    (b"id,gender,age,topic,sign,date,text\nx1,m,20,t,s,d,hello\n", "reading it failed"),
+    (b"id,text\n1,hello\n", "lacks ['gender'"),
+    (b"id,gender,age,topic,sign,date,text\n", "at least one post"),
+])
+def test_bad_blogtext_csv(tmp_path, content, rule):
+    from fedray.data.blogtext import read_blogtext
+
+    path = tmp_path / "blog.csv"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError) as err:
+        read_blogtext(path)
+    text = str(err.value)
+    assert "'data.root'" in text and str(path) in text and rule in text, text
+    assert "\x00" not in text and "\n" not in text
+
+
+@pytest.mark.parametrize("arg", ["local.lr", "local.lr=", "local.lr=grid:",
+                                 "local.lr=uniform:1", "local.lr=bogus:1,2"])
+def test_bad_sweep_space_arguments(arg):
+    from fedray.tune import load_sweep, parse_space_arg
+
+    cfg = os.path.join(ROOT, "configs", "fedavg_digits.yaml")
+    with pytest.raises(ConfigError, match=r"'--space'|'(sweep.space.)?local.lr[.a-z]*'"):
+        load_sweep(cfg, TINY, dict([parse_space_arg(arg)]))
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fedray", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_json_errors_are_one_object_and_no_traceback(tmp_path, run_dir):
+    cfg = os.path.join(ROOT, "configs", "fedavg_digits.yaml")
+    before = snapshot(run_dir)
+    for args, needle in [
+        (["run", cfg, "-s", "local.lr=-1"], "local.lr"),
+        (["run", "--resume", str(tmp_path / "typo")], "--resume"),
+        (["run", cfg, "-o", str(run_dir)], "run_dir"),
+        (["run", "--resume", str(run_dir), "-s", "seed=3"], "only rounds=N"),
+    ]:
+        res = cli(*args, "--no-progress", "--json")
+        assert res.returncode == 2, (args, res.stderr[-1500:])
+        (line,) = res.stdout.strip().splitlines()
+        assert needle in json.loads(line)["error"]
+        assert "Traceback" not in res.stderr
+        plain = cli(*args, "--no-progress")
+        assert plain.returncode == 2 and plain.stdout == ""
+        assert plain.stderr.startswith("error: config error at") and "Traceback" not in \
+            plain.stderr
+    assert snapshot(run_dir) == before
+    assert not (tmp_path / "typo").exists()
