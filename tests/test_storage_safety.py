@@ -123,6 +123,7 @@ def test_resume_of_a_planted_run_fails_before_any_ray_work(tmp_path, tiny_cfg):
     from fedray.runtime import Experiment
 
     run = Storage(str(tmp_path / "run"))
+    run.write_bytes("config.yaml", b"name: experiment\n")
     run.write_checkpoint(1, {"round": 1})
     (tmp_path / "run/checkpoints/000001.npz").write_bytes(planted(tmp_path))
     before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}

@@ -125,6 +125,16 @@ def _ce_sum(head: nn.Module, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(head(h).float(), y, ignore_index=IGNORE, reduction="sum")
 
 
+def _next_token_inputs(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor):
+    """(final hidden states (B, L, H), flat inputs of the output head, flat next-token
+    labels, the head, tokens per chunk of at most ``LOGIT_CHUNK`` logits)."""
+    lm = causal_lm(model)
+    h = lm.get_decoder()(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+    head = lm.get_output_embeddings()
+    step = max(1, LOGIT_CHUNK // head.weight.shape[0])
+    return h, h[:, :-1].reshape(-1, h.shape[-1]), labels[:, 1:].reshape(-1), head, step
+
+
 def lm_loss(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor, hidden: bool = False
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Eq. 7: mean token cross-entropy of next-token prediction over the supervised tokens
@@ -134,12 +144,7 @@ def lm_loss(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor, hidden: b
     The output head runs on at most ``LOGIT_CHUNK`` logits at a time; with several chunks
     each is checkpointed, so its logits are recomputed in the backward instead of kept.
     Call it inside :func:`using`."""
-    lm = causal_lm(model)
-    h = lm.get_decoder()(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
-    head = lm.get_output_embeddings()
-    x = h[:, :-1].reshape(-1, h.shape[-1])
-    y = labels[:, 1:].reshape(-1)
-    step = max(1, LOGIT_CHUNK // head.weight.shape[0])
+    h, x, y, head, step = _next_token_inputs(model, ids, labels)
     if len(x) <= step:
         total = _ce_sum(head, x, y)
     else:
@@ -157,12 +162,7 @@ def lm_scores(model: nn.Module, adapter: Adapter, ids: torch.Tensor) -> tuple[fl
     ``model`` with ``adapter`` on full token blocks, the head applied chunk by chunk."""
     model.eval()
     with using(model, adapter):
-        lm = causal_lm(model)
-        h = lm.get_decoder()(input_ids=ids, attention_mask=torch.ones_like(ids)
-                             ).last_hidden_state
-        head = lm.get_output_embeddings()
-        x, y = h[:, :-1].reshape(-1, h.shape[-1]), ids[:, 1:].reshape(-1)
-        step = max(1, LOGIT_CHUNK // head.weight.shape[0])
+        _, x, y, head, step = _next_token_inputs(model, ids, ids)
         loss, correct = 0.0, 0
         for i in range(0, len(x), step):
             logits = head(x[i:i + step]).float()
