@@ -82,8 +82,11 @@ def test_checkpoint_loaders_refuse_planted_and_damaged_files(tmp_path):
     run.write_checkpoint(2, {"round": 2, "global_state": {"w": np.zeros(3, np.float32)}})
     assert run.read_checkpoint()["round"] == 2
     assert run.listdir("checkpoints") == ["000001.npz", "000002.npz", "LATEST"]
-    # 1. the checkpoint replaced by a pickle: its digest no longer matches LATEST
+    # 1. the checkpoint replaced by a pickle: its digest no longer matches LATEST, so the
+    #    older intact checkpoint is used; with both replaced the error names the newest
     (tmp_path / "run/checkpoints/000002.npz").write_bytes(planted(tmp_path))
+    assert run.read_checkpoint()["round"] == 1
+    (tmp_path / "run/checkpoints/000001.npz").write_bytes(planted(tmp_path))
     with pytest.raises(StateFileError, match=r"000002.npz: its SHA-256 differs"):
         run.read_checkpoint()
     # 2. the attacker rewrites LATEST with the pickle's digest too: still only data is read

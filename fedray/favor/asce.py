@@ -147,15 +147,16 @@ def author_target(z: np.ndarray) -> np.ndarray:
 
 def save_asce(encoder: StyleEncoder, tokenizer: Any, out_dir: str, meta: dict) -> None:
     """Encoder weights (backbone + projection) and tokenizer, loadable by load_asce."""
-    import json
     import os
 
     os.makedirs(out_dir, exist_ok=True)
     encoder.backbone.config.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+    from fedray.runtime.storage import write_marker
+
     torch.save(encoder.state_dict(), os.path.join(out_dir, "asce.pt"))
-    with open(os.path.join(out_dir, "asce.json"), "w") as f:
-        json.dump({"dim": encoder.proj.out_features, **meta}, f)
+    write_marker(os.path.join(out_dir, "asce.json"),  # last, atomically: the cache marker
+                 {"dim": encoder.proj.out_features, **meta})
 
 
 def load_asce(path: str, device: str = "cpu") -> tuple[StyleEncoder, Any]:

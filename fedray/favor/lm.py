@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedray.runtime.storage import read_marker, write_marker
+
 
 @dataclass
 class TinyLM:
@@ -79,7 +81,7 @@ def pretrain_tiny(texts: Sequence[str], out_dir: str, spec: TinyLM | None = None
     spec = spec or TinyLM()
     marker = os.path.join(out_dir, "fedray_tiny_lm.json")
     key = spec.key() + "-" + hashlib.sha256(json.dumps(list(texts)).encode()).hexdigest()
-    if os.path.exists(marker) and json.load(open(marker)).get("key") == key:
+    if (read_marker(marker) or {}).get("key") == key:
         return out_dir
     tok = train_tokenizer(texts, spec.vocab_size)
     cfg = Qwen2Config(vocab_size=len(tok), hidden_size=spec.hidden_size,
@@ -110,8 +112,8 @@ def pretrain_tiny(texts: Sequence[str], out_dir: str, spec: TinyLM | None = None
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
-    json.dump({"key": key, "final_loss": float(np.mean(losses[-50:])),
-               "parameters": sum(p.numel() for p in model.parameters())}, open(marker, "w"))
+    write_marker(marker, {"key": key, "final_loss": float(np.mean(losses[-50:])),
+                          "parameters": sum(p.numel() for p in model.parameters())})
     return out_dir
 
 

@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from fedray.favor.lm import TinyLM
+from fedray.runtime.storage import read_marker, write_marker
 
 
 def train_style_encoder(texts: list[str], labels: list[int], out_dir: str, *,
@@ -27,7 +28,7 @@ def train_style_encoder(texts: list[str], labels: list[int], out_dir: str, *,
     key = json.dumps({"corpus": corpus.hexdigest(), "backbone": backbone, "epochs": epochs,
                       "max_length": max_length, "lr": lr, "seed": seed})
     marker = os.path.join(out_dir, "asce.json")
-    if os.path.exists(marker) and json.load(open(marker)).get("key") == key:
+    if (read_marker(marker) or {}).get("key") == key:
         return out_dir
     enc, tok, metrics = train_asce(texts, labels, backbone, epochs=epochs, lr=lr,
                                    batch_size=batch_size, max_length=max_length, seed=seed)
@@ -52,7 +53,7 @@ def prepare_embedded(work_dir: str, roster: int = 50, seed: int = 0,
     csv = os.path.join(work_dir, "authors.csv")
     pre_csv = os.path.join(work_dir, "pretrain_authors.csv")
     holdout = os.path.join(work_dir, "holdout_authors.csv")  # cold-start authors
-    if not (os.path.exists(marker) and json.load(open(marker)).get("key") == key):
+    if (read_marker(marker) or {}).get("key") != key:
         for path in (csv, pre_csv, holdout, marker):  # other corpora (the LM and ASCE
             if os.path.exists(path):                    # caches are keyed by their texts)
                 os.remove(path)
@@ -72,7 +73,7 @@ def prepare_embedded(work_dir: str, roster: int = 50, seed: int = 0,
     base = pretrain_tiny(texts, os.path.join(work_dir, "base_lm"), lm)
     asce = train_style_encoder(texts, labels, os.path.join(work_dir, "asce"),
                                epochs=asce_epochs, seed=seed)
-    json.dump({"key": key}, open(marker, "w"))
+    write_marker(marker, {"key": key})
     return {"csv": csv, "base": base, "asce": asce, "holdout": holdout}
 
 

@@ -77,6 +77,7 @@ class Driver:
         self.round = 0
         self.global_state: dict[str, np.ndarray] = {}
         self.versions: dict[int, int] = {}
+        self.kept_versions: dict[int, int] = {}  # the manifest of the previous checkpoint
         self.totals = {"upload_bytes": 0, "download_bytes": 0, "failures": 0, "rejected": 0}
         self.base_bytes = self.algorithm.base_bytes()
         self.has_base: set[int] = set()
@@ -92,6 +93,7 @@ class Driver:
         if ck is not None:
             self.round, self.global_state = ck["round"], ck["global_state"]
             self.versions, self.totals = ck["versions"], ck["totals"]
+            self.kept_versions = dict(self.versions)
             self.has_base = set(ck["has_base"])
             self.policy.load_state_dict(ck["policy_state"])
             self.pool.restarts = ck["restarts"]
@@ -303,7 +305,8 @@ class Driver:
               "totals": dict(self.totals), "restarts": self.pool.restarts,
               "has_base": sorted(self.has_base)}
         self.storage.write_checkpoint(self.round, ck, keep=KEEP_CHECKPOINTS)
-        ClientStateStore(self.storage).prune(self.versions)
+        ClientStateStore(self.storage).prune(self.versions, self.kept_versions)
+        self.kept_versions = dict(self.versions)
 
     # ------------------------------------------------------------------ queries
 

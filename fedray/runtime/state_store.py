@@ -53,11 +53,12 @@ class ClientStateStore:
         while len(self.cache) > self.cache_size:
             self.cache.popitem(last=False)
 
-    def prune(self, manifest: dict[int, int]) -> None:
-        """Delete every version the manifest no longer names (after a checkpoint commit)."""
+    def prune(self, *manifests: dict[int, int]) -> None:
+        """Delete every version none of ``manifests`` names (after a checkpoint commit; the
+        manifests of every kept checkpoint, so a resume may fall back to an older one)."""
         for name in self.storage.listdir("client_state"):
             cid = int(name)
-            keep = manifest.get(cid)
+            keep = {m[cid] for m in manifests if cid in m}
             for f in self.storage.listdir(f"client_state/{name}"):
-                if not f.endswith(".npz") or int(f[:-4]) != keep:
+                if not f.endswith(".npz") or int(f[:-4]) not in keep:
                     self.storage.delete(f"client_state/{name}/{f}")

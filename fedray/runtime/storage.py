@@ -14,6 +14,7 @@ import io
 import json
 import os
 import re
+import sys
 import zipfile
 from typing import Any
 
@@ -72,6 +73,24 @@ def _decode(node: Any, arrays: Any, name: str) -> Any:
     if len(node) == 1 and "$tuple" in node:
         return tuple(_decode(v, arrays, name) for v in node["$tuple"])
     return {k: _decode(v, arrays, name) for k, v in node.items()}
+
+
+def read_marker(path: str | os.PathLike) -> dict | None:
+    """A local JSON marker (cache keys), or None when it is missing or unreadable — a
+    truncated marker is a cache miss, not an error that blocks every later run."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_marker(path: str | os.PathLike, data: dict) -> None:
+    """``data`` as JSON at ``path``, atomically (temp file + rename)."""
+    path = os.fspath(path)
+    Storage(os.path.dirname(os.path.abspath(path))).write_bytes(
+        os.path.basename(path), json.dumps(data).encode())
 
 
 def pack_state(obj: Any) -> bytes:
@@ -141,14 +160,36 @@ class Storage:
     def is_local(self) -> bool:
         return isinstance(self.fs, pafs.LocalFileSystem)
 
-    def write_bytes(self, rel: str, data: bytes) -> None:
-        """Write atomically where the filesystem allows (temp file + move)."""
+    def write_bytes(self, rel: str, data: bytes, durable: bool = False) -> None:
+        """Write atomically where the filesystem allows (temp file + move; the temp file is
+        removed if the write fails). ``durable`` on a local disk: the file and its directory
+        are fsynced, so the write survives a power loss, not only a crash."""
         target = self.path(rel)
-        self.fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
+        folder = target.rsplit("/", 1)[0]
+        self.fs.create_dir(folder, recursive=True)
         tmp = f"{target}.tmp-{os.getpid()}"
-        with self.fs.open_output_stream(tmp) as f:
-            f.write(data)
-        self.fs.move(tmp, target)
+        try:
+            if self.is_local:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    if durable:
+                        f.flush()
+                        os.fsync(f.fileno())
+                os.replace(tmp, target)
+                if durable:
+                    fd = os.open(folder, os.O_RDONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+            else:
+                with self.fs.open_output_stream(tmp) as f:
+                    f.write(data)
+                self.fs.move(tmp, target)
+        except BaseException:
+            if self.fs.get_file_info(tmp).type == pafs.FileType.File:
+                self.fs.delete_file(tmp)
+            raise
 
     def read_bytes(self, rel: str) -> bytes:
         with self.fs.open_input_stream(self.path(rel)) as f:
@@ -167,27 +208,58 @@ class Storage:
     def write_checkpoint(self, index: int, obj: Any, folder: str = "checkpoints",
                          keep: int = 2) -> None:
         """``obj`` as ``FOLDER/{index:06d}.npz`` (:func:`pack_state`), then ``FOLDER/LATEST``
-        = "INDEX SHA256" of that file, then all but the newest ``keep`` checkpoints go."""
+        = one "INDEX SHA256" line per kept checkpoint, newest first; then all but the
+        newest ``keep`` checkpoints and any temp file left by a killed writer go. On a local
+        disk everything written before is flushed first (``os.sync``: the client states
+        the checkpoint names) and the checkpoint and LATEST are fsynced."""
+        if self.is_local:
+            os.sync()
         data = pack_state(obj)
-        self.write_bytes(f"{folder}/{index:06d}.npz", data)
-        self.write_bytes(f"{folder}/LATEST",
-                         f"{index} {hashlib.sha256(data).hexdigest()}".encode())
-        saved = [f for f in self.listdir(folder) if f.endswith(".npz")]
-        for f in saved[:-keep]:
-            self.delete(f"{folder}/{f}")
+        self.write_bytes(f"{folder}/{index:06d}.npz", data, durable=True)
+        digests = [f"{index} {hashlib.sha256(data).hexdigest()}"]
+        digests += [line for line in self._latest_lines(folder)
+                    if not line.startswith(f"{index} ")][:keep - 1]
+        self.write_bytes(f"{folder}/LATEST", "\n".join(digests).encode(), durable=True)
+        named = {f"{int(line.split()[0]):06d}.npz" for line in digests}
+        for f in self.listdir(folder):
+            if ".tmp-" in f or (f.endswith(".npz") and f not in named):
+                self.delete(f"{folder}/{f}")
+
+    def _latest_lines(self, folder: str) -> list[str]:
+        if not self.exists(f"{folder}/LATEST"):
+            return []
+        text = self.read_bytes(f"{folder}/LATEST")[:4096].decode(errors="replace")
+        return [line.strip() for line in text.splitlines() if line.strip()]
 
     def read_checkpoint(self, folder: str = "checkpoints") -> Any | None:
-        """The checkpoint ``FOLDER/LATEST`` names (None when there is none yet), read as data
-        only when its SHA-256 matches the one in ``LATEST``: a damaged, replaced or planted
-        file fails with a message naming it, and ``LATEST`` is never used as a path."""
+        """The newest intact checkpoint ``FOLDER/LATEST`` names (None when there is none
+        yet). A checkpoint is read as data only when its SHA-256 matches the one in
+        ``LATEST`` (which is never used as a path); a damaged newest one is skipped for the
+        next with a warning on stderr naming it; when none is intact the error names the
+        newest."""
         latest = f"{folder}/LATEST"
-        if not self.exists(latest):
+        lines = self._latest_lines(folder)
+        if not lines and not self.exists(latest):
             return None
-        text = self.read_bytes(latest)[:200].decode(errors="replace").strip()
-        match = re.fullmatch(r"(\d{1,9}) ([0-9a-f]{64})", text)
+        first: StateFileError | None = None
+        for line in lines or [""]:
+            try:
+                obj = self._read_named(folder, line)
+            except StateFileError as e:
+                first = first or e
+                continue
+            if first is not None:
+                print(f"fedray: {first}; using the older checkpoint {folder}/"
+                      f"{int(line.split()[0]):06d}.npz", file=sys.stderr, flush=True)
+            return obj
+        raise first  # type: ignore[misc]
+
+    def _read_named(self, folder: str, line: str) -> Any:
+        latest = f"{folder}/LATEST"
+        match = re.fullmatch(r"(\d{1,9}) ([0-9a-f]{64})", line)
         if match is None:
-            raise StateFileError(self.path(latest), f"got {text[:80]!r}; allowed: "
-                                                    f"'INDEX SHA256' as fedray writes it")
+            raise StateFileError(self.path(latest), f"got {line[:80]!r}; allowed: "
+                                                    f"'INDEX SHA256' lines as fedray writes")
         rel = f"{folder}/{int(match[1]):06d}.npz"
         if not self.exists(rel):
             raise StateFileError(self.path(rel), f"missing (named by {latest})")
