@@ -16,6 +16,7 @@ import inspect
 import json
 import math
 import os
+import re
 import reprlib
 import sys
 import types
@@ -44,12 +45,22 @@ def short_repr(value: Any, limit: int = 240) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+_CREDENTIALS = re.compile(r"(?<=://)[^/@\s'\"]+@")
+
+
+def redact(text: str) -> str:
+    """``text`` with the user-info part of every URI (``s3://KEY:SECRET@bucket/...``)
+    replaced by ``***@``: credentials never reach a log, a config or a summary."""
+    return _CREDENTIALS.sub("***@", text)
+
+
 class ConfigError(ValueError):
     """A configuration value that is not allowed; names the field, the value and the rule."""
 
     def __init__(self, path: str, value: Any, allowed: str):
         self.path, self.value, self.allowed = path, value, allowed
-        super().__init__(f"config error at '{path}': got {short_repr(value)}; allowed: {allowed}")
+        super().__init__(redact(f"config error at '{path}': got {short_repr(value)}; "
+                                f"allowed: {allowed}"))
 
     def __reduce__(self):  # survives pickling (errors raised inside Ray workers)
         return ConfigError, (self.path, self.value, self.allowed)
@@ -247,7 +258,12 @@ class ExperimentConfig:
     continual: ContinualConfig = spec(default_factory=ContinualConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field; a run_dir URI with credentials is redacted (this is what config.yaml
+        stores)."""
+        out = dataclasses.asdict(self)
+        if out["run_dir"]:
+            out["run_dir"] = redact(out["run_dir"])
+        return out
 
     def tier_of(self, client_id: int) -> str:
         if self.clients.tiers is not None:

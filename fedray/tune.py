@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from fedray.config import ConfigError, ExperimentConfig, load_config, read_file
+from fedray.config import ConfigError, ExperimentConfig, load_config, read_file, redact
 
 KINDS = ("choice", "grid", "uniform", "loguniform", "randint")
 
@@ -216,11 +216,11 @@ def _trial(params: dict, *, base: dict, overrides: list[str], run_root: str, cwd
 
             for row in read_metrics(run_dir).to_pylist():
                 last |= _finite(row)
-            tune.report({**last, "rounds_total": cfg.rounds, "run_dir": run_dir})
+            tune.report({**last, "rounds_total": cfg.rounds, "run_dir": redact(run_dir)})
         while not exp.done:
             row = _finite(exp.step())
             last |= row  # accuracy carried forward between evaluation rounds
-            tune.report({**last, "rounds_total": cfg.rounds, "run_dir": run_dir})
+            tune.report({**last, "rounds_total": cfg.rounds, "run_dir": redact(run_dir)})
         exp.close()
     finally:
         exp.release()

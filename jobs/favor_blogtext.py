@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.authors, args.per_round, args.rounds = 100, 20, 20
 
     from fedray.algorithms import make_algorithm
-    from fedray.config import load_config
+    from fedray.config import load_config, redact
     from fedray.data import build_data
     from fedray.favor.evaluate import evaluate_style
     from fedray.favor.lm import TinyLM
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
             import ray
 
             ray.shutdown()
-    result = {"out": out, "seconds": round(time.time() - t0, 1), "rows": rows,
+    result = {"out": redact(out), "seconds": round(time.time() - t0, 1), "rows": rows,
               "cold_start": cold}
     print(json.dumps(result, default=str))
     return result

@@ -273,3 +273,17 @@ def test_cli_json_errors_are_one_object_and_no_traceback(tmp_path, run_dir):
             plain.stderr
     assert snapshot(run_dir) == before
     assert not (tmp_path / "typo").exists()
+
+
+def test_credentials_in_uris_are_never_echoed(tmp_path):
+    from fedray.config import redact
+
+    uri = "s3://AKIAEXAMPLE:wJalrSECRET@bucket/runs/x"
+    assert redact(f"run at {uri} and gs://tok@b/y") == ("run at s3://***@bucket/runs/x and "
+                                                        "gs://***@b/y")
+    with pytest.raises(ConfigError) as err:  # pyarrow's own message repeats the password
+        Experiment(load_config(None, TINY), "file://user:hunter2@localhost/tmp/x")
+    assert "hunter2" not in str(err.value) and "***@" in str(err.value)
+    cfg = load_config(None, [*TINY, f"run_dir={uri}"])
+    assert cfg.to_dict()["run_dir"] == "s3://***@bucket/runs/x"  # what config.yaml stores
+    assert cfg.run_dir == uri  # the run itself still writes there

@@ -47,6 +47,32 @@ def test_cluster_yaml_validates_against_rays_schema():
     assert all(len(k) == 1 for k in kinds) and len({k[0] for k in kinds}) == len(kinds)
 
 
+def test_cluster_yaml_is_locked_down():
+    """Token auth on every node, dashboard/job API on localhost, a user-made security group
+    (Ray's own would open SSH to the world), least-privilege profiles, no local junk or
+    secrets copied to the nodes."""
+    cfg = load()
+    text = open(os.path.join(ROOT, "cluster.yaml")).read()
+    assert "0.0.0.0" not in text
+    head_cmds = " ".join(cfg["head_start_ray_commands"])
+    worker_cmds = " ".join(cfg["worker_start_ray_commands"])
+    assert "--dashboard-host=127.0.0.1" in head_cmds
+    for cmds in (cfg["head_start_ray_commands"], cfg["worker_start_ray_commands"]):
+        starts = [c for c in cmds if "ray start" in c]
+        assert starts and all(c.startswith("RAY_AUTH_MODE=token ") for c in starts)
+    assert "RAY_AUTH_MODE=token" in worker_cmds
+    assert any("auth_token" in k for k in cfg["file_mounts"])
+    assert ".gitignore" in cfg["rsync_filter"] and "**/.env" in cfg["rsync_exclude"]
+    assert "security_group" not in cfg["provider"]  # Ray would add SSH from 0.0.0.0/0
+    profiles = {}
+    for name, t in cfg["available_node_types"].items():
+        node = t["node_config"]
+        assert node["SecurityGroupIds"], name
+        profiles[name] = node["IamInstanceProfile"]["Arn"]
+    head = cfg["head_node_type"]
+    assert all(p != profiles[head] for n, p in profiles.items() if n != head)
+
+
 @pytest.mark.parametrize("edit,where", [
     (lambda c: c["available_node_types"]["gpu4"].update(max_workers="four"), "max_workers"),
     (lambda c: c.update(idle_timeout_minutes=-1), "idle_timeout_minutes"),

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from fedray.config import ConfigError, ExperimentConfig, load_config
+from fedray.config import ConfigError, ExperimentConfig, load_config, redact
 from fedray.runtime.storage import Storage
 
 
@@ -253,7 +253,7 @@ def _summary(cfg: ExperimentConfig, run_dir: str, rows: list[dict], finish: dict
         return None if isinstance(v, float) and math.isnan(v) else v
 
     return {
-        "name": cfg.name, "run_dir": run_dir, "algorithm": cfg.algorithm["name"],
+        "name": cfg.name, "run_dir": redact(run_dir), "algorithm": cfg.algorithm["name"],
         "model": cfg.model["name"], "dataset": cfg.data.dataset,
         "num_clients": cfg.clients.num_clients, "rounds": finish["round"],
         "parameters": info["parameters"],

@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import pyarrow.fs as pafs
 
+from fedray.config import redact
+
 TREE = "__tree__"
 
 
@@ -29,7 +31,7 @@ class StateFileError(ValueError):
 
     def __init__(self, name: str, reason: str):
         self.name, self.reason = name, reason
-        super().__init__(f"{name}: {reason}")
+        super().__init__(redact(f"{name}: {reason}"))
 
     def __reduce__(self):
         return StateFileError, (self.name, self.reason)
