@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 VENV=${VENV:-.venv}
 export PATH="$PWD/$VENV/bin:$PATH"
-export RAY_AUTH_MODE=token            # Ray 2.60 heads use token auth; clients must opt in
+export RAY_AUTH_MODE=token            # the head enforces the token; clients present it
 T=$(mktemp -d /tmp/fedray-cluster.XXXXXX)
 trap 'ray stop --force >/dev/null 2>&1 || true' EXIT
 
@@ -29,6 +29,15 @@ wait_job() {  # JOB_ID -> 0 when it succeeded (`ray job status` ends "Job 'ID' s
 
 echo "== ray job submit against ray start --head"
 ray start --head --port=6391 --dashboard-port=8266 --num-cpus=2 --disable-usage-stats >/dev/null
+echo "== a submission without the token is refused"
+if RAY_AUTH_MODE=disabled ray job submit --address http://127.0.0.1:8266 -- python -c "print(1)" \
+    >"$T/noauth.log" 2>&1; then
+  echo "a job was accepted without the token"; exit 1
+fi
+grep -q "Missing authentication token" "$T/noauth.log"
+python -c "import urllib.request as u, urllib.error as e
+try: u.urlopen('http://127.0.0.1:8266/api/jobs/'); raise SystemExit('job API open without token')
+except e.HTTPError as x: assert x.code == 401, x.code; print('job API without token:', x.code)"
 submit() {
   ray job submit --address http://127.0.0.1:8266 --working-dir . --no-wait -- "$@" \
     | grep -o "raysubmit_[A-Za-z0-9]*" | head -1
