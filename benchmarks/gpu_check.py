@@ -292,7 +292,7 @@ def check_ray(dry: bool, tmp: str) -> list[dict[str, Any]]:
                          "ok": e["device"] == want and bool(e["gpu_ids"]) == gpu
                          and (e["cuda_visible_devices"] != "") == gpu})
         CrashOnceFedAvg.marker = os.path.join(tmp, "crashed")
-        crash = load_config(None, base + ["rounds=1", "runtime.max_client_retries=0",
+        crash = load_config(None, base + ["rounds=1", "runtime.max_client_retries=1",
                                           "runtime.tiers=[{name: gpu, executors: 2, "
                                           "num_cpus: 0.25, num_gpus: 0.25}]"])
         s = run_experiment(crash, os.path.join(tmp, "crash"), progress=False,

@@ -161,7 +161,32 @@ def test_overwrite_replaces_only_when_asked(tmp_path):
     d.mkdir()
     (d / "stale.txt").write_text("x")
     exp = Experiment(load_config(None, TINY), str(d), overwrite=True)
-    assert sorted(os.listdir(d)) == ["config.yaml", "data.json"] and exp.round == 0
+    assert sorted(os.listdir(d)) == [".lock", "config.yaml", "data.json"] and exp.round == 0
+    exp.release()
+    assert sorted(os.listdir(d)) == ["config.yaml", "data.json"]
+
+
+def test_two_runs_never_write_one_directory(tmp_path):
+    """The second writer is refused while the first holds RUN_DIR/.lock; a lock left by a
+    process that died is taken over."""
+    import json as _json
+    import socket
+
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / ".lock").write_text(_json.dumps({"pid": 1, "host": socket.gethostname(),
+                                          "since": "earlier"}))  # pid 1 is alive
+    (d / "config.yaml").write_text("x: 1\n")
+    with pytest.raises(ConfigError, match=r"no other run writes to: pid 1 on .* since earlier"):
+        Experiment(load_config(None, TINY), str(d), overwrite=True)
+    assert (d / "config.yaml").read_text() == "x: 1\n"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    (d / ".lock").write_text(_json.dumps({"pid": int(dead), "host": socket.gethostname()}))
+    exp = Experiment(load_config(None, TINY), str(d), overwrite=True)
+    assert _json.loads((d / ".lock").read_text())["pid"] == os.getpid()
+    exp.release()
+    assert not (d / ".lock").exists()
 
 
 def test_resume_of_a_missing_dir_is_refused_and_creates_nothing(tmp_path):

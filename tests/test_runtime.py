@@ -260,13 +260,43 @@ def test_fatal_device_error_replaces_the_executor(ray_session, tiny_cfg, tmp_pat
     """After an illegal memory access every later kernel of that process fails: the
     executor exits, the pool replaces it and re-runs its clients; nothing is lost."""
     CudaCrashFedAvg.marker = str(tmp_path / "crashed")
-    cfg = tiny_cfg(**{"rounds": 1, "runtime.max_client_retries": 0})
+    cfg = tiny_cfg(**{"rounds": 1, "runtime.max_client_retries": 1})
     summary = run_experiment(cfg, str(tmp_path / "c"), progress=False,
                              algorithm_cls=CudaCrashFedAvg)
     assert (tmp_path / "crashed").exists()
     assert summary["executor_restarts"] == 1 and summary["client_failures"] == 0
     rounds = pq.read_table(tmp_path / "c" / "rounds.parquet").to_pandas()
     assert rounds["ok"].tolist() == [6]
+
+
+class PoisonFedAvg(FedAvg):
+    """Client 1 kills whatever process runs it (a segfault in native code, say)."""
+
+    name = "poison-fedavg"
+
+    def client_update(self, ctx, broadcast):
+        import os
+
+        if ctx.client_id == 1:
+            os._exit(1)
+        return super().client_update(ctx, broadcast)
+
+
+def test_a_client_that_kills_every_executor_is_marked_error_and_the_round_goes_on(
+        ray_session, tiny_cfg, tmp_path):
+    """It used to be re-queued until runtime.max_executor_restarts aborted the run. Now each
+    death is one attempt; after a death its batch-mates run alone, so only it fails."""
+    cfg = tiny_cfg(**{"rounds": 1, "runtime.max_client_retries": 2,
+                      "runtime.tiers": "[{name: default, executors: 2, num_cpus: 0.5}]"})
+    summary = run_experiment(cfg, str(tmp_path / "p"), progress=False,
+                             algorithm_cls=PoisonFedAvg)
+    clients = pq.read_table(tmp_path / "p" / "clients.parquet").to_pandas()
+    bad = clients[clients["client_id"] == 1].iloc[0]
+    assert bad["status"] == "error" and bad["attempts"] == 3
+    assert "executor died" in bad["error"]
+    good = clients[(clients["client_id"] != 1) & clients["sampled"]]
+    assert (good["status"] == "ok").all() and len(good) == 5
+    assert summary["executor_restarts"] == 3 and summary["client_failures"] == 1
 
 
 class SlowFedAvg(FedAvg):

@@ -22,7 +22,7 @@ from fedray.algorithms import make_algorithm_from_class
 from fedray.algorithms.base import ClientResult
 from fedray.metrics import MetricsWriter
 from fedray.payload import Payload
-from fedray.runtime.pool import ExecutorPool
+from fedray.runtime.pool import DeadJob, ExecutorPool
 from fedray.runtime.state_store import ClientStateStore
 from fedray.runtime.storage import Storage
 from fedray.seeding import rng
@@ -109,15 +109,18 @@ class Driver:
     # ------------------------------------------------------------------ one round
 
     def _jobs(self, method: str, clients: list[int], bcast: dict[str, tuple], round: int,
-              item=lambda c: c) -> list[tuple[str, str, tuple]]:
-        """Pool jobs running ``method`` over ``clients``: grouped by tier, in batches."""
+              item=lambda c: c, alone: set[int] = frozenset()) -> list[tuple[str, str, tuple]]:
+        """Pool jobs running ``method`` over ``clients``: grouped by tier, in batches; the
+        clients in ``alone`` (whose batch killed its executor) one per job."""
         by_tier: dict[str, list[int]] = {}
         for c in clients:
             by_tier.setdefault(self.tier_of[c], []).append(c)
         jobs = []
         for tier, cids in by_tier.items():
             key, ref, _ = bcast[tier]
-            for part in chunks(cids, self._chunk_size(len(cids), tier)):
+            batched = [c for c in cids if c not in alone]
+            parts = chunks(batched, self._chunk_size(len(batched), tier)) if batched else []
+            for part in parts + [[c] for c in cids if c in alone]:
                 jobs.append((tier, method, (key, ref, round, [item(c) for c in part])))
         return jobs
 
@@ -149,13 +152,21 @@ class Driver:
         final: dict[int, ClientResult] = {}
         todo = list(sampled)
         restarts_before = self.pool.restarts
+        alone: set[int] = set()  # clients of a batch whose executor died: isolated
         while todo:
             for c in todo:
                 attempts[c] += 1
             jobs = self._jobs("run_clients", todo, bcast, r,
-                              item=lambda c: (c, self.versions.get(c)))
+                              item=lambda c: (c, self.versions.get(c)), alone=alone)
             todo = []
-            for batch in self.pool.run(jobs):
+            for batch in self.pool.run(jobs, requeue_dead=False):
+                if isinstance(batch, DeadJob):  # counts as a failed attempt of each client
+                    cids = [c for c, _ in batch.args[3]]
+                    alone.update(cids)
+                    batch = [ClientResult(c, r, "error", executor=batch.executor,
+                                          error=f"its executor died while running it (with "
+                                                f"{len(cids)} client(s) in the batch)")
+                             for c in cids]
                 for res in batch:
                     if res.status == "error" and attempts[res.client_id] <= \
                             cfg.runtime.max_client_retries:

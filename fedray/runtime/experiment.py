@@ -95,6 +95,7 @@ class Experiment:
         self.algorithm_cls = algorithm_cls or get_algorithm(cfg.algorithm["name"])
         self.run_dir = run_dir or cfg.run_dir or default_run_dir(cfg)
         self.storage = open_run_dir(self.run_dir)
+        self.locked = False
         if resume:  # a missing config or a damaged or planted checkpoint fails here
             if not self.storage.exists("config.yaml"):
                 raise ConfigError("--resume", self.run_dir, "a run directory holding "
@@ -108,10 +109,12 @@ class Experiment:
         if self.data.num_clients != cfg.clients.num_clients:
             raise ConfigError("data", self.data.num_clients, f"prebuilt data for "
                                                              f"{cfg.clients.num_clients} clients")
+        self.locked = acquire_lock(self.storage)
         if not resume:
             if overwrite:
                 for name in self.storage.listdir(""):
-                    self.storage.delete(name)
+                    if name != LOCK:
+                        self.storage.delete(name)
             self.storage.write_bytes("config.yaml", yaml.safe_dump(
                 cfg.to_dict(), sort_keys=False).encode())
             self.storage.write_bytes("data.json", json.dumps(self.data.summary()).encode())
@@ -170,7 +173,6 @@ class Experiment:
         import ray
 
         finish = ray.get(self.driver.finish.remote())
-        self.release()
         summary = _summary(self.cfg, self.run_dir, self.rows, finish, self.info,
                            time.perf_counter() - self.t_start)
         if self.cfg.continual.tasks:
@@ -182,6 +184,7 @@ class Experiment:
                                              [t.name for t in self.cfg.runtime.tiers],
                                              cl.tasks, cl.rounds_per_task)
         self.storage.write_bytes("summary.json", json.dumps(summary, indent=2).encode())
+        self.release()
         return summary
 
     def release(self) -> None:
@@ -200,6 +203,9 @@ class Experiment:
         if self.started_ray:
             ray.shutdown()
             self.started_ray = False
+        if self.locked:  # last: nothing of this run writes any more
+            release_lock(self.storage)
+            self.locked = False
 
 
 def run_experiment(cfg: ExperimentConfig, run_dir: str | None = None, *, resume: bool = False,
@@ -274,6 +280,64 @@ def _summary(cfg: ExperimentConfig, run_dir: str, rows: list[dict], finish: dict
         "wall_seconds": round(seconds, 3),
         "rounds_this_session": len(rows),
     }
+
+
+LOCK = ".lock"
+
+
+def _alive(pid: Any) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError, TypeError, OverflowError):
+        return True
+    return True
+
+
+def acquire_lock(storage: Storage) -> bool:
+    """Take ``RUN_DIR/.lock`` for this process, so two runs never write one directory.
+    Refused while a live process on this host, or any process on another host, holds it;
+    the lock of a dead process on this host is taken over. Local directories only (a URI
+    is not locked: object stores have no exclusive create). Returns whether it was taken."""
+    import socket
+
+    from fedray.runtime.storage import read_marker
+
+    if not storage.is_local:
+        return False
+    path = storage.path(LOCK)
+    os.makedirs(storage.root, exist_ok=True)
+    me = {"pid": os.getpid(), "host": socket.gethostname(),
+          "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = read_marker(path) or {}
+            same_host = holder.get("host") == me["host"]
+            if same_host and holder.get("pid") == me["pid"]:
+                return True
+            if same_host and not _alive(holder.get("pid")):
+                os.unlink(path)  # its run is gone
+                continue
+            raise ConfigError("run_dir", storage.uri, f"a directory no other run writes to: "
+                              f"pid {holder.get('pid')} on {holder.get('host')} holds its "
+                              f"{LOCK} since {holder.get('since')} (delete that file if the "
+                              f"run is gone)") from None
+        with os.fdopen(fd, "w") as f:
+            json.dump(me, f)
+        return True
+    raise ConfigError("run_dir", storage.uri, f"a directory whose {LOCK} can be taken")
+
+
+def release_lock(storage: Storage) -> None:
+    """Remove ``RUN_DIR/.lock`` if this process holds it."""
+    from fedray.runtime.storage import read_marker
+
+    path = storage.path(LOCK)
+    if (read_marker(path) or {}).get("pid") == os.getpid():
+        os.unlink(path)
 
 
 def open_run_dir(run_dir: str) -> Storage:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -22,6 +23,17 @@ from fedray.runtime.executor import ClientExecutor
 
 class PlacementError(RuntimeError):
     """The cluster cannot place the executors the configuration asks for."""
+
+
+@dataclass
+class DeadJob:
+    """A job whose executor died while running it (yielded by ``run(requeue_dead=False)``):
+    the executor was replaced, the job is the caller's to retry or to give up on."""
+
+    tier: str
+    method: str
+    args: tuple
+    executor: str
 
 
 def executor_options(cfg: Any, tier: Any) -> dict[str, Any]:
@@ -134,10 +146,13 @@ class ExecutorPool:
         self.generation[(tier, index)] = self.generation.get((tier, index), 0) + 1
         self.executors[tier][index] = self._spawn(tier, index)
 
-    def run(self, jobs: list[tuple[str, str, tuple]]) -> Iterator[Any]:
+    def run(self, jobs: list[tuple[str, str, tuple]], requeue_dead: bool = True
+            ) -> Iterator[Any]:
         """Run ``jobs`` = [(tier, method, args)], yield each result as it finishes.
 
-        A job whose executor died is re-queued on that tier and the executor replaced.
+        The executor of a job that died is replaced; the job is re-queued on its tier, or,
+        with ``requeue_dead=False``, handed back as a :class:`DeadJob` (a client that kills
+        every executor it runs on must not be re-run forever).
         """
         pending = {t: deque() for t in self.executors}
         for tier, method, args in jobs:
@@ -170,10 +185,14 @@ class ExecutorPool:
             try:
                 result = ray.get(ref)
             except (RayActorError, ActorDiedError, ActorUnavailableError):
-                pending[tier].appendleft(job)
                 if gen == self.generation.get((tier, index), 0):
                     self._replace(tier, index)
+                if requeue_dead:
+                    pending[tier].appendleft(job)
+                    fill(tier)
+                    continue
                 fill(tier)
+                yield DeadJob(tier, *job, executor=f"{tier}/{index}")
                 continue
             fill(tier)
             yield result
