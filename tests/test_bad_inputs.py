@@ -312,3 +312,17 @@ def test_credentials_in_uris_are_never_echoed(tmp_path):
     cfg = load_config(None, [*TINY, f"run_dir={uri}"])
     assert cfg.to_dict()["run_dir"] == "s3://***@bucket/runs/x"  # what config.yaml stores
     assert cfg.run_dir == uri  # the run itself still writes there
+
+
+def test_a_dead_ray_address_fails_in_seconds():
+    """`ray.init` waits for a dead head indefinitely; init_ray checks the port first."""
+    from fedray.runtime.experiment import check_reachable
+
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=r"'runtime.ray_address'.*nothing answered at "
+                                          r"127.0.0.1:9"):
+        check_reachable("127.0.0.1:9", "runtime.ray_address")
+    with pytest.raises(ConfigError, match="'RAY_ADDRESS'"):
+        check_reachable("ray://127.0.0.1:9", "RAY_ADDRESS")
+    check_reachable("auto", "RAY_ADDRESS")  # left to Ray
+    assert time.monotonic() - t0 < 30

@@ -38,6 +38,8 @@ def init_ray(cfg: ExperimentConfig) -> bool:
         return False
     address = cfg.runtime.ray_address or os.environ.get("RAY_ADDRESS")
     if address:
+        check_reachable(address, "runtime.ray_address" if cfg.runtime.ray_address
+                        else "RAY_ADDRESS")
         ray.init(address=address, log_to_driver=False)
         _STARTED_LOCAL = False
         return False
@@ -45,6 +47,23 @@ def init_ray(cfg: ExperimentConfig) -> bool:
              log_to_driver=False, logging_level="ERROR", configure_logging=True)
     _STARTED_LOCAL = True
     return True
+
+
+def check_reachable(address: str, field: str, timeout: float = 10.0) -> None:
+    """Fail in seconds, not hang, when nothing listens at a ``host:port`` Ray address
+    (``ray.init`` waits for a dead head indefinitely). ``auto`` and other forms are left
+    to Ray."""
+    import socket
+
+    hostport = address.split("://", 1)[-1].split("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise ConfigError(field, address, f"the address of a running Ray cluster: nothing "
+                                          f"answered at {host}:{port} ({e})") from None
 
 
 def ray_is_local() -> bool:
