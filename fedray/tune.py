@@ -198,8 +198,7 @@ def _trial(params: dict, *, base: dict, overrides: list[str], run_root: str, cwd
     paths in the config mean what they meant on the command line."""
     from ray import tune
 
-    from fedray.runtime import Experiment
-    from fedray.runtime.storage import Storage
+    from fedray.runtime import Experiment, resumable
 
     os.chdir(cwd)
 
@@ -207,7 +206,7 @@ def _trial(params: dict, *, base: dict, overrides: list[str], run_root: str, cwd
                       base=base)
     ctx = tune.get_context()
     run_dir = os.path.join(run_root, ctx.get_trial_id())
-    exp = Experiment(cfg, run_dir, resume=Storage(run_dir).exists("checkpoints/LATEST"))
+    exp = Experiment(cfg, run_dir, resume=resumable(run_dir, cfg))  # its own run continues
     exp.start()
     last: dict[str, float] = {}
     try:
