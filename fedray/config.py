@@ -183,7 +183,12 @@ class RuntimeConfig:
     min_accepted: int = spec(
         1, ge=0, help="fewest accepted uploads a round needs; a round with fewer stops the "
                       "run with an error naming the round and the clients' errors")
-    max_executor_restarts: int = spec(5, ge=0)
+    max_executor_restarts: int = spec(5, ge=0, help="executor deaths (and timeouts) a run "
+                                                    "survives; one more stops it")
+    call_timeout_s: float | None = spec(
+        None, gt=0, help="an executor busy this many seconds without returning a result is "
+                         "killed and replaced; its clients count a failed attempt (default: "
+                         "no limit)")
     placement_timeout_s: float | None = spec(
         None, gt=0, help="fail if executors cannot be placed within this many seconds "
                          "(default 60 on a local Ray, 1800 on a cluster whose GPU nodes may "

@@ -299,6 +299,32 @@ def test_a_client_that_kills_every_executor_is_marked_error_and_the_round_goes_o
     assert summary["executor_restarts"] == 3 and summary["client_failures"] == 1
 
 
+class HangFedAvg(FedAvg):
+    """Client 2 never returns (a deadlock in native code, say)."""
+
+    name = "hang-fedavg"
+
+    def client_update(self, ctx, broadcast):
+        if ctx.client_id == 2:
+            time.sleep(3600)
+        return super().client_update(ctx, broadcast)
+
+
+def test_a_hung_executor_is_killed_after_call_timeout(ray_session, tiny_cfg, tmp_path):
+    cfg = tiny_cfg(**{"rounds": 1, "runtime.max_client_retries": 1,
+                      "runtime.call_timeout_s": 5})
+    t0 = time.monotonic()
+    summary = run_experiment(cfg, str(tmp_path / "h"), progress=False,
+                             algorithm_cls=HangFedAvg)
+    assert time.monotonic() - t0 < 120
+    clients = pq.read_table(tmp_path / "h" / "clients.parquet").to_pandas()
+    hung = clients[clients["client_id"] == 2].iloc[0]
+    assert hung["status"] == "error" and hung["attempts"] == 2
+    assert "ran past runtime.call_timeout_s=5s" in hung["error"]
+    assert (clients[clients["client_id"] != 2]["status"] == "ok").all()
+    assert summary["executor_restarts"] == 2 and summary["client_failures"] == 1
+
+
 class SlowFedAvg(FedAvg):
     """FedAvg whose clients take 0.3 s, so a round lasts long enough to kill an executor."""
 

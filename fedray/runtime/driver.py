@@ -164,8 +164,9 @@ class Driver:
                     cids = [c for c, _ in batch.args[3]]
                     alone.update(cids)
                     batch = [ClientResult(c, r, "error", executor=batch.executor,
-                                          error=f"its executor died while running it (with "
-                                                f"{len(cids)} client(s) in the batch)")
+                                          error=f"its executor {batch.reason} while running "
+                                                f"it (with {len(cids)} client(s) in the "
+                                                f"batch)")
                              for c in cids]
                 for res in batch:
                     if res.status == "error" and attempts[res.client_id] <= \

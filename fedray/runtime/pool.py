@@ -8,6 +8,7 @@ executor that dies, re-queuing the jobs it had in flight.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections import deque
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ class DeadJob:
     method: str
     args: tuple
     executor: str
+    reason: str = "died"
 
 
 def executor_options(cfg: Any, tier: Any) -> dict[str, Any]:
@@ -145,6 +147,13 @@ class ExecutorPool:
             pass
         self.generation[(tier, index)] = self.generation.get((tier, index), 0) + 1
         self.executors[tier][index] = self._spawn(tier, index)
+        if self.cfg.runtime.call_timeout_s is not None:  # its boot must not count as a hang
+            timeout = self.cfg.runtime.placement_timeout_s or LOCAL_PLACEMENT_TIMEOUT_S
+            try:
+                ray.get(self.executors[tier][index].ready.remote(), timeout=timeout)
+            except ray.exceptions.GetTimeoutError:
+                raise PlacementError(f"executor {tier}/{index} could not be replaced within "
+                                     f"runtime.placement_timeout_s={timeout:g}s") from None
 
     def run(self, jobs: list[tuple[str, str, tuple]], requeue_dead: bool = True
             ) -> Iterator[Any]:
@@ -161,6 +170,9 @@ class ExecutorPool:
             pending[tier].append((method, args))
         busy: dict[tuple[str, int, int], int] = {}
         flight: dict[Any, tuple[str, int, int, tuple[str, tuple]]] = {}
+        limit = self.cfg.runtime.call_timeout_s
+        since: dict[tuple[str, int, int], float] = {}  # a busy executor's last sign of life
+        hung: set[tuple[str, int, int]] = set()
 
         def fill(tier: str) -> None:
             """Round-robin over the tier's executors, up to ``inflight`` calls each."""
@@ -172,16 +184,27 @@ class ExecutorPool:
                     if pending[tier] and busy.get(key, 0) < self.inflight:
                         method, args = pending[tier].popleft()
                         flight[getattr(actor, method).remote(*args)] = (*key, (method, args))
+                        if not busy.get(key):
+                            since[key] = time.monotonic()
                         busy[key] = busy.get(key, 0) + 1
                         room = True
 
         for tier in pending:
             fill(tier)
         while flight:
-            ready, _ = ray.wait(list(flight), num_returns=1)
+            ready, _ = ray.wait(list(flight), num_returns=1,
+                                timeout=None if limit is None else min(limit / 4, 5.0))
+            if not ready:  # an executor busy without a result for call_timeout_s is killed
+                now = time.monotonic()
+                for key in [k for k, t in since.items() if busy.get(k) and now - t > limit]:
+                    hung.add(key)
+                    since.pop(key)
+                    ray.kill(self.executors[key[0]][key[1]])
+                continue
             ref = ready[0]
             tier, index, gen, job = flight.pop(ref)
             busy[(tier, index, gen)] -= 1
+            since[(tier, index, gen)] = time.monotonic()
             try:
                 result = ray.get(ref)
             except (RayActorError, ActorDiedError, ActorUnavailableError):
@@ -192,7 +215,9 @@ class ExecutorPool:
                     fill(tier)
                     continue
                 fill(tier)
-                yield DeadJob(tier, *job, executor=f"{tier}/{index}")
+                reason = (f"ran past runtime.call_timeout_s={limit:g}s and was killed"
+                          if (tier, index, gen) in hung else "died")
+                yield DeadJob(tier, *job, executor=f"{tier}/{index}", reason=reason)
                 continue
             fill(tier)
             yield result
