@@ -43,10 +43,12 @@ SET_OPT = typer.Option(None, "--set", "-s",
 
 
 def emit(obj: Any, as_json: bool, text: str | None = None) -> None:
+    from fedray.metrics import json_text
+
     if as_json:
-        sys.stdout.write(json.dumps(obj, default=str) + "\n")
+        sys.stdout.write(json_text(obj) + "\n")
     else:
-        typer.echo(text if text is not None else json.dumps(obj, indent=2, default=str))
+        typer.echo(text if text is not None else json_text(obj, indent=2))
 
 
 def fail(msg: str, as_json: bool, code: int = 2) -> None:

@@ -16,6 +16,26 @@ from fedray.runtime.storage import Storage
 KINDS = ("rounds", "clients")
 
 
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    if hasattr(obj, "item") and getattr(obj, "ndim", None) == 0:  # numpy scalars
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def json_text(obj: Any, indent: int | None = None) -> str:
+    """``obj`` as strict JSON: NaN and ±Infinity (which ``json.dumps`` writes bare, and
+    strict parsers reject) become null; other unknown values their ``str``."""
+    import json
+
+    return json.dumps(_finite(obj), indent=indent, default=str, allow_nan=False)
+
+
 def _table(rows: list[dict[str, Any]]) -> pa.Table:
     keys: list[str] = []
     for r in rows:

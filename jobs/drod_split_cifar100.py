@@ -20,7 +20,6 @@ stream, a narrow network, 1 round per task): what CI runs. Prints the run summar
 from __future__ import annotations
 
 import argparse
-import json
 
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
 
@@ -54,6 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
 
     from fedray.config import load_config
+    from fedray.metrics import json_text
     from fedray.runtime import resumable, run_experiment
 
     names = ("t100", "t025", "t006")
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = load_config(None, overrides + [f"eval.every={rpt}"] + args.set)
     resume = resumable(args.run_dir, cfg)  # the same run continues; another is refused
     summary = run_experiment(cfg, args.run_dir, resume=resume, progress=False)
-    print(json.dumps(summary))
+    print(json_text(summary))
     return summary
 
 

@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> dict:
     from fedray.favor.lm import TinyLM
     from fedray.favor.pooled import train_pooled
     from fedray.favor.prepare import embedded_overrides, prepare_embedded
+    from fedray.metrics import json_text
     from fedray.runtime import init_ray, resumable, run_experiment
     from fedray.runtime.devices import run_on_device
     from fedray.runtime.storage import Storage
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> dict:
                 extra = {"upload_bytes": summary["total_upload_bytes"],
                          "global_next_token_accuracy": summary["final_global_accuracy"]}
             rows.append({"method": variant, **extra, **style})
-            print(json.dumps({"variant": variant, **style}), flush=True)
+            print(json_text({"variant": variant, **style}), flush=True)
         write_table(rows, out)
         cold = None
         if "favor" in args.variants and args.ks:
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict:
             ray.shutdown()
     result = {"out": redact(out), "seconds": round(time.time() - t0, 1), "rows": rows,
               "cold_start": cold}
-    print(json.dumps(result, default=str))
+    print(json_text(result))
     return result
 
 

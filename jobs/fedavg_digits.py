@@ -9,7 +9,6 @@ Writes the run directory, prints the summary as JSON on stdout, and draws the re
 from __future__ import annotations
 
 import argparse
-import json
 
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
 
@@ -17,6 +16,7 @@ import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir
 def main(argv: list[str] | None = None) -> dict:
     from fedray.cli import demo_config_path
     from fedray.config import load_config
+    from fedray.metrics import json_text
     from fedray.report import report
     from fedray.runtime import run_experiment
 
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> dict:
     summary = run_experiment(cfg, args.run_dir, progress=not args.no_progress)
     if "://" not in summary["run_dir"]:
         summary["report"] = report(summary["run_dir"])["markdown"]
-    print(json.dumps(summary))
+    print(json_text(summary))
     return summary
 
 

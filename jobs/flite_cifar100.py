@@ -15,7 +15,6 @@ Adam 1e-2 / wd 1e-4 / clip 1.0, unweighted mean), executors pinned to fractional
 from __future__ import annotations
 
 import argparse
-import json
 
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
 
@@ -45,6 +44,7 @@ def main(argv: list[str] | None = None) -> dict:
     import ray
 
     from fedray.config import load_config
+    from fedray.metrics import json_text
     from fedray.pretrain import pretrain
     from fedray.runtime import init_ray, resumable, run_experiment
 
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
     fl_dir = f"{args.run_dir}/federated"
     resume = resumable(fl_dir, cfg)  # the same run continues; another is refused
     summary = run_experiment(cfg, fl_dir, resume=resume, progress=False)
-    print(json.dumps(summary))
+    print(json_text(summary))
     return summary
 
 

@@ -12,7 +12,6 @@ is a 3-round, 6-client version of the same path (CI). Prints the run summary as 
 from __future__ import annotations
 
 import argparse
-import json
 
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
 
@@ -56,6 +55,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
 
     from fedray.config import load_config
+    from fedray.metrics import json_text
     from fedray.runtime import run_experiment
 
     data = [f"data.dataset={args.dataset}"]
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
                       + [f"seed={args.seed}", f"name=orders-noniid-{args.method}-"
                          f"{args.skew}-{args.model}"] + args.set)
     summary = run_experiment(cfg, args.run_dir, progress=False)
-    print(json.dumps(summary))
+    print(json_text(summary))
     return summary
 
 

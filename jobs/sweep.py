@@ -13,7 +13,6 @@ sweep of the same ``--name``. The per-method jobs (``sweep_drod.py``, ``sweep_or
 from __future__ import annotations
 
 import argparse
-import json
 
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
 
@@ -44,6 +43,7 @@ def parser(description: str = __doc__, config: str | None = None) -> argparse.Ar
 def main(argv: list[str] | None = None, *, config: str | None = None,
          preset: str | None = None, smoke: list[str] = (), description: str = __doc__,
          prepare=None) -> dict:
+    from fedray.metrics import json_text
     from fedray.tune import parse_space_arg, sweep
 
     args = parser(description, config).parse_args(argv)
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None, *, config: str | None = None,
                 name=args.name, resume=args.resume, **options)
     out = {"path": res.path, "best_config": res.best_config, "best_metric": res.best_metric,
            "trials": len(res.table), "table": res.markdown}
-    print(json.dumps(out))
+    print(json_text(out))
     return out
 
 

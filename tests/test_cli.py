@@ -141,3 +141,21 @@ def test_job_entry_point_joins_ray_address(ray_session, tmp_path):
     summary = json.loads(res.stdout.strip().splitlines()[-1])
     assert summary["rounds"] == 3 and summary["final_global_accuracy"] > 0.3
     assert os.path.exists(summary["report"])
+
+
+def test_json_output_is_strict_json():
+    """NaN and ±Infinity (bare in json.dumps output, rejected by strict parsers) are null in
+    everything the CLI and the jobs print with --json."""
+    import math
+
+    import numpy as np
+
+    from fedray.metrics import json_text
+
+    obj = {"a": math.nan, "b": [1.5, math.inf, -math.inf], "c": np.float32("nan"),
+           "d": np.float64(2.0), "e": {"f": (np.int64(3), None)}, "g": object}
+    text = json_text(obj)
+    assert "NaN" not in text and "Infinity" not in text
+    back = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict {c}"))
+    assert back == {"a": None, "b": [1.5, None, None], "c": None, "d": 2.0,
+                    "e": {"f": [3, None]}, "g": str(object)}

@@ -95,3 +95,27 @@ def test_fake_autoscaler_config_mirrors_the_node_types():
         if name in real:
             tiers = {k: v for k, v in real[name]["resources"].items() if k.startswith("tier_")}
             assert {k: spec["resources"][k] for k in tiers} == tiers
+
+
+def test_instance_profile_policies_are_least_privilege():
+    """iam/: the head may manage only the cluster's own instances and pass only the worker
+    role; workers may only read and write the run bucket."""
+    import json
+
+    def load_policy(name):
+        with open(os.path.join(ROOT, "iam", name)) as f:
+            return json.load(f)
+
+    worker = load_policy("fedray-worker.json")
+    actions = {a for st in worker["Statement"] for a in st["Action"]}
+    assert actions == {"s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBucket"}
+    assert all("RUN-BUCKET" in st["Resource"] for st in worker["Statement"])
+    head = load_policy("fedray-head.json")
+    by_sid = {st["Sid"]: st for st in head["Statement"]}
+    assert all(st["Effect"] == "Allow" and "*" not in st["Action"] for st in head["Statement"])
+    terminate = by_sid["AutoscalerOwnInstancesOnly"]
+    assert terminate["Condition"]["StringEquals"]["aws:ResourceTag/ray-cluster-name"] == \
+        load()["cluster_name"]
+    assert by_sid["PassTheWorkerProfileOnly"]["Resource"].endswith(":role/fedray-worker")
+    assert not any(a.startswith(("s3:*", "ec2:*", "iam:*")) for st in head["Statement"]
+                   for a in st["Action"])
