@@ -30,12 +30,11 @@ from fedray.seeding import derive_seed
 def final_adapters(run_dir: str, variant: str, num_clients: int
                    ) -> tuple[dict[str, np.ndarray], dict[int, dict[str, np.ndarray]]]:
     """The final global adapter and each client's deployed personal adapter (if any)."""
-    from fedray.runtime.driver import latest_checkpoint
     from fedray.runtime.state_store import ClientStateStore
     from fedray.runtime.storage import Storage
 
     storage = Storage(run_dir)
-    ck = latest_checkpoint(storage)
+    ck = storage.read_checkpoint()
     if ck is None:
         raise FileNotFoundError(f"no checkpoint under {run_dir}")
     store = ClientStateStore(storage)

@@ -143,8 +143,7 @@ def load_lm(name_or_path: str, device: str = "cpu", four_bit: bool | None = None
 
         quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                    bnb_4bit_compute_dtype=torch.bfloat16,
-                                   bnb_4bit_use_double_quant=True,
-                                   bnb_4bit_quant_storage=torch.bfloat16)
+                                   bnb_4bit_use_double_quant=True)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, quantization_config=quant,
                                                      dtype=torch.bfloat16,
                                                      device_map={"": device})

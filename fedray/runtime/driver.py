@@ -38,12 +38,6 @@ def sample_clients(seed: int, round: int, num_clients: int, k: int) -> list[int]
                                                                          replace=False))
 
 
-def latest_checkpoint(storage: Storage) -> dict | None:
-    """The run's latest round-boundary checkpoint (None before the first one); see
-    :meth:`Storage.read_checkpoint`."""
-    return storage.read_checkpoint()
-
-
 class RoundFailedError(RuntimeError):
     """A round had fewer accepted uploads than ``runtime.min_accepted``: the global model was
     not updated and the run stops (its metrics up to and including this round are logged;
@@ -89,7 +83,7 @@ class Driver:
     def setup(self, resume: bool = False) -> dict:
         """Wait for the executors, then load the latest checkpoint or initialise the model."""
         self.pool.wait_placed()
-        ck = latest_checkpoint(self.storage) if resume else None
+        ck = self.storage.read_checkpoint() if resume else None
         if ck is not None:
             self.round, self.global_state = ck["round"], ck["global_state"]
             self.versions, self.totals = ck["versions"], ck["totals"]

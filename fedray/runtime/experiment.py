@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from fedray.config import ConfigError, ExperimentConfig, load_config, redact
-from fedray.runtime.storage import Storage
+from fedray.runtime.storage import Storage, read_marker
 
 
 def default_run_dir(cfg: ExperimentConfig) -> str:
@@ -83,12 +83,12 @@ def settled(cfg: ExperimentConfig) -> ExperimentConfig:
     from fedray.runtime.devices import settle_runtime
     from fedray.runtime.pool import check_fits, requested_resources
 
-    local = ray_is_local()
-    cfg = settle_runtime(cfg, local, ray.cluster_resources())
+    local, resources = ray_is_local(), ray.cluster_resources()
+    cfg = settle_runtime(cfg, local, resources)
     if local:
         check_fits(cfg)
     else:
-        want, have = requested_resources(cfg)["GPU"], ray.cluster_resources().get("GPU", 0)
+        want, have = requested_resources(cfg)["GPU"], resources.get("GPU", 0)
         if want > have:
             print(f"fedray: the executors ask for {want:g} GPU, the cluster has {have:g} now; "
                   f"waiting up to runtime.placement_timeout_s="
@@ -321,8 +321,6 @@ def acquire_lock(storage: Storage) -> bool:
     is not locked: object stores have no exclusive create). Returns whether it was taken."""
     import socket
 
-    from fedray.runtime.storage import read_marker
-
     if not storage.is_local:
         return False
     path = storage.path(LOCK)
@@ -352,8 +350,6 @@ def acquire_lock(storage: Storage) -> bool:
 
 def release_lock(storage: Storage) -> None:
     """Remove ``RUN_DIR/.lock`` if this process holds it."""
-    from fedray.runtime.storage import read_marker
-
     path = storage.path(LOCK)
     if (read_marker(path) or {}).get("pid") == os.getpid():
         os.unlink(path)

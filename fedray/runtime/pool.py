@@ -108,6 +108,11 @@ class ExecutorPool:
     def actor_cls(self) -> Any:
         return ray.remote(max_restarts=0, max_task_retries=0)(ClientExecutor)
 
+    @property
+    def placement_timeout(self) -> float:
+        """Seconds an executor may take to be placed and ready (settled per run)."""
+        return self.cfg.runtime.placement_timeout_s or LOCAL_PLACEMENT_TIMEOUT_S
+
     def name_of(self, tier: str, index: int) -> str:
         return f"fedray-{self.run_id}-{tier}-{index}-g{self.generation.get((tier, index), 0)}"
 
@@ -119,7 +124,7 @@ class ExecutorPool:
     def wait_placed(self) -> None:
         handles = [(t, i, a) for t, hs in self.executors.items() for i, a in enumerate(hs)]
         refs = {a.ready.remote(): (t, i) for t, i, a in handles}
-        timeout = self.cfg.runtime.placement_timeout_s or LOCAL_PLACEMENT_TIMEOUT_S
+        timeout = self.placement_timeout
         ready, missing = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
         self.info = ray.get(ready)
         if missing:
@@ -148,7 +153,7 @@ class ExecutorPool:
         self.generation[(tier, index)] = self.generation.get((tier, index), 0) + 1
         self.executors[tier][index] = self._spawn(tier, index)
         if self.cfg.runtime.call_timeout_s is not None:  # its boot must not count as a hang
-            timeout = self.cfg.runtime.placement_timeout_s or LOCAL_PLACEMENT_TIMEOUT_S
+            timeout = self.placement_timeout
             try:
                 ray.get(self.executors[tier][index].ready.remote(), timeout=timeout)
             except ray.exceptions.GetTimeoutError:

@@ -24,6 +24,7 @@ import pyarrow.fs as pafs
 from fedray.config import redact
 
 TREE = "__tree__"
+LATEST_LINE = re.compile(r"(\d{1,9}) ([0-9a-f]{64})")  # "INDEX SHA256" in FOLDER/LATEST
 
 
 class StateFileError(ValueError):
@@ -220,7 +221,8 @@ class Storage:
         self.write_bytes(f"{folder}/{index:06d}.npz", data, durable=True)
         digests = [f"{index} {hashlib.sha256(data).hexdigest()}"]
         digests += [line for line in self._latest_lines(folder)
-                    if not line.startswith(f"{index} ")][:keep - 1]
+                    if LATEST_LINE.fullmatch(line) and not line.startswith(f"{index} ")
+                    ][:keep - 1]
         self.write_bytes(f"{folder}/LATEST", "\n".join(digests).encode(), durable=True)
         named = {f"{int(line.split()[0]):06d}.npz" for line in digests}
         for f in self.listdir(folder):
@@ -258,7 +260,7 @@ class Storage:
 
     def _read_named(self, folder: str, line: str) -> Any:
         latest = f"{folder}/LATEST"
-        match = re.fullmatch(r"(\d{1,9}) ([0-9a-f]{64})", line)
+        match = LATEST_LINE.fullmatch(line)
         if match is None:
             raise StateFileError(self.path(latest), f"got {line[:80]!r}; allowed: "
                                                     f"'INDEX SHA256' lines as fedray writes")
