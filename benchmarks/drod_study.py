@@ -65,7 +65,7 @@ def config(arm: str, method: str, seed: int, args) -> dict:
 
 def run_one(arm, method, seed, args, out_dir) -> dict:
     from fedray.config import load_config
-    from fedray.continual.metrics import summarize
+    from fedray.methods.drod.continual.metrics import summarize
     from fedray.metrics import read_metrics
     from fedray.runtime import run_experiment
 

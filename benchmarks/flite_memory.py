@@ -2,13 +2,14 @@
 
 For ResNet-18/GN with CIFAR-100 shapes (100 classes, 20 mapped conv weights, d = 64, r = 32,
 D = 1280) each mode runs in a fresh subprocess, which builds the model and a batch, then
-builds the :class:`~fedray.flite.LatentMapping` and runs one forward + backward. Reported per
-mode: the factor bytes the mapping holds, the process's peak RSS (``ru_maxrss``) minus its RSS
-just before the mapping was built, and the build and forward+backward times. A third child,
-``plain``, runs forward + backward of the model itself (all weights trainable) as the
-reference for what the activations and weight gradients alone cost. Prints one JSON object.
+builds the :class:`~fedray.methods.flite.LatentMapping` and runs one forward + backward.
+Reported per mode: the factor bytes the mapping holds, the process's peak RSS
+(``ru_maxrss``) minus its RSS just before the mapping was built, and the build and
+forward+backward times. A third child, ``plain``, runs forward + backward of the model
+itself (all weights trainable) as the reference for what the activations and weight
+gradients alone cost. Prints one JSON object.
 
-    .venv/bin/python benchmarks/flite_memory.py
+.venv/bin/python benchmarks/flite_memory.py
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def peak_rss() -> int:
 def child(mode: str, batch: int, d: int, r: int, seed: int) -> dict:
     import torch
 
-    from fedray.flite import LatentMapping
+    from fedray.methods.flite import LatentMapping
     from fedray.models import build_model
     from fedray.seeding import derive_seed, torch_generator
 

@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from fedray.algorithms.fedavg import FedAvg  # noqa: E402
+from fedray.methods.fedavg.method import FedAvg  # noqa: E402
 
 QWEN_SHAPES = {  # hidden, MLP, heads, KV heads, layers (the shipped Qwen2.5 configs)
     "qwen2.5-0.5b": (896, 4864, 14, 2, 24),
@@ -96,7 +96,7 @@ def _save_qwen(path: str, hidden: int, mlp: int, heads: int, kv: int, layers: in
     check feeds random token ids; only the shapes matter)."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from fedray.favor.lm import train_tokenizer
+    from fedray.methods.favor.lm import train_tokenizer
 
     torch.manual_seed(0)
     cfg = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=mlp,
@@ -116,9 +116,9 @@ def favor_round(path: str, device: str, tokens: int, blocks: int = 8, rank: int 
                 dtype: torch.dtype | None = None) -> dict[str, Any]:
     """One FAVoR client round (Algorithm 2: shared stage, private stage with alignment) on
     the LM at ``path`` as an executor loads it; peak CUDA memory from load to end."""
-    from fedray.favor.adapter import LoraSpec
-    from fedray.favor.lm import load_lm, with_lora
-    from fedray.favor.train import StageConfig, adapter_of, client_round
+    from fedray.methods.favor.adapter import LoraSpec
+    from fedray.methods.favor.lm import load_lm, with_lora
+    from fedray.methods.favor.train import StageConfig, adapter_of, client_round
 
     _peak_reset(device)
     t0 = time.perf_counter()
@@ -174,7 +174,7 @@ def check_favor(device: str, dry: bool, tmp: str) -> list[dict[str, Any]]:
 
 
 def check_flite(device: str, dry: bool) -> list[dict[str, Any]]:
-    from fedray.flite import LatentMapping
+    from fedray.methods.flite import LatentMapping
     from fedray.models import build_model
     from fedray.training import train_local
 
@@ -208,10 +208,10 @@ def check_flite(device: str, dry: bool) -> list[dict[str, Any]]:
 
 
 def check_drod(device: str, dry: bool) -> dict[str, Any]:
-    from fedray.algorithms import make_algorithm
-    from fedray.algorithms.base import ClientContext
     from fedray.config import load_config
     from fedray.data import build_data
+    from fedray.methods.base import ClientContext
+    from fedray.registry import build_method
     from fedray.runtime.devices import configure_process
 
     configure_process(device, deterministic=True)  # what an executor does with the flag
@@ -220,7 +220,7 @@ def check_drod(device: str, dry: bool) -> dict[str, Any]:
         f"model.width={8 if dry else 32}", "clients.num_clients=4", "data.image_size=16",
         "data.channels=3", "local.batch_size=16", "local.epochs=1"])
     data = build_data(cfg)
-    alg = make_algorithm(cfg)
+    alg = build_method(cfg)
     uploads = []
     for _ in range(2):
         res = alg.build_resident(data.input_shape, data.num_classes, device)

@@ -2,7 +2,7 @@
 
 N client updates of a P-parameter model as one (N, P) float32 matrix (the default
 N = 1,000, P = 1,000,000 is 4 GB). FedAvg's weighted mean is ``w @ D`` (one BLAS pass);
-ORDERS is :func:`fedray.policies.orders.orders_step` — norms, smoothing, participation,
+ORDERS is :func:`fedray.methods.orders.policy.orders_step` — norms, smoothing, participation,
 argsort ranking, weights, the telescoped difference sum, the maturity map — with the
 norms reported by the clients (the text's protocol) and computed by the server. Best of
 ``--repeats`` after one warm-up.
@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from fedray.policies.orders import OrdersParams, OrdersState, orders_step
+from fedray.methods.orders.policy import OrdersParams, OrdersState, orders_step
 
 
 def best(fn, repeats: int) -> float:

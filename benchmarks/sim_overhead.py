@@ -51,14 +51,14 @@ def run_bound(cfg, threads: int | None = None) -> dict:
     """The same client updates and aggregation, in a loop, in this process."""
     import torch
 
-    from fedray.algorithms import make_algorithm
-    from fedray.algorithms.base import ClientContext
     from fedray.data import build_federated
+    from fedray.methods.base import ClientContext
+    from fedray.registry import build_method
 
     default_threads = torch.get_num_threads()
     torch.set_num_threads(threads or default_threads)
     t0 = time.perf_counter()
-    algo = make_algorithm(cfg)
+    algo = build_method(cfg)
     data = build_federated(cfg.data, cfg.clients.num_clients, cfg.seed)
     model = algo.build_resident(data.input_shape, data.num_classes, "cpu")
     state = algo.init_global_state(model, cfg.seed)
@@ -86,7 +86,7 @@ def run_fedray(cfg, run_dir: str) -> dict:
     import ray
 
     from fedray.runtime import run_experiment
-    from fedray.runtime.storage import Storage
+    from fedray.storage import Storage
 
     if ray.is_initialized():
         ray.shutdown()

@@ -3,9 +3,7 @@ exactly one JSON object on stdout (progress and logs go to stderr)."""
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
 from importlib import resources
 from pathlib import Path
@@ -13,7 +11,12 @@ from typing import Any
 
 import typer
 
-from fedray.config import ConfigError, field_help, load_config
+from fedray import registry
+from fedray.config import keys as config_keys
+from fedray.config import load_config
+from fedray.console import DEFAULT_SHAPES, JSON_OPT, SET_OPT, emit, fail
+from fedray.console import parse_shape as _parse_shape
+from fedray.spec import ConfigError
 
 app = typer.Typer(
     name="fedray",
@@ -27,36 +30,11 @@ app = typer.Typer(
 models_app = typer.Typer(help="List the model registry or profile one model.",
                          invoke_without_command=True, no_args_is_help=False)
 app.add_typer(models_app, name="models")
-flite_app = typer.Typer(help="FLITE (latent federated fine-tuning) tools.", no_args_is_help=True)
-app.add_typer(flite_app, name="flite")
-drod_app = typer.Typer(help="DROD (dual-ratio ordered dropout) tools.", no_args_is_help=True)
-favor_app = typer.Typer(help="FAVoR (shared/private LoRA with style alignment) tools.",
-                        no_args_is_help=True)
-app.add_typer(favor_app, name="favor")
-app.add_typer(drod_app, name="drod")
+for _name, _sub in registry.commands().items():  # the methods' own sub-commands
+    app.add_typer(_sub, name=_name)
 
 DEMO_CONFIG = "fedavg_digits.yaml"
-JSON_OPT = typer.Option(False, "--json", help="Print one JSON object on stdout, nothing else.")
-SET_OPT = typer.Option(None, "--set", "-s",
-                       help="Override a config key, e.g. -s local.lr=0.1 -s clients.fraction=0.5"
-                            " (repeatable; values are parsed as YAML).")
 
-
-def emit(obj: Any, as_json: bool, text: str | None = None) -> None:
-    from fedray.metrics import json_text
-
-    if as_json:
-        sys.stdout.write(json_text(obj) + "\n")
-    else:
-        typer.echo(text if text is not None else json_text(obj, indent=2))
-
-
-def fail(msg: str, as_json: bool, code: int = 2) -> None:
-    if as_json:
-        sys.stdout.write(json.dumps({"error": msg}) + "\n")
-    else:
-        typer.echo(f"error: {msg}", err=True)
-    raise typer.Exit(code)
 
 
 def demo_config_path() -> Path:
@@ -98,7 +76,7 @@ def run(config: Path | None = typer.Argument(
     from fedray.runtime import resume_config, run_experiment
     from fedray.runtime.driver import RoundFailedError
     from fedray.runtime.pool import PlacementError
-    from fedray.runtime.storage import StateFileError
+    from fedray.storage import StateFileError
 
     try:
         if resume:
@@ -253,7 +231,7 @@ def config_cmd(config: Path | None = typer.Argument(None, help="A config file to
                as_json: bool = JSON_OPT) -> None:
     """Validate a config and print it fully resolved (defaults filled in)."""
     if keys:
-        rows = [{"key": k, "type": t, "help": h} for k, t, h in field_help()]
+        rows = [{"key": k, "type": t, "help": h} for k, t, h in config_keys()]
         emit({"keys": rows}, as_json,
              "\n".join(f"{r['key']:<34} {r['type']:<40} {r['help']}" for r in rows))
         return
@@ -264,16 +242,6 @@ def config_cmd(config: Path | None = typer.Argument(None, help="A config file to
     import yaml
 
     emit(cfg.to_dict(), as_json, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-
-
-def _parse_shape(text: str | None) -> tuple[int, ...] | None:
-    if not text:
-        return None
-    return tuple(int(v) for v in text.replace("x", ",").split(",") if v.strip())
-
-
-DEFAULT_SHAPES = {"mlp": (784,), "cnn": (1, 28, 28), "lstm": (1, 28, 28),
-                  "resnet18": (3, 32, 32), "resnet34": (3, 32, 32)}
 
 
 @models_app.callback()
@@ -299,8 +267,9 @@ def models_show(name: str = typer.Argument(..., help="Model name, see `fedray mo
                 as_json: bool = JSON_OPT) -> None:
     """Build one model and print its parameters and forward FLOPs for one input
     (conv + linear, 2 FLOPs per multiply-add), measured on the built model."""
-    from fedray.config import check_kwargs, parse_override
+    from fedray.config import parse_override
     from fedray.models import build_model, get_model_builder, profile_model
+    from fedray.spec import check_kwargs
 
     try:
         builder = get_model_builder(name, path="NAME")
@@ -314,119 +283,6 @@ def models_show(name: str = typer.Argument(..., help="Model name, see `fedray mo
     emit(out, as_json, f"{name} ({num_classes} classes, input {tuple(shape)}): "
                        f"{prof['parameters']:,} parameters, {prof['flops']:,} FLOPs "
                        f"({prof['flops'] / 1e9:.3f} GFLOPs) per forward of one input")
-
-
-@flite_app.command("info")
-def flite_info(model: str = typer.Option("resnet18", help="Model name (`fedray models`)."),
-               num_classes: int = typer.Option(100, "--num-classes", min=2),
-               d: int = typer.Option(64, "--d", min=1, help="Latent size per mapped layer."),
-               r: int = typer.Option(32, "--r", min=1, help="Rank of the frozen factors."),
-               input_shape: str | None = typer.Option(None, "--input-shape",
-                                                      help="Per-sample shape, e.g. 3,32,32."),
-               layers: list[str] | None = typer.Option(None, "--layer", help="fnmatch pattern "
-                                                       "of mapped parameters (repeatable)."),
-               as_json: bool = JSON_OPT) -> None:
-    """Mapped layers, latent size D, the per-round payload at fp32/int8/int4 (exact bytes,
-    one quantizer scale for the whole latent or one per layer) and the compression ratio."""
-    from fedray.flite.identity import payload_info
-
-    shape = _parse_shape(input_shape) or DEFAULT_SHAPES.get(model, (3, 32, 32))
-    try:
-        info = payload_info(model, num_classes, d, r, shape, layers or None)
-    except (ConfigError, ValueError) as e:
-        fail(str(e), as_json)
-    text = (f"{model} ({num_classes} classes): {info['num_mapped_layers']} mapped layers, "
-            f"{info['mapped_parameters']:,} mapped weights -> D = {info['D']:,} latents "
-            f"(d = {d}, r = {r})\n"
-            f"compression: {info['compression_ratio_mapped']:,.0f}x vs the mapped weights, "
-            f"{info['compression_ratio_model']:,.0f}x vs all {info['model_parameters']:,} "
-            f"parameters\npayload per client per round: fp32 {info['payload_fp32_bytes']:,} B,"
-            f" int8 {info['payload_int8_bytes']:,} B, int4 {info['payload_int4_bytes']:,} B "
-            f"(one scale+zero for the whole latent; per layer: int4 "
-            f"{info['payload_int4_per_layer_scale_bytes']:,} B; JSON header adds "
-            f"{info['payload_fp32_bytes_with_header'] - info['payload_fp32_bytes']} B)\n"
-            f"stored factors: {info['stored_factor_bytes'] / 2**30:.2f} GiB "
-            f"(regenerated mode: about one chunk)")
-    emit(info, as_json, text)
-
-
-@drod_app.command("ladder")
-def drod_ladder(model: str = typer.Option("resnet18", help="resnet18 or resnet34 (the "
-                                                           "sliceable CIFAR-stem GN variant)."),
-                num_classes: int = typer.Option(100, "--num-classes", min=2),
-                input_shape: str = typer.Option("3,32,32", "--input-shape",
-                                                help="Per-sample shape C,H,W."),
-                width: int = typer.Option(64, min=1, help="Base width (64 = ResNet-18)."),
-                theta: float = typer.Option(0.5, "--theta", help="θ in [0, 1]: s = "
-                                            "ρ^((1−θ)/2), b = ρ^θ (0 = width slicing)."),
-                budgets: str = typer.Option("1.0,0.251,0.064", "--budgets",
-                                            help="Comma-separated ρ, one per tier."),
-                axis: str = typer.Option("dual", help="dual (DROD), width, shortcut, depth."),
-                match: str = typer.Option("params", "--match",
-                                          help="Match ρ on params or flops."),
-                as_json: bool = JSON_OPT) -> None:
-    """The shared budget ladder: per tier ρ, s, b, stage and hidden widths, parameters,
-    FLOPs and their measured ratios to the full model (each sub-model built and run)."""
-    from fedray.hetero.ladder import AXES, solve_ladder
-    from fedray.models.sliceable import arch_for
-
-    name = model if model.startswith("sliceable_") else f"sliceable_{model}"
-    blocks = {"sliceable_resnet18": (2, 2, 2, 2), "sliceable_resnet34": (3, 4, 6, 3)}
-    if name not in blocks:
-        fail(f"--model: {model!r} is not one of resnet18, resnet34", as_json)
-    if match not in ("params", "flops"):
-        fail(f"--match: {match!r} is not one of params, flops", as_json)
-    if axis not in AXES:
-        fail(f"--axis: {axis!r} is not one of {', '.join(AXES)}", as_json)
-    try:
-        rhos = tuple(float(v) for v in budgets.split(","))
-        arch, hw = arch_for(_parse_shape(input_shape), num_classes, blocks[name], width, 8,
-                            axis == "depth", name)
-        rungs = solve_ladder(arch, hw, rhos, axis, theta, match)  # type: ignore[arg-type]
-    except ValueError as e:
-        fail(str(e), as_json)
-    full = arch.full()
-    lines = [f"{name} ({num_classes} classes, input {input_shape}), axis {axis}, θ = {theta}, "
-             f"matched on {match}",
-             f"full model: {rungs[0].parameters / rungs[0].param_ratio:,.0f} parameters, "
-             f"{rungs[0].flops / rungs[0].flop_ratio:,.0f} FLOPs; stage widths "
-             f"{list(full.stream)}",
-             f"{'ρ':>7} {'s':>8} {'b':>7} {'params':>12} {'ratio':>7} {'FLOPs':>15} "
-             f"{'ratio':>7}  stage widths / hidden widths"]
-    for r in rungs:
-        g = r.geometry
-        extra = f" dropped {list(r.dropped)}" if r.dropped else ""
-        extra += f" depth {g.depth}" if g.depth < arch.num_blocks else ""
-        lines.append(f"{r.budget:7.4f} {r.s:8.6f} {r.b:7.4f} {r.parameters:12,} "
-                     f"{r.param_ratio:7.4f} {r.flops:15,} {r.flop_ratio:7.4f}  "
-                     f"{list(g.stream)} / {list(g.hidden[:g.depth])}{extra}")
-    emit({"model": name, "num_classes": num_classes, "theta": theta, "axis": axis,
-          "match": match, "rungs": [r.to_dict() for r in rungs]}, as_json, "\n".join(lines))
-
-
-@favor_app.command("adapter-size")
-def favor_adapter_size(model: str = typer.Option("qwen2.5-3b-instruct", help="One of the "
-                                                 "shipped families: qwen2.5-{0.5b,1.5b,3b,7b}"
-                                                 "-instruct."),
-                       rank: int = typer.Option(16, "--rank", help="LoRA rank r."),
-                       alpha: int = typer.Option(32, "--alpha", help="LoRA α."),
-                       targets: str = typer.Option(",".join(("q_proj", "k_proj", "v_proj",
-                                                             "o_proj", "gate_proj", "up_proj",
-                                                             "down_proj")), "--targets",
-                                                   help="Comma-separated target modules."),
-                       as_json: bool = JSON_OPT) -> None:
-    """Trainable LoRA parameters and the adapter's serialized safetensors bytes (what one
-    FAVoR upload or download weighs), built on the meta device: nothing is downloaded."""
-    from fedray.favor.adapter import LoraSpec, adapter_size
-
-    try:
-        info = adapter_size(model, LoraSpec(rank, alpha, 0.05, tuple(targets.split(","))))
-    except ValueError as e:
-        fail(str(e), as_json)
-    emit(info, as_json, f"{info['hub_id']} LoRA r={rank} α={alpha} on {targets}: "
-                        f"{info['trainable_parameters']:,} trainable parameters, "
-                        f"{info['safetensors_bytes']:,} bytes ({info['safetensors_mib']:.1f} MiB)"
-                        f" as safetensors fp32, {info['tensors']} tensors")
 
 
 def main() -> None:

@@ -5,21 +5,22 @@ become an :class:`ExperimentConfig`. Every check runs before any Ray work, and e
 is a :class:`ConfigError` naming the field, the value and what is allowed.
 
 The ``model`` and ``algorithm`` sections are open-ended: ``name`` picks an entry of the
-model or algorithm registry and the remaining keys are checked against that entry's typed
-parameters (a dataclass for algorithms, the builder's keyword arguments for models).
+model or method registry (:mod:`fedray.registry`) and the remaining keys are checked against
+that entry's typed parameters (a dataclass for methods, the builder's keyword arguments for
+models). A method package may add a top-level section of its own
+(:func:`fedray.registry.register_section`): it is read, validated, listed by ``fedray config
+--keys`` and stored in ``config.yaml`` like the core ones.
+
+Layering: this module sits on the ground floor (it imports :mod:`fedray.spec` and
+:mod:`fedray.registry` only); the registry finds the plugins by name.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
-import math
 import os
-import re
-import reprlib
 import sys
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,53 +28,24 @@ from typing import Any, Literal
 
 import yaml
 
+from fedray import registry
+from fedray.spec import (
+    ConfigError,
+    build_dataclass,
+    check_bounds,
+    check_kwargs,
+    coerce,
+    field_help,
+    redact,
+    short_repr,
+    spec,
+)
+from fedray.transforms import parse_transforms
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
-
-
-_REPR = reprlib.Repr()
-_REPR.maxstring, _REPR.maxother, _REPR.maxlevel = 120, 120, 2
-_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 6
-
-
-def short_repr(value: Any, limit: int = 240) -> str:
-    """``repr`` bounded in depth and length: a value in a message is shown, not expanded
-    (a YAML alias bomb would otherwise take forever to print)."""
-    text = _REPR.repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-_CREDENTIALS = re.compile(r"(?<=://)[^/@\s'\"]+@")
-
-
-def redact(text: str) -> str:
-    """``text`` with the user-info part of every URI (``s3://KEY:SECRET@bucket/...``)
-    replaced by ``***@``: credentials never reach a log, a config or a summary."""
-    return _CREDENTIALS.sub("***@", text)
-
-
-class ConfigError(ValueError):
-    """A configuration value that is not allowed; names the field, the value and the rule."""
-
-    def __init__(self, path: str, value: Any, allowed: str):
-        self.path, self.value, self.allowed = path, value, allowed
-        super().__init__(redact(f"config error at '{path}': got {short_repr(value)}; "
-                                f"allowed: {allowed}"))
-
-    def __reduce__(self):  # survives pickling (errors raised inside Ray workers)
-        return ConfigError, (self.path, self.value, self.allowed)
-
-
-def spec(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
-         ge: float | None = None, gt: float | None = None, le: float | None = None,
-         lt: float | None = None, help: str = "") -> Any:
-    """A dataclass field with numeric bounds and a help text."""
-    meta = {"ge": ge, "gt": gt, "le": le, "lt": lt, "help": help}
-    if default_factory is not dataclasses.MISSING:
-        return field(default_factory=default_factory, metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 # ----------------------------------------------------------------------------- sections
@@ -132,8 +104,16 @@ class LocalConfig:
 
 @dataclass
 class PayloadConfig:
-    upload: Literal["fp32", "bf16", "int8", "int4"] = "fp32"
-    download: Literal["fp32", "bf16"] = "fp32"
+    upload: Literal["fp32", "bf16", "int8", "int4"] = spec(
+        "fp32", help="wire codec of every uploaded float tensor")
+    download: Literal["fp32", "bf16"] = spec("fp32", help="wire codec of the broadcast")
+    transforms: list[str | dict[str, Any]] = spec(
+        default_factory=list, help="update transforms each upload passes through, in order "
+                                   "(fedray.transforms): topk, powersgd, int8, int4, bf16, as "
+                                   "a name or {name: topk, density: 0.1}; for methods whose "
+                                   "upload has the broadcast's shapes (FedAvg family, ORDERS)")
+    error_feedback: bool = spec(True, help="feed what the transform chain dropped back into "
+                                           "the client's next upload")
 
 
 @dataclass
@@ -200,34 +180,6 @@ class RuntimeConfig:
 
 
 @dataclass
-class ContinualConfig:
-    """Federated class-incremental learning (DROD §3): the classes are cut, in a fixed order,
-    into ``tasks`` disjoint tasks that reach every client at the same round boundaries;
-    one shared head, no task id. Each task's samples are split among the clients with
-    Dirichlet(``data.alpha``), redrawn per task."""
-
-    tasks: int = spec(0, ge=0, help="number of tasks (0: no task stream)")
-    rounds_per_task: int = spec(1, ge=1, help="communication rounds per task")
-    class_order: list[int] | None = spec(None, help="class order cut into tasks "
-                                                    "(default 0..C-1, the paper's fixed order)")
-    method: Literal["none", "er", "derpp", "bic", "ewc"] = spec(
-        "er", help="continual-learning objective: none (fine-tune), er (experience replay), "
-                   "derpp (DER++), bic (bias correction), ewc (online EWC)")
-    buffer_total: int = spec(200, ge=0, help="fleet-wide replay exemplars, split uniformly "
-                                             "over the clients")
-    replay_batch: int | None = spec(None, ge=1, help="exemplars appended per local batch "
-                                                     "(default local.batch_size)")
-    derpp_alpha: float = spec(0.1, ge=0, help="DER++ weight of the logit-matching term")
-    derpp_beta: float = spec(0.5, ge=0, help="DER++ weight of the replayed-label term")
-    ewc_lambda: float = spec(10.0, ge=0, help="EWC penalty strength λ")
-    ewc_gamma: float = spec(1.0, ge=0, le=1, help="online-EWC decay of the old Fisher")
-    ewc_samples: int = spec(256, ge=1, help="samples per Fisher estimate")
-    bic_steps: int = spec(300, ge=1, help="gradient steps of BiC's two-parameter stage")
-    bic_lr: float = spec(0.1, gt=0, help="learning rate of BiC's two-parameter stage")
-    bic_temperature: float = spec(2.0, gt=0, help="BiC distillation temperature")
-
-
-@dataclass
 class PretrainConfig:
     """Central pretraining of a shared base (``fedray pretrain``); the FLITE paper's recipe:
     SGD momentum 0.9, lr 0.05 with a 3-epoch linear warmup then cosine decay, weight decay
@@ -260,12 +212,21 @@ class ExperimentConfig:
     eval: EvalConfig = spec(default_factory=EvalConfig)
     runtime: RuntimeConfig = spec(default_factory=RuntimeConfig)
     pretrain: PretrainConfig = spec(default_factory=PretrainConfig)
-    continual: ContinualConfig = spec(default_factory=ContinualConfig)
+    sections: dict[str, Any] = field(default_factory=lambda: default_sections(), repr=False,
+                                     metadata={"internal": True})
+
+    def __getattr__(self, name: str) -> Any:
+        """A section a method package registered (e.g. ``cfg.continual``)."""
+        found = self.__dict__.get("sections") or {}
+        if name in found:
+            return found[name]
+        raise AttributeError(f"{type(self).__name__!r} has no attribute {name!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field; a run_dir URI with credentials is redacted (this is what config.yaml
-        stores)."""
+        """Every field, registered sections at the top level; a run_dir URI with credentials
+        is redacted (this is what config.yaml stores)."""
         out = dataclasses.asdict(self)
+        out.update(out.pop("sections"))
         if out["run_dir"]:
             out["run_dir"] = redact(out["run_dir"])
         return out
@@ -275,146 +236,6 @@ class ExperimentConfig:
             return self.clients.tiers[client_id]
         tiers = self.runtime.tiers
         return tiers[client_id % len(tiers)].name
-
-
-# ----------------------------------------------------------------------------- coercion
-
-
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    if origin in (list, tuple):
-        args = typing.get_args(tp)
-        return f"a list of {_type_name(args[0])}" if args else "a list"
-    if origin is dict:
-        return "a mapping"
-    if tp is type(None):
-        return "null"
-    if dataclasses.is_dataclass(tp):
-        return f"a mapping with keys {', '.join(f.name for f in dataclasses.fields(tp))}"
-    return getattr(tp, "__name__", str(tp))
-
-
-def coerce(value: Any, tp: Any, path: str) -> Any:
-    """Check ``value`` against the annotation ``tp`` and return it in that type.
-
-    Ints are accepted where floats are expected; nothing else is converted silently
-    (``"3"`` is not an int, ``1`` is not a bool).
-    """
-    if tp is Any:
-        return value
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        if value in typing.get_args(tp) and not isinstance(value, bool):
-            return value
-        raise ConfigError(path, value, _type_name(tp))
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return coerce(value, arg, path)
-            except ConfigError:
-                continue
-        raise ConfigError(path, value, _type_name(tp))
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(path, value, _type_name(tp))
-        (arg,) = typing.get_args(tp)[:1] or (Any,)
-        return [coerce(v, arg, f"{path}[{i}]") for i, v in enumerate(value)]
-    if origin is dict or tp is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(path, value, "a mapping")
-        _, vt = typing.get_args(tp) or (str, Any)
-        return {k: coerce(v, vt, f"{path}.{k}") for k, v in value.items()}
-    if dataclasses.is_dataclass(tp):
-        return build_dataclass(tp, value, path)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(path, value, "true or false")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ConfigError(path, value, "an integer")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(float(value)):
-                raise ConfigError(path, value, "a finite number")
-            return float(value)
-        raise ConfigError(path, value, "a number")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(path, value, "a string")
-    if isinstance(tp, type) and isinstance(value, tp):
-        return value
-    raise ConfigError(path, value, _type_name(tp))
-
-
-def check_bounds(value: Any, meta: typing.Mapping[str, Any], path: str) -> None:
-    if value is None or isinstance(value, (bool, str)) or not isinstance(value, (int, float)):
-        return
-    rules = [("ge", lambda a, b: a >= b, ">="), ("gt", lambda a, b: a > b, ">"),
-             ("le", lambda a, b: a <= b, "<="), ("lt", lambda a, b: a < b, "<")]
-    for key, ok, _ in rules:
-        bound = meta.get(key)
-        if bound is not None and not ok(value, bound):
-            text = " and ".join(f"{s} {meta[k]}" for k, _, s in rules if meta.get(k) is not None)
-            raise ConfigError(path, value, f"a number {text}")
-
-
-def build_dataclass(cls: type, data: Any, path: str = "") -> Any:
-    """Build dataclass ``cls`` from a mapping, rejecting unknown keys and bad values."""
-    if data is None:
-        data = {}
-    if dataclasses.is_dataclass(data):
-        data = dataclasses.asdict(data)
-    if not isinstance(data, dict):
-        raise ConfigError(path or "<root>", data, _type_name(cls))
-    hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    for key in data:
-        if key not in known:
-            where = f"{path}.{key}" if path else str(key)
-            raise ConfigError(where, data[key], f"known keys of '{path or 'config'}': "
-                              + ", ".join(sorted(known)))
-    kwargs = {}
-    for name, f in known.items():
-        if name not in data:
-            continue
-        where = f"{path}.{name}" if path else name
-        value = coerce(data[name], hints[name], where)
-        check_bounds(value, f.metadata, where)
-        if isinstance(value, list):
-            for i, v in enumerate(value):
-                check_bounds(v, f.metadata, f"{where}[{i}]")
-        kwargs[name] = value
-    return cls(**kwargs)
-
-
-def check_kwargs(fn: Any, kwargs: dict[str, Any], path: str) -> dict[str, Any]:
-    """Validate keyword arguments of a builder against its signature and annotations."""
-    sig = inspect.signature(fn)
-    hints = typing.get_type_hints(fn)
-    allowed = {n: p for n, p in sig.parameters.items()
-               if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
-    out = {}
-    for key, value in kwargs.items():
-        if key not in allowed or allowed[key].default is inspect.Parameter.empty:
-            names = ", ".join(n for n, p in allowed.items()
-                              if p.default is not inspect.Parameter.empty)
-            raise ConfigError(f"{path}.{key}", value, f"known keys: name, {names}")
-        out[key] = coerce(value, hints.get(key, Any), f"{path}.{key}")
-    return out
 
 
 # ----------------------------------------------------------------------------- loading
@@ -499,6 +320,28 @@ def read_file(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
+def default_sections() -> dict[str, Any]:
+    """Every registered section at its defaults."""
+    return {name: cls() for name, cls in registry.sections().items()}
+
+
+def build_config(data: dict[str, Any]) -> ExperimentConfig:
+    """The typed config of a mapping: core fields and registered sections, unknown keys
+    rejected (the message lists both)."""
+    if not isinstance(data, dict):
+        raise ConfigError("<root>", data, "a mapping")
+    extra = registry.sections()
+    core = {f.name for f in dataclasses.fields(ExperimentConfig)} - {"sections"}
+    for key in data:
+        if key not in core and key not in extra:
+            raise ConfigError(str(key), data[key], "known keys of 'config': "
+                              + ", ".join(sorted(core | set(extra))))
+    found = {name: build_dataclass(cls, data.get(name), name) for name, cls in extra.items()}
+    cfg = build_dataclass(ExperimentConfig, {k: v for k, v in data.items() if k in core})
+    cfg.sections = found
+    return cfg
+
+
 def load_config(path: str | os.PathLike | None = None, overrides: typing.Iterable[str] = (),
                 base: dict[str, Any] | None = None) -> ExperimentConfig:
     """Read ``path`` (YAML/TOML/JSON), apply overrides, validate everything."""
@@ -506,7 +349,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: typing.Iterabl
     if path is not None:
         data = _merge(data, read_file(path))
     data = apply_overrides(data, overrides)
-    cfg = build_dataclass(ExperimentConfig, data)
+    cfg = build_config(data)
     validate(cfg)
     return cfg
 
@@ -518,11 +361,30 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def validate(cfg: ExperimentConfig) -> None:
-    """Cross-field rules and the model/algorithm sections (need the registries)."""
-    from fedray.algorithms import get_algorithm
-    from fedray.models import get_model_builder
+# the image datasets' shapes: (channels, height, width), classes
+IMAGE_DATASETS = {"cifar10": ((3, 32, 32), 10), "cifar100": ((3, 32, 32), 100),
+                  "digits": ((1, 8, 8), 10)}
 
+
+def dataset_shape(data: DataConfig) -> tuple[tuple[int, ...], int]:
+    """Input shape (without batch) and class count of the configured dataset, without
+    loading it (the one table of them). BlogText has neither: a :class:`ConfigError`."""
+    if data.dataset == "digits":
+        size = data.image_size or 8
+        return (data.channels, size, size), 10
+    if data.dataset in IMAGE_DATASETS:
+        return IMAGE_DATASETS[data.dataset]
+    if data.dataset == "synthetic":
+        return (data.synthetic_features,), data.synthetic_classes
+    raise ConfigError("data.dataset", data.dataset, "a classification dataset")
+
+
+def num_classes(cfg: ExperimentConfig) -> int:
+    return dataset_shape(cfg.data)[1]
+
+
+def validate(cfg: ExperimentConfig) -> None:
+    """Cross-field rules, the registered sections, the model and the method's parameters."""
     c = cfg.clients
     if c.per_round is not None and c.per_round > c.num_clients:
         raise ConfigError("clients.per_round", c.per_round,
@@ -553,27 +415,51 @@ def validate(cfg: ExperimentConfig) -> None:
         if not cfg.data.download and not Path(root).is_dir():
             raise ConfigError("data.root", root,
                               "an existing directory (or set data.download=true)")
-    if cfg.data.partition == "pathological" and cfg.data.classes_per_client > _num_classes(cfg):
+    if cfg.data.partition == "pathological" and cfg.data.dataset != "blogtext" and \
+            cfg.data.classes_per_client > num_classes(cfg):
         raise ConfigError("data.classes_per_client", cfg.data.classes_per_client,
-                          f"at most the dataset's {_num_classes(cfg)} classes")
+                          f"at most the dataset's {num_classes(cfg)} classes")
     if cfg.data.drift_round is not None and cfg.data.drift_round > cfg.rounds:
         raise ConfigError("data.drift_round", cfg.data.drift_round,
                           f"a round in 1..rounds = {cfg.rounds}")
 
-    _validate_continual(cfg)
+    for section in cfg.sections.values():
+        if hasattr(section, "validate"):
+            section.validate(cfg)
+
+    _validate_transforms(cfg)
 
     model = dict(cfg.model)
     name = model.pop("name", "mlp")
-    builder = get_model_builder(name, path="model.name")
+    builder = registry.model_builder(name, path="model.name")
     cfg.model = {"name": name, **check_kwargs(builder, model, "model")}
 
     algo = dict(cfg.algorithm)
     aname = algo.pop("name", "fedavg")
-    algorithm_cls = get_algorithm(aname, path="algorithm.name")
-    params = build_dataclass(algorithm_cls.Params, algo, "algorithm")
+    method_cls = registry.method(aname, path="algorithm.name")
+    params = build_dataclass(method_cls.Params, algo, "algorithm")
     if hasattr(params, "validate"):
         params.validate(cfg)
     cfg.algorithm = {"name": aname, **dataclasses.asdict(params)}
+
+
+def _validate_transforms(cfg: ExperimentConfig) -> None:
+    p = cfg.payload
+    if not p.transforms:
+        return
+    try:
+        parse_transforms(p.transforms)
+    except ValueError as e:
+        raise ConfigError("payload.transforms", p.transforms, str(e)) from None
+    if p.upload != "fp32":
+        raise ConfigError("payload.upload", p.upload, "fp32 when payload.transforms is set "
+                                                      "(quantize inside the chain: int8, int4)")
+    method = registry.method(cfg.algorithm.get("name", "fedavg"))
+    if not method.supports_transforms:
+        able = sorted(n for n, m in registry.methods().items() if m.supports_transforms)
+        raise ConfigError("payload.transforms", p.transforms,
+                          "empty for this method (its upload is not shaped like the "
+                          "broadcast); methods that take transforms: " + ", ".join(able))
 
 
 def _validate_devices(cfg: ExperimentConfig) -> None:
@@ -591,55 +477,18 @@ def _validate_devices(cfg: ExperimentConfig) -> None:
                               "type per tier")
 
 
-def _validate_continual(cfg: ExperimentConfig) -> None:
-    from fedray.algorithms import get_algorithm
-
-    cl = cfg.continual
-    if not cl.tasks:
-        return
-    classes = _num_classes(cfg)
-    if classes % cl.tasks:
-        raise ConfigError("continual.tasks", cl.tasks,
-                          f"a divisor of the dataset's {classes} classes")
-    if cl.class_order is not None and sorted(cl.class_order) != list(range(classes)):
-        raise ConfigError("continual.class_order", cl.class_order,
-                          f"a permutation of 0..{classes - 1}")
-    if cfg.eval.every and cl.rounds_per_task % cfg.eval.every:
-        raise ConfigError("eval.every", cfg.eval.every,
-                          f"a divisor of continual.rounds_per_task = {cl.rounds_per_task} (the "
-                          f"accuracy matrix needs a score at every task boundary)")
-    if cfg.rounds > cl.tasks * cl.rounds_per_task:
-        raise ConfigError("rounds", cfg.rounds, f"at most continual.tasks x rounds_per_task = "
-                                                f"{cl.tasks * cl.rounds_per_task}")
-    if cl.buffer_total and cl.buffer_total < cfg.clients.num_clients and cl.method != "none":
-        raise ConfigError("continual.buffer_total", cl.buffer_total,
-                          f"0 or at least one exemplar per client "
-                          f"({cfg.clients.num_clients})")
-    algorithm = get_algorithm(cfg.algorithm.get("name", "fedavg"), path="algorithm.name")
-    if not getattr(algorithm, "supports_continual", False):
-        raise ConfigError("algorithm.name", cfg.algorithm.get("name"),
-                          "a method that supports continual.tasks (the sub-model family: "
-                          "drod, fjord, heterofl, fedrolex, shortcut_fjord, depthfl)")
-
-
-def _num_classes(cfg: ExperimentConfig) -> int:
-    return {"digits": 10, "cifar10": 10, "cifar100": 100}.get(
-        cfg.data.dataset, cfg.data.synthetic_classes)
-
-
-def field_help(cls: type = ExperimentConfig, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted key, type, help) for every field: used by ``--help`` texts and the README."""
-    rows = []
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        key = f"{prefix}{f.name}"
-        tp = hints[f.name]
-        item = (typing.get_args(tp) or (None,))[0] if typing.get_origin(tp) is list else None
-        if dataclasses.is_dataclass(tp):
-            rows += field_help(tp, key + ".")
-        elif dataclasses.is_dataclass(item):  # a list of sections: each entry's keys
-            rows.append((key, f"a list of {item.__name__}", f.metadata.get("help", "")))
-            rows += field_help(item, key + "[].")
-        else:
-            rows.append((key, _type_name(tp), f.metadata.get("help", "")))
+def keys() -> list[tuple[str, str, str]]:
+    """(dotted key, type, help) of every knob: the core sections, the registered sections
+    and each method's ``algorithm.*`` parameters (``fedray config --keys``)."""
+    rows = field_help(ExperimentConfig)
+    for name, cls in registry.sections().items():
+        rows += field_help(cls, name + ".")
+    for name, cls in registry.methods().items():
+        rows += [(k, t, f"[{name}] {h}".rstrip()) for k, t, h in
+                 field_help(cls.Params, "algorithm.") if k != "algorithm.name"]
     return rows
+
+
+__all__ = ["ConfigError", "ExperimentConfig", "build_config", "build_dataclass", "coerce",
+           "check_bounds", "check_kwargs", "dataset_shape", "field_help", "keys",
+           "load_config", "num_classes", "redact", "short_repr", "spec"]

@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from fedray.runtime.storage import Storage
+from fedray.storage import Storage
 
 KINDS = ("rounds", "clients")
 

@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from fedray.config import ConfigError, ExperimentConfig
-from fedray.runtime.storage import Storage
-from fedray.seeding import derive_seed, rng
+from fedray.config import ExperimentConfig
+from fedray.seeding import rng, torch_seeded
+from fedray.spec import ConfigError
+from fedray.storage import Storage
 
 
 def lr_at(step: int, steps_per_epoch: int, epochs: int, warmup_epochs: int, lr: float) -> float:
@@ -52,14 +53,12 @@ def select(y: np.ndarray, classes: list[int] | None, fraction: float, seed: int,
 def build_base_model(cfg: ExperimentConfig, input_shape: tuple[int, ...], num_classes: int,
                      head: str | None = None):
     """The model with seeded initial weights and ``head`` (default: ``pretrain.head``)."""
-    import torch
 
     from fedray.models import build_model
     from fedray.models.heads import configure_head
 
     kwargs = {k: v for k, v in cfg.model.items() if k != "name"}
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed(cfg.seed, -1, -1, "model-init"))
+    with torch_seeded(cfg.seed, -1, -1, "model-init"):
         model = build_model(cfg.model["name"], tuple(input_shape), num_classes, **kwargs)
     return configure_head(model, head or cfg.pretrain.head, cfg.seed)
 
@@ -107,8 +106,7 @@ def pretrain(cfg: ExperimentConfig, out: str, *, resume: bool = False,
         model.train()
         perm = rng(cfg.seed, epoch, -1, "pretrain-shuffle").permutation(len(x))
         total = 0.0
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(cfg.seed, epoch, -1, "pretrain-torch"))
+        with torch_seeded(cfg.seed, epoch, -1, "pretrain-torch"):
             for b in range(steps_per_epoch):
                 opt.lr = lr_at(epoch * steps_per_epoch + b, steps_per_epoch, p.epochs,
                                p.warmup_epochs, p.lr)

@@ -14,8 +14,13 @@ import os
 from typing import Any
 
 import numpy as np
+import yaml
 
+from fedray import registry
 from fedray.metrics import read_metrics
+from fedray.plots import images as _images
+from fedray.plots import pyplot as _plt
+from fedray.plots import save
 
 
 def _load(run_dir: str) -> dict[str, Any]:
@@ -29,29 +34,14 @@ def _load(run_dir: str) -> dict[str, Any]:
     if os.path.exists(path):
         with open(path) as f:
             summary = json.load(f)
+    config = {}
+    path = os.path.join(run_dir, "config.yaml")
+    if os.path.exists(path):
+        with open(path) as f:
+            config = yaml.safe_load(f) or {}
     label = summary.get("name") or os.path.basename(os.path.normpath(run_dir))
     return {"dir": run_dir, "rounds": rounds, "clients": clients, "summary": summary,
-            "label": label}
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save(fig: Any, out_dir: str, name: str, dpi: int = 120) -> str:
-    """Lay out, write ``out_dir/name`` and close a figure; returns the path."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    path = os.path.join(out_dir, name)
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
-    return path
+            "label": label, "config": config}
 
 
 def _accuracy_plots(runs: list[dict], out_dir: str) -> list[str]:
@@ -162,17 +152,10 @@ def _markdown(rows: list[dict], title: str, plots: list[str], out_dir: str) -> s
     return "\n".join(lines) + "\n\n" + _images(plots, out_dir)
 
 
-def _images(paths: list[str], out_dir: str) -> str:
-    """Markdown image links to ``paths``, relative to the Markdown file's folder."""
-    return "".join(f"![{os.path.basename(p)}]({os.path.relpath(p, out_dir)})\n"
-                   for p in paths)
-
-
 def report(run_dir: str, out_dir: str | None = None) -> dict[str, Any]:
-    """Plots and REPORT.md for one run (default into RUN_DIR/report), plus the method's
-    diagnostics when the run has them (ORDERS: norms, ranks, weights)."""
-    from fedray.diagnostics import continual, orders
-
+    """Plots and REPORT.md for one run (default into RUN_DIR/report), plus the sections its
+    method adds (:meth:`fedray.methods.base.Algorithm.report_sections`: ORDERS' norms and
+    ranks, the continual accuracy matrices, ...)."""
     run = _load(run_dir)
     out_dir = out_dir or os.path.join(run_dir, "report")
     os.makedirs(out_dir, exist_ok=True)
@@ -180,30 +163,27 @@ def report(run_dir: str, out_dir: str | None = None) -> dict[str, Any]:
     row = _row(run)
     text = _markdown([row], f"fedray run: {run['label']}", plots, out_dir)
     diagnostics: dict[str, Any] = {}
-    if orders.applies(run["clients"]):
-        diagnostics["orders"] = orders.summarize(run["clients"])
-        extra = orders.plots(run["clients"], out_dir, run["label"])
-        plots += extra
-        text += "\n## ORDERS diagnostics\n\n" + "\n".join(
-            f"- {k}: {v:.4f}" if isinstance(v, float) else f"- {k}: {v}"
-            for k, v in diagnostics["orders"].items()) + "\n\n" + _images(extra, out_dir)
-    stream = continual.setting(run_dir)
-    if stream is not None:
-        rows = run["rounds"].to_dict("records")
-        diagnostics["continual"] = continual.summary(rows, stream)
-        extra = continual.plots(rows, stream, out_dir, run["label"])
-        plots += extra
-        text += "\n## Continual learning (fleet = unweighted mean over tiers)\n\n" + \
-            "| tier | " + " | ".join(diagnostics["continual"]["fleet"]) + " |\n|---|" + \
-            "---|" * len(diagnostics["continual"]["fleet"]) + "\n" + "".join(
-                f"| {tier} | " + " | ".join(f"{v:.4f}" for v in vals.values()) + " |\n"
-                for tier, vals in diagnostics["continual"].items()) + "\n" + \
-            _images(extra, out_dir)
+    for section in _method_sections(run, out_dir):
+        diagnostics[section.key] = section.data
+        plots += section.plots
+        text += f"\n## {section.title}\n\n{section.markdown}\n\n" + \
+            _images(section.plots, out_dir)
     md = os.path.join(out_dir, "REPORT.md")
     with open(md, "w") as f:
         f.write(text)
     return {"run_dir": run_dir, "out_dir": out_dir, "plots": plots, "markdown": md,
             "metrics": row, "diagnostics": diagnostics}
+
+
+def _method_sections(run: dict[str, Any], out_dir: str) -> list:
+    """The report sections of the run's method (none when config.yaml is missing or names a
+    method this installation does not have)."""
+    name = (run.get("config") or {}).get("algorithm", {}).get("name")
+    try:
+        method = registry.method(name)
+    except ValueError:
+        return []
+    return method.report_sections(run, out_dir)
 
 
 def compare(run_dirs: list[str], out_dir: str) -> dict[str, Any]:

@@ -7,7 +7,9 @@ a client" (e.g. the data partition, the model's initial weights).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -45,3 +47,16 @@ def torch_generator(seed: int, round: int = -1, client: int = -1, purpose: str =
     g = torch.Generator(device=device)
     g.manual_seed(derive_seed(seed, round, client, purpose))
     return g
+
+
+@contextlib.contextmanager
+def torch_seeded(seed: int, round: int = -1, client: int = -1, purpose: str = ""
+                 ) -> Iterator[None]:
+    """Run the body with torch's global CPU generator seeded from ``(seed, round, client,
+    purpose)`` and restore it afterwards: the one way fedray seeds torch's global draws
+    (initialisations, dropout masks). Draws made on the CPU are the same on any device."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(seed, round, client, purpose))
+        yield

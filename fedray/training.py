@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedray.seeding import derive_seed, rng
+from fedray.seeding import rng, torch_seeded
 
 
 def get_state(model: nn.Module) -> dict[str, np.ndarray]:
@@ -148,8 +148,7 @@ def train_local(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int,
     loss_fn = nn.CrossEntropyLoss()
     model.train()
     total, steps = 0.0, 0
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed(seed, round, client, f"{purpose}-torch"))
+    with torch_seeded(seed, round, client, f"{purpose}-torch"):
         for idx in batches(len(x), batch_size, epochs, seed, round, client, max_steps, purpose):
             opt.zero_grad()
             with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16,

@@ -16,30 +16,23 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
-from fedray.config import ConfigError, ExperimentConfig, load_config, read_file, redact
+from fedray import registry
+from fedray.config import ExperimentConfig, load_config, read_file
+from fedray.spec import ConfigError, redact
 
 KINDS = ("choice", "grid", "uniform", "loguniform", "randint")
 
 
-def _orders(cfg: ExperimentConfig) -> dict[str, dict]:
-    n = cfg.clients.sampled_count()
-    return {"algorithm.beta": {"uniform": [0.3, 0.7]},
-            "algorithm.gamma": {"uniform": [max(1.0, n / 3), max(1.0, n / 2)]}}
-
-
-PRESETS: dict[str, Callable[[ExperimentConfig], dict[str, dict]]] = {
-    "drod": lambda cfg: {"algorithm.theta": {"grid": [0.0, 0.25, 0.5, 0.75, 1.0]}},
-    "orders": _orders,
-    "flite": lambda cfg: {"algorithm.d": {"choice": [32, 64, 128]},
-                          "algorithm.r": {"choice": [8, 16, 32]}},
-    "favor": lambda cfg: {"algorithm.lambda_align": {"loguniform": [0.01, 1.0]}},
-}
+def presets() -> dict[str, type]:
+    """The methods with a sweep preset of their own (``--preset NAME``: the method's
+    :meth:`~fedray.methods.base.Algorithm.sweep_preset`)."""
+    return {name: m for name, m in registry.methods().items() if "sweep_preset" in vars(m)}
 
 
 def parse_space_arg(text: str) -> tuple[str, dict]:
@@ -141,9 +134,10 @@ def load_sweep(config: str | os.PathLike | dict, overrides: Iterable[str] = (),
     cfg = load_config(None, overrides, base=data)
     merged = dict(block.pop("space", None) or {})
     if preset is not None:
-        if preset not in PRESETS:
-            raise ConfigError("--preset", preset, "one of " + ", ".join(PRESETS))
-        merged |= PRESETS[preset](cfg)
+        found = presets()
+        if preset not in found:
+            raise ConfigError("--preset", preset, "one of " + ", ".join(found))
+        merged |= found[preset].sweep_preset(cfg)
     merged |= space or {}
     known = {f.name for f in SweepSpec.__dataclass_fields__.values()} - {"space"}
     unknown = set(block) - known
@@ -171,19 +165,15 @@ def trial_bundles(cfg: ExperimentConfig) -> list[dict[str, float]]:
 
 def check_trial_fits(cfg: ExperimentConfig) -> None:
     """Raise when one trial's placement group can never fit this cluster's resources."""
-    import ray
+    from fedray.runtime.pool import shortfall
 
-    from fedray.runtime.pool import requested_resources
-
-    have = ray.cluster_resources()
-    want = requested_resources(cfg)
-    want["CPU"] += TRIAL_CPU
-    for k, v in want.items():
-        if v > have.get(k, 0.0) + 1e-9:
-            raise ConfigError("runtime.tiers", [t.name for t in cfg.runtime.tiers],
-                              f"tiers whose executors fit one trial on this Ray: a trial "
-                              f"needs {v:g} {k} (1 CPU for the trial and the driver plus "
-                              f"every executor) but the cluster has {have.get(k, 0.0):g}")
+    short = shortfall(cfg, extra_cpu=TRIAL_CPU)
+    if short is not None:
+        k, v, have = short
+        raise ConfigError("runtime.tiers", [t.name for t in cfg.runtime.tiers],
+                          f"tiers whose executors fit one trial on this Ray: a trial needs "
+                          f"{v:g} {k} (1 CPU for the trial and the driver plus every "
+                          f"executor) but the cluster has {have:g}")
 
 
 def _finite(row: dict) -> dict[str, float]:
@@ -284,7 +274,7 @@ def sweep(config: str | os.PathLike | dict, space: dict[str, dict] | None = None
 def write_table(grid: Any, spec: SweepSpec, path: str) -> SweepResult:
     """Every trial's config and final metrics, best first, as Parquet and Markdown."""
 
-    from fedray.runtime.storage import Storage
+    from fedray.storage import Storage
 
     keys = list(spec.space)
     rows = []

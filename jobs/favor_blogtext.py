@@ -68,17 +68,18 @@ def main(argv: list[str] | None = None) -> dict:
     if args.stress:
         args.authors, args.per_round, args.rounds = 100, 20, 20
 
-    from fedray.algorithms import make_algorithm
-    from fedray.config import load_config, redact
+    from fedray.config import load_config
     from fedray.data import build_data
-    from fedray.favor.evaluate import evaluate_style
-    from fedray.favor.lm import TinyLM
-    from fedray.favor.pooled import train_pooled
-    from fedray.favor.prepare import embedded_overrides, prepare_embedded
+    from fedray.methods.favor.evaluate import evaluate_style
+    from fedray.methods.favor.lm import TinyLM
+    from fedray.methods.favor.pooled import train_pooled
+    from fedray.methods.favor.prepare import embedded_overrides, prepare_embedded
     from fedray.metrics import json_text
+    from fedray.registry import build_method
     from fedray.runtime import init_ray, resumable, run_experiment
     from fedray.runtime.devices import run_on_device
-    from fedray.runtime.storage import Storage
+    from fedray.spec import redact
+    from fedray.storage import Storage
 
     t0 = time.time()
     remote = "://" in args.out
@@ -106,8 +107,8 @@ def main(argv: list[str] | None = None) -> dict:
         from transformers import AutoTokenizer
 
         from fedray.data.blogtext import load_authors
-        from fedray.favor.data import split_roles
-        from fedray.favor.prepare import train_style_encoder
+        from fedray.methods.favor.data import split_roles
+        from fedray.methods.favor.prepare import train_style_encoder
 
         prep_holdout = None  # the authors in neither the roster nor the ASCE set
         model = args.model or "Qwen/Qwen2.5-3B-Instruct"
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
                 + args.set)
             data = data or build_data(cfg)  # identical for every method: built once
             started = started or init_ray(cfg)
-            params = make_algorithm(cfg).params
+            params = build_method(cfg).params
             # evaluation and pooled training: Ray tasks with the executors' GPU share, on
             # the base the adapters were trained with (NF4 on CUDA), not the entry's CPU
             if pooled:
@@ -178,15 +179,15 @@ def main(argv: list[str] | None = None) -> dict:
 
 def run_cold_start(args, out: str, holdout_csv: str | None, csv: str, seed: int) -> list:
     """K-shot private residuals for 10 held-out authors from the FAVoR run's final shared
-    adapter, against a random adapter and the base model (see fedray.favor.cold_start)."""
+    adapter, against a random adapter and the base model (see fedray.methods.favor.cold_start)."""
 
     import yaml
 
     from fedray.config import load_config
     from fedray.data.blogtext import load_authors
-    from fedray.favor.evaluate import final_adapters
+    from fedray.methods.favor.evaluate import final_adapters
     from fedray.runtime.devices import run_on_device
-    from fedray.runtime.storage import Storage
+    from fedray.storage import Storage
 
     cfg = load_config(None, [], base=yaml.safe_load(
         Storage(f"{out}/favor").read_bytes("config.yaml").decode()))
@@ -194,7 +195,7 @@ def run_cold_start(args, out: str, holdout_csv: str | None, csv: str, seed: int)
     if holdout_csv is not None:
         authors = load_authors(holdout_csv, lambda t: 1, min_tokens=1, seed=seed)
     else:
-        from fedray.favor.data import split_roles
+        from fedray.methods.favor.data import split_roles
 
         everyone = load_authors(csv, lambda t: 1, min_tokens=1, seed=seed)
         asce, roster = split_roles(everyone, cfg.clients.num_clients, 50, seed)
@@ -217,10 +218,10 @@ def cold_start_task(cfg, shared: dict, authors: list, ks: list[int], seed: int,
     seed as the federation's was, the random one matches the shared adapter's scale."""
     import numpy as np
 
-    from fedray.algorithms import make_algorithm
-    from fedray.favor.cold_start import cold_start
+    from fedray.methods.favor.cold_start import cold_start
+    from fedray.registry import build_method
 
-    alg = make_algorithm(cfg)
+    alg = build_method(cfg)
     res = alg.build_resident((alg.params.block_length,), 0, device)
     initial = alg.init_global_state(res, seed)
     del res
@@ -235,7 +236,7 @@ def write_table(rows: list[dict], out: str) -> None:
     import tempfile
 
     from fedray.report import _plt, save
-    from fedray.runtime.storage import Storage
+    from fedray.storage import Storage
 
     storage = Storage(out)
     storage.write_parquet("results.parquet", rows)

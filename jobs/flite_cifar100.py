@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
     common = data + model + sizes + part + [f"seed={args.seed}", "name=flite-cifar100"]
     pcfg = load_config(None, common + args.set)
     init_ray(pcfg)
-    from fedray.runtime.storage import Storage
+    from fedray.storage import Storage
 
     if not Storage(base_dir).exists("base.npz"):
         resume = Storage(base_dir).exists("checkpoints/LATEST")

@@ -18,10 +18,10 @@ SMOKE = ["rounds=1", "clients.num_clients=6", "clients.per_round=2", "algorithm.
 
 
 def prepare(args, overrides: list[str]) -> list[str]:
-    from fedray.favor.prepare import embedded_overrides, prepare_embedded
+    from fedray.methods.favor.prepare import embedded_overrides, prepare_embedded
 
     if args.smoke:
-        from fedray.favor.lm import TinyLM
+        from fedray.methods.favor.lm import TinyLM
 
         spec = TinyLM(vocab_size=400, hidden_size=32, intermediate_size=64,
                       num_hidden_layers=1, steps=40, batch_size=8, max_length=64)

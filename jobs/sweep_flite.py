@@ -22,7 +22,7 @@ def pretrain_base(args, overrides: list[str]) -> list[str]:
     from fedray.config import load_config
     from fedray.pretrain import pretrain
     from fedray.runtime import init_ray
-    from fedray.runtime.storage import Storage
+    from fedray.storage import Storage
 
     if any(o.startswith("algorithm.base=") for o in overrides):
         return []

@@ -40,7 +40,7 @@ from flwr.simulation import run_simulation  # noqa: E402
 from torch import nn  # noqa: E402
 
 from fedray.integrations.flower import OrdersStrategy  # noqa: E402
-from fedray.policies.orders import OrdersParams, OrdersState, orders_step  # noqa: E402
+from fedray.methods.orders.policy import OrdersParams, OrdersState, orders_step  # noqa: E402
 
 CLIENTS, ROUNDS, SEED = 6, 3, 0
 IN, OUT, SAMPLES, BATCH, LR = 20, 3, 64, 16, 0.1

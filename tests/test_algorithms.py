@@ -4,11 +4,11 @@ a real tiny model."""
 import numpy as np
 import pytest
 
-from fedray.algorithms import make_algorithm
-from fedray.algorithms.base import ClientContext
 from fedray.config import load_config
 from fedray.data import build_federated
-from fedray.policies.fedavg import FedAvgPolicy
+from fedray.methods.base import ClientContext
+from fedray.methods.fedavg.policy import FedAvgPolicy
+from fedray.registry import build_method
 
 
 def test_fedavg_policy_hand_computed():
@@ -32,7 +32,7 @@ def _ctx(cfg, algo, data, cid=0):
 def _run(overrides):
     cfg = load_config(None, ["clients.num_clients=4", "model.hidden=[16]", "local.epochs=2",
                              *overrides])
-    algo = make_algorithm(cfg)
+    algo = build_method(cfg)
     data = build_federated(cfg.data, 4, cfg.seed)
     ctx = _ctx(cfg, algo, data)
     g = algo.init_global_state(ctx.resident, cfg.seed)
@@ -135,7 +135,7 @@ def test_initial_weights_do_not_depend_on_the_residents_device(model):
     import torch
 
     cfg = load_config(None, [f"model.name={model}", "seed=3"])
-    algo = make_algorithm(cfg)
+    algo = build_method(cfg)
     shape = (1, 8, 8) if model != "resnet18" else (3, 8, 8)
     kw = {"width": 4} if model == "resnet18" else {}
     from fedray.models import build_model

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedray.favor.asce import (
+from fedray.methods.favor.asce import (
     ArcFace,
     StyleEncoder,
     author_target,
@@ -73,7 +73,7 @@ def test_encoder_output_is_normalised_and_ignores_padding(tmp_path):
 def test_training_separates_synthetic_authors(tmp_path):
     from fedray.data.authors import generate_corpus
     from fedray.data.blogtext import load_authors
-    from fedray.favor.style_metrics import prototype_accuracy
+    from fedray.methods.favor.style_metrics import prototype_accuracy
 
     path = tiny_backbone(tmp_path / "bb")
     csv = generate_corpus(tmp_path / "b.csv", num_authors=6, seed=1, posts=(16, 20))

@@ -15,7 +15,7 @@ import pytest
 
 from fedray.config import ConfigError, load_config
 from fedray.runtime import Experiment, resumable, resume_config
-from fedray.runtime.storage import StateFileError, Storage
+from fedray.storage import StateFileError, Storage
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["clients.num_clients=4", "model.hidden=[8]", "rounds=2"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedray.runtime.storage import (
+from fedray.storage import (
     StateFileError,
     Storage,
     read_marker,

@@ -16,7 +16,7 @@ from conftest import tiny_overrides
 from typer.testing import CliRunner
 
 from fedray.cli import app
-from fedray.runtime.storage import Storage
+from fedray.storage import Storage
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 runner = CliRunner()

@@ -7,17 +7,17 @@ import pytest
 import torch
 
 from fedray.config import ConfigError, load_config
-from fedray.continual.buffer import ReservoirBuffer
-from fedray.continual.metrics import (
+from fedray.data import build_data
+from fedray.methods.drod.continual.buffer import ReservoirBuffer
+from fedray.methods.drod.continual.data import task_classes, task_of_round
+from fedray.methods.drod.continual.metrics import (
     accuracy_matrix,
     average_accuracy,
     forgetting,
     summarize,
     task_accuracies,
 )
-from fedray.continual.objectives import augment, fisher_diagonal, fit_bias
-from fedray.data import build_data, task_classes
-from fedray.data.continual import task_of_round
+from fedray.methods.drod.continual.objectives import augment, fisher_diagonal, fit_bias
 
 
 def cl_cfg(**extra):
@@ -151,7 +151,7 @@ def test_bias_correction_fits_a_biased_head():
     logits = torch.randn(400, 4, generator=gen) + 3 * torch.nn.functional.one_hot(y, 4)
     logits[:, 2:] += 4.0  # classes 2, 3 are the new task: biased upwards
     before = (logits.argmax(1) == y).float().mean()
-    from fedray.config import ContinualConfig
+    from fedray.methods.drod.continual.section import ContinualConfig
 
     d = ContinualConfig()
     a, b = fit_bias(logits, y, torch.tensor([2, 3]), 1.0, 0.0, d.bic_steps, d.bic_lr)

@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 from conftest import full_and_resumed, run_job
 
-from fedray.algorithms import make_algorithm
-from fedray.algorithms.base import ClientContext
-from fedray.algorithms.hetero import balanced_split, od_choices
 from fedray.config import ConfigError, load_config
 from fedray.data import build_data
-from fedray.hetero.selection import held
+from fedray.methods.base import ClientContext
+from fedray.methods.drod.method import balanced_split, od_choices
 from fedray.metrics import read_metrics
+from fedray.models.sliceable import held
 from fedray.payload import Payload
+from fedray.registry import build_method
 from fedray.runtime import run_experiment
-from fedray.runtime.storage import Storage
+from fedray.storage import Storage
 
 TIERS = ("[{name: t100, executors: 1, num_cpus: 0.25, capacity: 1.0},"
          " {name: t025, executors: 1, num_cpus: 0.25, capacity: 0.251},"
@@ -50,7 +50,7 @@ def context(cfg, data, alg, cid, round, resident, state=None):
 def test_client_update_trains_nested_sub_models_deterministically():
     cfg = drod_cfg()
     data = build_data(cfg)
-    alg = make_algorithm(cfg)
+    alg = build_method(cfg)
     res = alg.build_resident(data.input_shape, data.num_classes, "cpu")
     g = alg.init_global_state(res, cfg.seed)
     pol = alg.make_policy()
@@ -88,12 +88,55 @@ def test_ordered_dropout_draws_depend_on_round_client_and_step_only():
     assert counts.min() > 40  # uniform over the nested sub-models
 
 
+@pytest.mark.parametrize("algorithm, extra, small", [
+    ("shortcut_fjord", {}, 0.5),  # the small tier's blocks 5 and 7 are identities, s = 1
+    ("depth_fedavg", {"model.exits": "true"}, 0.6),  # cut inside the last stage: fc kept
+])
+def test_tier_of_state_needs_the_exact_key_set_not_a_subset(algorithm, extra, small):
+    """Tiers listed small to large, the small tier's tensors a same-shaped subset of the full
+    model's: the full broadcast must still be read (and evaluated) as the full tier."""
+    import torch
+
+    from fedray.methods.drod.method import data_shape
+    from fedray.models.sliceable import SliceableResNet
+    from fedray.training import set_state
+
+    tiers = (f"[{{name: small, executors: 1, num_cpus: 0.25, capacity: {small}}},"
+             " {name: full, executors: 1, num_cpus: 0.25, capacity: 1.0}]")
+    cfg = drod_cfg(**{"algorithm.name": algorithm, "runtime.tiers": tiers, **extra})
+    alg = build_method(cfg)
+    shape, classes = data_shape(cfg)
+    res = alg.build_resident(shape, classes, "cpu")
+    held_small = dict(held(res.arch, res.hw, res.tiers["small"].geometry))
+    held_full = dict(held(res.arch, res.hw, res.tiers["full"].geometry))
+    assert set(held_small) < set(held_full)  # the ladder this bug needs
+    assert all(held_full[k] == s for k, s in held_small.items())
+    g = alg.init_global_state(res, cfg.seed)
+    pol = alg.make_policy()
+    for tier in ("small", "full"):
+        sent = pol.broadcast(g, 1, tier)
+        assert res.tier_of_state({k: v for k, v in sent.items()
+                                  if not k.startswith("bic.")}) == tier
+    with pytest.raises(ValueError, match="no tier"):  # neither tier's exact key set
+        res.tier_of_state({k: v for k, v in pol.broadcast(g, 1, "full").items()
+                           if k in held_small and k != next(iter(held_small))})
+    # the full broadcast is scored by the full model, not by the small tier's sub-model
+    sent = pol.broadcast(g, 1, "full")
+    x = np.random.default_rng(0).standard_normal((4, *shape)).astype(np.float32)
+    full = SliceableResNet(res.arch, res.hw, res.tiers["full"].geometry, all_heads=False)
+    set_state(full, sent)
+    full.eval()
+    with torch.no_grad():
+        want = full(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(alg.logits(res, sent, x), want, rtol=1e-5, atol=1e-5)
+
+
 def run_client_rounds(method, rounds, **extra):
     """Rounds 1..rounds of client 0 (tier t100) alone, carrying its state, the server
     applying its update each round; returns [(broadcast, output)] per round."""
     cfg = drod_cfg(**{"continual.method": method, **extra})
     data = build_data(cfg)
-    alg = make_algorithm(cfg)
+    alg = build_method(cfg)
     res = alg.build_resident(data.input_shape, data.num_classes, "cpu")
     g = alg.init_global_state(res, cfg.seed)
     pol = alg.make_policy()
@@ -130,7 +173,7 @@ def test_task_boundaries_of_ewc_bic_and_derpp():
 
 
 def test_bic_validation_split_is_class_balanced():
-    from fedray.continual.buffer import ReservoirBuffer
+    from fedray.methods.drod.continual.buffer import ReservoirBuffer
 
     gen = np.random.default_rng(0)
     buf = ReservoirBuffer(12)
@@ -167,7 +210,7 @@ def test_three_tiers_on_ray_bytes_per_tier_and_per_task_scores(ray_session, tmp_
     rounds = read_metrics(str(tmp_path / "run")).to_pandas()
     clients = read_metrics(str(tmp_path / "run"), "clients").to_pandas()
     assert (clients["status"] == "ok").all()
-    alg = make_algorithm(cfg)
+    alg = build_method(cfg)
     g = final_state(tmp_path / "run")
     pol = alg.make_policy()
     sizes = {}

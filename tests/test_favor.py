@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from conftest import job_process, run_job
 
-from fedray.algorithms.base import ClientContext
 from fedray.config import ConfigError, load_config
+from fedray.methods.base import ClientContext
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +18,7 @@ def base_dir(tmp_path_factory):
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from fedray.favor.lm import train_tokenizer
+    from fedray.methods.favor.lm import train_tokenizer
 
     out = tmp_path_factory.mktemp("lm")
     tok = train_tokenizer(["Hello world, this is a tiny corpus :) ..."] * 30, 300)
@@ -32,14 +32,14 @@ def base_dir(tmp_path_factory):
 
 
 def make(base_dir, variant, **extra):
-    from fedray.algorithms import make_algorithm
+    from fedray.registry import build_method
 
     over = {"algorithm.name": "favor", "algorithm.base": base_dir,
             "algorithm.variant": variant, "algorithm.rank": 2, "algorithm.alpha": 4,
             "algorithm.micro_batch": 2, "algorithm.accumulation": 2, "algorithm.lr": 0.01,
             "algorithm.proj_hidden": 8, **extra}
     cfg = load_config(None, [f"{k}={v}" for k, v in over.items()])
-    alg = make_algorithm(cfg)
+    alg = build_method(cfg)
     res = alg.build_resident((16,), 0, "cpu")
     return cfg, alg, res, alg.init_global_state(res, cfg.seed)
 
@@ -111,7 +111,7 @@ def test_text_data_embeds_sources_once_and_targets_come_from_them(base_dir, tmp_
 
     from fedray.data import build_data
     from fedray.data.authors import generate_corpus
-    from fedray.favor.asce import StyleEncoder, author_target, embed, load_asce, save_asce
+    from fedray.methods.favor.asce import StyleEncoder, author_target, embed, load_asce, save_asce
     from fedray.runtime.experiment import Experiment
 
     bb = tiny_backbone(tmp_path / "bb")
@@ -141,8 +141,8 @@ def test_text_data_embeds_sources_once_and_targets_come_from_them(base_dir, tmp_
 
 
 def test_generate_batches_left_padded_prompts_deterministically(base_dir):
-    from fedray.favor.evaluate import generate
-    from fedray.favor.lm import load_lm
+    from fedray.methods.favor.evaluate import generate
+    from fedray.methods.favor.lm import load_lm
 
     model, tok = load_lm(base_dir)
     prompts = ["Hello", "Hello world, this is a tiny"]  # different lengths: left padding
@@ -194,8 +194,8 @@ def test_cold_start_arms_on_held_out_authors(base_dir, tmp_path):
 
     from fedray.data.authors import generate_corpus
     from fedray.data.blogtext import load_authors
-    from fedray.favor.asce import StyleEncoder, save_asce
-    from fedray.favor.cold_start import ARMS, cold_start
+    from fedray.methods.favor.asce import StyleEncoder, save_asce
+    from fedray.methods.favor.cold_start import ARMS, cold_start
 
     bb = tiny_backbone(tmp_path / "bb")
     save_asce(StyleEncoder(AutoModel.from_pretrained(bb)), AutoTokenizer.from_pretrained(bb),
@@ -220,8 +220,8 @@ def test_prepared_embedded_default_is_cached_per_arguments(tmp_path):
     others (a cache from another seed must not leak into a run)."""
     import time
 
-    from fedray.favor.lm import TinyLM
-    from fedray.favor.prepare import prepare_embedded
+    from fedray.methods.favor.lm import TinyLM
+    from fedray.methods.favor.prepare import prepare_embedded
 
     def prep(seed):
         lm = TinyLM(vocab_size=300, hidden_size=16, intermediate_size=32, num_hidden_layers=1,

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from fedray.favor.adapter import LoraSpec, adapter_size, family_config, measure_adapter
+from fedray.methods.favor.adapter import LoraSpec, adapter_size, family_config, measure_adapter
 
 
 def test_qwen25_3b_adapter_matches_the_paper():

@@ -6,8 +6,15 @@ import json
 import os
 import time
 
-from fedray.favor.adapter import LoraSpec
-from fedray.favor.lm import TinyLM, blocks, load_lm, pretrain_tiny, train_tokenizer, with_lora
+from fedray.methods.favor.adapter import LoraSpec
+from fedray.methods.favor.lm import (
+    TinyLM,
+    blocks,
+    load_lm,
+    pretrain_tiny,
+    train_tokenizer,
+    with_lora,
+)
 
 
 def test_tokenizer_keeps_style_marks():

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedray.favor.adapter import LoraSpec
-from fedray.favor.train import (
+from fedray.methods.favor.adapter import LoraSpec
+from fedray.methods.favor.train import (
     StageConfig,
     adapter_of,
     client_round,
@@ -25,7 +25,7 @@ from fedray.favor.train import (
 def lm():
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from fedray.favor.lm import with_lora
+    from fedray.methods.favor.lm import with_lora
 
     torch.manual_seed(0)
     cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=48,
@@ -116,7 +116,7 @@ def _tiny_qwen(tmp_path, dtype=torch.float32, vocab=64):
     """A tiny Qwen2 saved to disk in ``dtype`` (as a Qwen2.5 checkpoint is in bf16)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 
-    from fedray.favor.lm import train_tokenizer
+    from fedray.methods.favor.lm import train_tokenizer
 
     torch.manual_seed(0)
     tok = train_tokenizer(["the quick brown fox jumps over the lazy dog"] * 4, vocab)
@@ -132,7 +132,7 @@ def test_alignment_runs_on_a_bf16_lm(tmp_path):
     """A Qwen2.5 checkpoint (bf16, and bf16 compute under 4-bit) yields bf16 hidden states;
     the fp32 projection head used to fail on them ("mat1 and mat2 must have the same
     dtype") in favor, global_asce and every +ASCE variant."""
-    from fedray.favor.lm import load_lm, with_lora
+    from fedray.methods.favor.lm import load_lm, with_lora
 
     path, vocab = _tiny_qwen(tmp_path, torch.bfloat16)
     base, _ = load_lm(path, "cpu", dtype=torch.bfloat16)
@@ -152,8 +152,8 @@ def test_chunked_loss_equals_the_models_own_loss_and_checkpointing_keeps_gradien
     """lm_loss (head applied chunk by chunk, each chunk checkpointed) equals the
     *ForCausalLM loss; with gradient checkpointing on (as for 4-bit training) the LoRA
     gradients equal those without it — the recomputed forward sees the swapped-in tensors."""
-    import fedray.favor.train as train
-    from fedray.favor.lm import load_lm, with_lora
+    import fedray.methods.favor.train as train
+    from fedray.methods.favor.lm import load_lm, with_lora
 
     path, vocab = _tiny_qwen(tmp_path)
     ids = torch.randint(0, vocab, (4, 16), generator=torch.Generator().manual_seed(1))
@@ -208,3 +208,42 @@ def test_stages_draw_their_dropout_from_the_seed_not_the_process_history(lm):
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not model.training  # left in eval mode
     assert any(not torch.equal(a[k], c[k]) for k in a)
+
+
+def test_the_configured_ramp_reaches_kappa_through_client_round(lm, tmp_path, monkeypatch):
+    """``FavorParams.ramp`` used to stop at ``client_round`` (and the favor variant's call
+    of it): the private stage always ramped κ_t over the default 5 %."""
+    import fedray.methods.favor.train as train
+    from fedray.config import load_config
+    from fedray.methods.base import ClientContext
+    from fedray.registry import build_method
+
+    model, start, ids, labels = lm
+    target = torch.nn.functional.normalize(torch.randn(8), dim=0)
+    kw = dict(prox=0.01, align=0.3, seed=0, round=3, client=2, proj_hidden=16)
+    # 2 optimizer steps: κ = (0, 1) at ramp 0.05, (0, 0.5) at ramp 1 — a different residual
+    _, fast, _ = client_round(model, start, ids, labels, target, CFG, CFG, ramp=0.05, **kw)
+    _, slow, _ = client_round(model, start, ids, labels, target, CFG, CFG, ramp=1.0, **kw)
+    assert any(not torch.equal(fast["residual"][k], slow["residual"][k]) for k in start)
+    direct, _ = private_stage(model, slow["shared"], ids, labels, target, CFG, 0.3, 0, 3, 2,
+                              16, ramp=1.0)
+    assert all(torch.equal(direct[k], slow["residual"][k]) for k in start)
+    # from the config through the algorithm, for every variant with a private stage
+    path, vocab = _tiny_qwen(tmp_path)
+    seen: list[float] = []
+    real = train.kappa
+    monkeypatch.setattr(train, "kappa", lambda s, n, ramp=0.05: seen.append(ramp) or
+                        real(s, n, ramp))
+    for variant in ("favor", "global_asce", "ditto", "local"):
+        over = {"algorithm.name": "favor", "algorithm.base": path,
+                "algorithm.variant": variant, "algorithm.rank": 2, "algorithm.alpha": 4,
+                "algorithm.micro_batch": 2, "algorithm.accumulation": 2,
+                "algorithm.proj_hidden": 8, "algorithm.ramp": 0.37}
+        cfg = load_config(None, [f"{k}={v}" for k, v in over.items()])
+        alg = build_method(cfg)
+        res = alg.build_resident((12,), 0, "cpu")
+        x = np.random.default_rng(0).integers(0, vocab, (8, 12))
+        seen.clear()
+        alg.client_update(ClientContext(3, 1, 0, "lm", x, x, x[:2], x[:2], res, extra={
+            "target": np.eye(8, dtype=np.float32)[0]}), alg.init_global_state(res, 0))
+        assert seen and set(seen) == {0.37}, (variant, seen)

@@ -39,8 +39,8 @@ def test_info_reproduces_the_papers_resnet18_figures():
 
 
 def test_server_and_client_agree_on_mapped_layers():
-    from fedray.flite.factors import mapped_layers
-    from fedray.flite.identity import mapped_names
+    from fedray.methods.flite.factors import mapped_layers
+    from fedray.methods.flite.identity import mapped_names
     from fedray.models import build_model
     from fedray.training import get_state
 
@@ -72,7 +72,7 @@ def test_bad_inputs(base):
                                          ("int8", "layer")])
 def test_flite_runs_with_identity_check(ray_session, tiny_cfg, base, tmp_path, codec, scope):
     from fedray.runtime import run_experiment
-    from fedray.runtime.storage import Storage
+    from fedray.storage import Storage
 
     cfg = tiny_cfg(**{"model.name": "cnn", "model.channels": "[8,16]", "model.hidden": 32,
                       "algorithm.name": "flite", "algorithm.base": base, "algorithm.d": 16,

@@ -13,7 +13,7 @@ import torch
 from ray import cloudpickle
 
 from fedray.config import ConfigError
-from fedray.flite import (
+from fedray.methods.flite import (
     LatentMapping,
     LayerFactors,
     g_chunks,
@@ -23,7 +23,7 @@ from fedray.flite import (
     u_chunks,
     v_matrix,
 )
-from fedray.flite import factors as flite_factors
+from fedray.methods.flite import factors as flite_factors
 from fedray.models import build_model
 from fedray.seeding import derive_seed, rng
 

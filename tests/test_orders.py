@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fedray.config import ConfigError, build_dataclass, load_config
-from fedray.policies.orders import (
+from fedray.methods.orders.policy import (
     OrdersParams,
     OrdersPolicy,
     OrdersState,
@@ -163,6 +163,81 @@ def test_norm_variants_and_client_reported_norms():
     assert z["per_client"][0]["orders/norm"] == base.min_norm
 
 
+def _near_tie(seed=0, dim=1000):
+    """Two float32 updates equal but for one entry moved by one float32 ulp: their L2 norms
+    differ by ~1e-9 relative — under float32 resolution (a float32 sum ties them), well
+    over float64's. Returns the rows (smaller first) and their exactly rounded norms."""
+    d = np.random.default_rng(seed).normal(size=dim).astype(np.float32)
+    big = d.copy()
+    j = int(np.argmax(np.abs(d)))
+    big[j] = np.nextafter(d[j], np.float32(np.sign(d[j]) * np.inf))
+    exact = [math.sqrt(math.fsum(float(v) ** 2 for v in r)) for r in (d, big)]
+    assert exact[0] < exact[1] and (exact[1] - exact[0]) / exact[0] < 1e-8
+    return d, big, exact
+
+
+@pytest.mark.parametrize("big_first", [True, False])
+def test_norms_closer_than_float32_are_ranked_by_true_norm(big_first):
+    """Whatever the ids, the larger true norm ranks first — not a float32 tie broken by id —
+    both when the server computes the norms and when clients report them on the wire."""
+    small, big, exact = _near_tie()
+    ids = np.array([3, 8])
+    rows = [big, small] if big_first else [small, big]
+    big_id, small_id = (3, 8) if big_first else (8, 3)
+    deltas = np.stack(rows)
+    prev = np.zeros(small.size, np.float32)
+    p = OrdersParams(weighting="inverse")
+    _, _, diag = orders_step(prev, deltas, ids, 1, OrdersState(), p)
+    pc = diag["per_client"]
+    assert pc[big_id]["orders/rank"] == 1.0 and pc[small_id]["orders/rank"] == 2.0
+    assert math.isclose(pc[big_id]["orders/norm"], exact[1], rel_tol=1e-14)
+    assert math.isclose(pc[small_id]["orders/norm"], exact[0], rel_tol=1e-14)
+    # client-reported norms, encoded as the ORDERS client uploads them, through the payload
+    from fedray.methods.orders.policy import encode_norm, update_norms
+    from fedray.payload import Payload
+
+    for codec in ("fp32", "bf16", "int8"):
+        ups = []
+        for cid, row in zip(ids.tolist(), rows, strict=True):
+            norm = update_norms(row[None, :], p, prev)[0]
+            sent = Payload.encode({"w": row, "orders.norm": encode_norm(norm)}, codec)
+            ups.append((cid, 1, sent.decode()))
+        _, diag = OrdersPolicy(p, seed=0).aggregate({"w": prev}, ups, 1)
+        pc = diag["per_client"]
+        assert pc[big_id]["orders/rank"] == 1.0, codec
+        assert pc[big_id]["orders/norm"] > pc[small_id]["orders/norm"], codec
+        assert math.isclose(pc[big_id]["orders/norm"], exact[1], rel_tol=1e-14), codec
+
+
+def test_client_reported_norm_travels_in_float64():
+    """The ORDERS client's norm reaches the policy as the float64 norm of its float32 update,
+    under every upload codec, for 8 bytes on the wire (no Ray: a real tiny client update)."""
+    from fedray.data import build_federated
+    from fedray.methods.base import ClientContext
+    from fedray.payload import CODECS, Payload
+    from fedray.registry import build_method
+
+    cfg = load_config(None, ["algorithm.name=orders", "clients.num_clients=4",
+                             "model.hidden=[16]", "local.epochs=1"])
+    alg = build_method(cfg)
+    data = build_federated(cfg.data, 4, cfg.seed)
+    res = alg.build_resident(data.input_shape, data.num_classes, "cpu")
+    x, y = data.client_arrays(0, 1, "train")
+    xt, yt = data.client_arrays(0, 1, "test")
+    g = alg.init_global_state(res, cfg.seed)
+    out = alg.client_update(ClientContext(0, 1, cfg.seed, "default", x, y, xt, yt, res), g)
+    delta = np.concatenate([out.upload[k].reshape(-1) for k in g])
+    exact = math.sqrt(math.fsum(float(v) ** 2 for v in delta))
+    assert math.isclose(out.metrics["update_norm"], exact, rel_tol=1e-14)
+    for codec in CODECS:
+        one = Payload.encode({"orders.norm": out.upload["orders.norm"]}, codec)
+        assert sum(b.nbytes for b in one.buffers) == 8 and one.nbytes == \
+            len(one.header) + 8, codec
+        decoded = Payload.encode(out.upload, codec).decode()
+        _, diag = OrdersPolicy(alg.params, seed=0).aggregate(g, [(0, 1, decoded)], 1)
+        assert diag["per_client"][0]["orders/norm"] == out.metrics["update_norm"], codec
+
+
 def test_hierarchical_is_tier_mean_weighted_by_ranked_count():
     gen = np.random.default_rng(2)
     prev = np.zeros(5, np.float32)
@@ -264,7 +339,7 @@ def test_orders_end_to_end_on_ray_with_resume(ray_session, tiny_cfg, tmp_path):
     import pyarrow.parquet as pq
     from conftest import full_and_resumed
 
-    from fedray.runtime.storage import Storage
+    from fedray.storage import Storage
 
     cfg = tiny_cfg(**{"algorithm.name": "orders", "algorithm.combine": "rank_mean",
                       "rounds": 4, "clients.fraction": 0.67, "eval.local_before_after": "true",

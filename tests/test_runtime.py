@@ -13,12 +13,12 @@ import pytest
 from conftest import full_and_resumed
 from ray import cloudpickle as ray_cloudpickle
 
-from fedray.algorithms.fedavg import FedAvg
 from fedray.config import load_config
+from fedray.methods.fedavg.method import FedAvg
 from fedray.payload import Payload
 from fedray.runtime import Experiment, run_experiment
 from fedray.runtime.pool import PlacementError
-from fedray.runtime.storage import Storage
+from fedray.storage import Storage
 
 ray_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.ray

@@ -7,9 +7,9 @@ import itertools
 import numpy as np
 import pytest
 
-from fedray.hetero.selection import gather, selection
+from fedray.methods.drod.selection import gather, selection
+from fedray.methods.drod.slice_mean import SliceMeanPolicy
 from fedray.models.sliceable import Arch
-from fedray.policies.slice_mean import SliceMeanPolicy
 
 ARCH = Arch(1, 3, blocks=(1, 1), width=2)
 HW = (4, 4)
@@ -18,7 +18,7 @@ TIER = {0: "big", 1: "small", 2: "big"}
 
 
 def global_state(seed=0):
-    from fedray.hetero.selection import held
+    from fedray.models.sliceable import held
 
     gen = np.random.default_rng(seed)
     return {k: gen.standard_normal(s).astype(np.float32)

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedray.hetero.ladder import check_budget, solve_ladder, solve_rung
-from fedray.hetero.selection import gather, held, scatter_add, selection
+from fedray.methods.drod.ladder import check_budget, solve_ladder, solve_rung
+from fedray.methods.drod.selection import gather, scatter_add, selection
 from fedray.models.resnet import resnet18
-from fedray.models.sliceable import Arch, Geometry, SliceableResNet, measure, norm_groups
+from fedray.models.sliceable import Arch, Geometry, SliceableResNet, held, measure, norm_groups
 from fedray.training import get_state
 
 CIFAR100 = Arch(3, 100)

@@ -11,7 +11,7 @@ import pickle
 import numpy as np
 import pytest
 
-from fedray.runtime.storage import StateFileError, Storage, pack_state, unpack_state
+from fedray.storage import StateFileError, Storage, pack_state, unpack_state
 
 
 class Boom:
@@ -106,7 +106,7 @@ def test_checkpoint_loaders_refuse_planted_and_damaged_files(tmp_path):
 
 
 def test_client_state_store_refuses_a_planted_state(tmp_path):
-    from fedray.runtime.state_store import ClientStateStore
+    from fedray.state_store import ClientStateStore
 
     storage = Storage(str(tmp_path / "run"))
     store = ClientStateStore(storage)
@@ -152,7 +152,7 @@ def test_pretrain_resume_refuses_a_planted_checkpoint(tmp_path):
 def test_asce_weights_load_without_unpickling_code(tmp_path):
     import torch
 
-    from fedray.favor.asce import load_asce
+    from fedray.methods.favor.asce import load_asce
 
     (tmp_path / "asce.json").write_text('{"dim": 8}')
     torch.save({"x": Boom(str(tmp_path / "PWNED"))}, tmp_path / "asce.pt")

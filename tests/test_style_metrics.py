@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedray.favor.style_metrics import (
+from fedray.methods.favor.style_metrics import (
     FUNCTION_WORDS,
     PUNCTUATION,
     centroid_distance,

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from fedray.config import ConfigError
-from fedray.tune import PRESETS, load_sweep, parse_space_arg, trial_bundles
+from fedray.tune import load_sweep, parse_space_arg, presets, trial_bundles
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "fedray", "configs", "fedavg_digits.yaml")
@@ -59,7 +59,7 @@ def test_sweep_block_in_the_config_file_and_presets(tmp_path):
     assert "sweep" not in base and spec.max_concurrent == 2
     assert spec.metric == "personalized_accuracy"
     assert spec.space["algorithm.gamma"] == {"uniform": [3.0, 4.5]}  # N/3 .. N/2
-    assert set(PRESETS) == {"drod", "orders", "flite", "favor"}
+    assert set(presets()) == {"drod", "orders", "flite", "favor"}
     path.write_text(yaml.safe_dump({"sweep": {"spaces": {}}}))
     with pytest.raises(ConfigError, match="sweep"):
         load_sweep(path, [], {"local.lr": {"choice": [0.1]}})

@@ -1,7 +1,6 @@
 """Datasets, client partitions and the per-client federated view of a dataset."""
 
 from fedray.data.build import build_data
-from fedray.data.continual import ContinualData, build_continual, task_classes
 from fedray.data.datasets import (
     Dataset,
     load_cifar,
@@ -23,10 +22,7 @@ from fedray.data.partition import (
 
 __all__ = [
     "SCHEMES",
-    "ContinualData",
-    "build_continual",
     "build_data",
-    "task_classes",
     "Dataset",
     "FederatedData",
     "PartitionError",

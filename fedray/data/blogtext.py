@@ -45,7 +45,7 @@ def read_blogtext(path: str | os.PathLike) -> dict[int, dict]:
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
-    from fedray.config import ConfigError
+    from fedray.spec import ConfigError
 
     if not os.path.exists(path):
         raise FileNotFoundError(f"no BlogText CSV at {path}")

@@ -13,8 +13,9 @@ from typing import Literal
 
 import numpy as np
 
-from fedray.config import ConfigError, DataConfig
+from fedray.config import DataConfig
 from fedray.seeding import rng
+from fedray.spec import ConfigError
 
 
 @dataclass

@@ -13,10 +13,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from fedray.config import ConfigError, DataConfig
+from fedray.config import DataConfig
 from fedray.data.datasets import Dataset, load_dataset
 from fedray.data.partition import PartitionError, partition
 from fedray.seeding import rng
+from fedray.spec import ConfigError
 
 _PARAM_TO_FIELD = {
     "num_clients": "clients.num_clients",
@@ -103,6 +104,10 @@ class FederatedData:
         if self.is_drifted(cid, round):
             y = self.drift_perm[y]
         return x, y
+
+    def client_extra(self, cid: int, round: int) -> dict[str, Any] | None:
+        """No per-client side data (see :class:`fedray.methods.base.ClientData`)."""
+        return None
 
     def summary(self) -> dict[str, Any]:
         """Per-client sizes, class counts and skew parameters as plain JSON types."""

@@ -1,12 +1,12 @@
 """ORDERS as a Flower strategy (message API, ``flwr.serverapp.strategy``, Flower 1.2x-1.4x).
 
 :class:`OrdersStrategy` is Flower's ``FedAvg`` with the train aggregation replaced by
-fedray's ORDERS policy core, :func:`fedray.policies.orders.orders_step` — the same function
+fedray's ORDERS policy core, :func:`fedray.methods.orders.policy.orders_step` — the same function
 fedray's own ``OrdersPolicy`` calls, not a re-implementation. Node sampling, message
 construction, reply validation, evaluation and the aggregation of the clients' metrics stay
 Flower's (``FedAvg``'s). Each round the strategy keeps θ_{t−1} (the arrays it sent in
 ``configure_train``), flattens every reply's Δθ_i = θ_i − θ_{t−1} in the order of the sent
-arrays' keys, runs ``orders_step`` with its own :class:`~fedray.policies.orders.OrdersState`
+arrays' keys, runs ``orders_step`` with its own :class:`~fedray.methods.orders.policy.OrdersState`
 and returns θ_t plus the clients' aggregated metrics and ORDERS' round diagnostics
 (``orders/ranked``, ``orders/coefficient_sum``, ``orders/update_norm``, ...).
 
@@ -20,7 +20,7 @@ holding ``"num-examples"``, as for ``FedAvg``)::
 
     from flwr.app import ArrayRecord, ConfigRecord
     from fedray.integrations.flower import OrdersStrategy
-    from fedray.policies.orders import OrdersParams
+    from fedray.methods.orders.policy import OrdersParams
 
     strategy = OrdersStrategy(
         OrdersParams(weighting="inverse", participation_threshold=1),
@@ -56,7 +56,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore import log
 
-from fedray.policies.orders import OrdersParams, OrdersState, key_layer_mask, orders_step
+from fedray.methods.orders.policy import OrdersParams, OrdersState, key_layer_mask, orders_step
 from fedray.seeding import rng
 
 NORM_KEY = "orders.norm"

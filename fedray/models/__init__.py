@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import nn
 
-from fedray.config import ConfigError
+from fedray import registry
 from fedray.models.cnn import cnn
 from fedray.models.lstm import lstm
 from fedray.models.mlp import mlp
@@ -20,7 +20,7 @@ from fedray.models.profile import count_flops, profile_model
 from fedray.models.resnet import resnet18, resnet34
 from fedray.models.sliceable import sliceable_resnet18, sliceable_resnet34
 
-MODELS: dict[str, Callable[..., nn.Module]] = {
+for _name, _builder in {
     "mlp": mlp,
     "cnn": cnn,
     "lstm": lstm,
@@ -28,7 +28,9 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "resnet34": resnet34,
     "sliceable_resnet18": sliceable_resnet18,
     "sliceable_resnet34": sliceable_resnet34,
-}
+}.items():
+    registry.register_model(_name)(_builder)
+MODELS: dict[str, Callable[..., nn.Module]] = registry.MODELS
 
 __all__ = ["MODELS", "build_model", "count_flops", "get_model_builder", "list_models",
            "profile_model"]
@@ -36,9 +38,7 @@ __all__ = ["MODELS", "build_model", "count_flops", "get_model_builder", "list_mo
 
 def get_model_builder(name: str, path: str = "model.name") -> Callable[..., nn.Module]:
     """The builder registered as ``name``; a :class:`ConfigError` at ``path`` if unknown."""
-    if name not in MODELS:
-        raise ConfigError(path, name, "one of " + ", ".join(sorted(MODELS)))
-    return MODELS[name]
+    return registry.model_builder(name, path)
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,

@@ -8,107 +8,20 @@ number of blocks kept (depth). :class:`SliceableResNet` is built physically at o
 geometry nested inside its own by slicing weight prefixes — the Ordered Dropout forward.
 
 Parameter names do not depend on the geometry, so a sub-model's state is the full state
-sliced tensor by tensor (:mod:`fedray.hetero.selection`). GroupNorm uses 8 groups, halved
+sliced tensor by tensor (:mod:`fedray.methods.drod.selection`). GroupNorm uses 8 groups, halved
 until they divide the (sliced) channel count (DROD appendix D).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fedray.models.cnn import image_shape
-
-
-def norm_groups(channels: int, groups: int = 8) -> int:
-    """``groups`` halved until it divides ``channels`` (DROD appendix D)."""
-    while channels % groups:
-        groups //= 2
-    return groups
-
-
-@dataclass(frozen=True)
-class Arch:
-    """The full network: input, classes, blocks per stage, full stage widths, exits."""
-
-    in_channels: int
-    num_classes: int
-    blocks: tuple[int, ...] = (2, 2, 2, 2)
-    width: int = 64
-    groups: int = 8
-    exits: bool = False
-
-    @property
-    def widths(self) -> tuple[int, ...]:
-        return tuple(self.width * 2**k for k in range(len(self.blocks)))
-
-    @property
-    def num_blocks(self) -> int:
-        return sum(self.blocks)
-
-    @property
-    def stage_of(self) -> tuple[int, ...]:
-        return tuple(k for k, n in enumerate(self.blocks) for _ in range(n))
-
-    def first_in_stage(self, j: int) -> bool:
-        return j == 0 or self.stage_of[j] != self.stage_of[j - 1]
-
-    def has_shortcut_conv(self, j: int) -> bool:
-        """Block ``j`` changes stride or width, so its shortcut is a 1x1 conv + GN."""
-        return self.first_in_stage(j) and self.stage_of[j] > 0
-
-    def stride(self, j: int) -> int:
-        return 2 if self.has_shortcut_conv(j) else 1
-
-    def droppable(self) -> list[int]:
-        """Blocks that may become identities (b -> 0): every block but the first of its
-        stage, deepest first — within a stage and across stages (shortcut-tiering, §2)."""
-        return [j for j in reversed(range(self.num_blocks)) if not self.first_in_stage(j)]
-
-    def full(self) -> Geometry:
-        widths = self.widths
-        return Geometry(widths, tuple(widths[k] for k in self.stage_of), self.num_blocks)
-
-    def geometry(self, s: float, b: float | tuple[float, ...] = 1.0, depth: int | None = None
-                 ) -> Geometry:
-        """Stream width ``round(s * C_k)`` per stage, hidden width ``round(b * stream)`` per
-        block (``b`` one ratio or one per block; at least 1 channel unless b = 0)."""
-        if not 0 < s <= 1:
-            raise ValueError(f"shortcut ratio s must lie in (0, 1], got {s}")
-        bs = (b,) * self.num_blocks if isinstance(b, (int, float)) else tuple(b)
-        if len(bs) != self.num_blocks or any(not 0 <= v <= 1 for v in bs):
-            raise ValueError(f"branch ratio b must lie in [0, 1] (one or {self.num_blocks} "
-                             f"values), got {b}")
-        stream = tuple(max(1, round(s * c)) for c in self.widths)
-        hidden = tuple(0 if v == 0 else max(1, round(v * stream[k]))
-                       for v, k in zip(bs, self.stage_of, strict=True))
-        for j, h in enumerate(hidden):
-            if h == 0 and self.first_in_stage(j):
-                raise ValueError(f"block {j} is the first of its stage and cannot drop its "
-                                 f"branch (droppable: {sorted(self.droppable())})")
-        return Geometry(stream, hidden, self.num_blocks if depth is None else depth)
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """Stream width per stage, hidden width per block (0: identity block), blocks kept."""
-
-    stream: tuple[int, ...]
-    hidden: tuple[int, ...]
-    depth: int
-
-    def within(self, other: Geometry) -> bool:
-        """True when this sub-model is a prefix of ``other`` along every axis."""
-        return (self.depth <= other.depth
-                and all(a <= b for a, b in zip(self.stream, other.stream, strict=True))
-                and all(a <= b for a, b in zip(self.hidden[:self.depth],
-                                               other.hidden[:self.depth], strict=True)))
-
-    def to_dict(self) -> dict:
-        return {"stream": list(self.stream), "hidden": list(self.hidden), "depth": self.depth}
+from fedray.models.geometry import RESNET_BLOCKS, Arch, Geometry, norm_groups
 
 
 class _FlopCount:
@@ -247,6 +160,14 @@ def measure(arch: Arch, input_hw: tuple[int, int], geometry: Geometry, flops: bo
     return {"parameters": sum(p.numel() for p in model.parameters()), "flops": count}
 
 
+@functools.lru_cache(maxsize=256)
+def held(arch: Arch, hw: tuple[int, int], g: Geometry) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(name, shape) of every parameter the sub-model ``g`` holds (only the head it uses)."""
+    with torch.device("meta"):
+        model = SliceableResNet(arch, hw, g, all_heads=False)
+    return tuple((k, tuple(v.shape)) for k, v in model.state_dict().items())
+
+
 def arch_for(input_shape: tuple[int, ...], num_classes: int, blocks: tuple[int, ...],
              width: int, groups: int, exits: bool, name: str) -> tuple[Arch, tuple[int, int]]:
     c, h, w = image_shape(input_shape, name)
@@ -256,14 +177,18 @@ def arch_for(input_shape: tuple[int, ...], num_classes: int, blocks: tuple[int, 
 def sliceable_resnet18(input_shape: tuple[int, ...], num_classes: int, *, width: int = 64,
                        groups: int = 8, exits: bool = False) -> SliceableResNet:
     """ResNet-18 (CIFAR stem, GroupNorm) whose nested sub-models are prefixes (DROD)."""
-    arch, hw = arch_for(input_shape, num_classes, (2, 2, 2, 2), width, groups, exits,
-                        "sliceable_resnet18")
+    arch, hw = arch_for(input_shape, num_classes, RESNET_BLOCKS["resnet18"], width, groups,
+                        exits, "sliceable_resnet18")
     return SliceableResNet(arch, hw)
 
 
 def sliceable_resnet34(input_shape: tuple[int, ...], num_classes: int, *, width: int = 64,
                        groups: int = 8, exits: bool = False) -> SliceableResNet:
     """ResNet-34 (CIFAR stem, GroupNorm) whose nested sub-models are prefixes (DROD)."""
-    arch, hw = arch_for(input_shape, num_classes, (3, 4, 6, 3), width, groups, exits,
-                        "sliceable_resnet34")
+    arch, hw = arch_for(input_shape, num_classes, RESNET_BLOCKS["resnet34"], width, groups,
+                        exits, "sliceable_resnet34")
     return SliceableResNet(arch, hw)
+
+
+__all__ = ["Arch", "Geometry", "SliceableResNet", "arch_for", "held", "measure", "norm_groups",
+           "sliceable_resnet18", "sliceable_resnet34"]

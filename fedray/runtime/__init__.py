@@ -1,4 +1,6 @@
-"""The Ray runtime: driver, executors, client state, storage. Knows no method."""
+"""The Ray runtime: driver, executors, placement, devices. Knows no method: it finds the
+configured one through :mod:`fedray.registry` and talks to it through the typed contracts of
+:mod:`fedray.methods.base`."""
 
 from fedray.runtime.experiment import (
     Experiment,

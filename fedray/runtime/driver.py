@@ -13,19 +13,20 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import ray
 
-from fedray.algorithms import make_algorithm_from_class
-from fedray.algorithms.base import ClientResult
+from fedray.methods.base import ClientResult, EvalResult, Status
 from fedray.metrics import MetricsWriter
 from fedray.payload import Payload
+from fedray.registry import make_method
 from fedray.runtime.pool import DeadJob, ExecutorPool
-from fedray.runtime.state_store import ClientStateStore
-from fedray.runtime.storage import Storage
 from fedray.seeding import rng
+from fedray.state_store import ClientStateStore
+from fedray.storage import Storage
 
 KEEP_CHECKPOINTS = 2
 
@@ -59,6 +60,29 @@ def chunks(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
+@dataclass
+class Evaluation:
+    """One round's scores: per client (its local test split) and per tier (global test)."""
+
+    clients: dict[int, EvalResult] = field(default_factory=dict)
+    tiers: dict[str, EvalResult] = field(default_factory=dict)
+
+
+@dataclass
+class RoundRecord:
+    """What one round produced, as the metrics tables log it."""
+
+    round: int
+    sampled: list[int]
+    final: dict[int, ClientResult]
+    attempts: dict[int, int]
+    download: dict[int, int]  # bytes each sampled client downloaded (all attempts, base)
+    evaluation: Evaluation
+    policy_metrics: dict[str, Any]
+    restarts: int
+    seconds: float
+
+
 class Driver:
     def __init__(self, cfg: Any, algorithm_cls: type, pool: ExecutorPool, run_uri: str):
         self.cfg = cfg
@@ -66,8 +90,9 @@ class Driver:
         self.run_uri = run_uri
         self.storage = Storage(run_uri)
         self.metrics = MetricsWriter(self.storage)
-        self.algorithm = make_algorithm_from_class(algorithm_cls, cfg)
+        self.algorithm = make_method(algorithm_cls, cfg)
         self.policy = self.algorithm.make_policy()
+        self.chain = self.algorithm.update_chain()  # uploads are decoded before the policy
         self.round = 0
         self.global_state: dict[str, np.ndarray] = {}
         self.versions: dict[int, int] = {}
@@ -157,31 +182,35 @@ class Driver:
                 if isinstance(batch, DeadJob):  # counts as a failed attempt of each client
                     cids = [c for c, _ in batch.args[3]]
                     alone.update(cids)
-                    batch = [ClientResult(c, r, "error", executor=batch.executor,
+                    batch = [ClientResult(c, r, Status.ERROR, executor=batch.executor,
                                           error=f"its executor {batch.reason} while running "
                                                 f"it (with {len(cids)} client(s) in the "
                                                 f"batch)")
                              for c in cids]
                 for res in batch:
-                    if res.status == "error" and attempts[res.client_id] <= \
+                    if res.status is Status.ERROR and attempts[res.client_id] <= \
                             cfg.runtime.max_client_retries:
                         todo.append(res.client_id)
                     else:
                         final[res.client_id] = res
         accepted = []
+        shapes = {k: v.shape for k, v in self.global_state.items()}
         for cid in sorted(final):
             res = final[cid]
             if res.ok and not res.payload.all_finite():
-                res.status, res.error = "rejected", "upload contains NaN or Inf"
+                res.status, res.error = Status.REJECTED, "upload contains NaN or Inf"
             if res.ok:
-                accepted.append((cid, res.num_samples, res.payload.decode()))
-                if "state_bytes" in res.metrics:
-                    self.versions[cid] = r
+                accepted.append((cid, res.num_samples,
+                                 self.chain.server(res.payload.decode(), shapes)))
+                if res.state_version is not None:
+                    self.versions[cid] = res.state_version
+        download = self._charge(sampled, final, attempts, bcast)
+        restarts = self.pool.restarts - restarts_before
         if len(accepted) < cfg.runtime.min_accepted:
-            self._log(r, sampled, final, attempts, bcast, {}, {},
-                      self.pool.restarts - restarts_before, time.perf_counter() - t0)
+            self._log(RoundRecord(r, sampled, final, attempts, download, Evaluation(), {},
+                                  restarts, time.perf_counter() - t0))
             raise RoundFailedError(r, len(accepted), cfg.runtime.min_accepted,
-                                   [(c, final[c].status, final[c].error) for c in sampled
+                                   [(c, str(final[c].status), final[c].error) for c in sampled
                                     if not final[c].ok])
         if accepted:
             self.global_state, policy_metrics = self.policy.aggregate(
@@ -189,20 +218,38 @@ class Driver:
         else:
             policy_metrics = {}
         self.round = r
-        evaluated = self._evaluate(r, sampled)
-        row = self._log(r, sampled, final, attempts, bcast, evaluated, policy_metrics,
-                        self.pool.restarts - restarts_before, time.perf_counter() - t0)
+        evaluation = self._evaluate(r, sampled)
+        row = self._log(RoundRecord(r, sampled, final, attempts, download, evaluation,
+                                    policy_metrics, restarts, time.perf_counter() - t0))
         if r % cfg.runtime.checkpoint_every == 0 or r == cfg.rounds:
             self.checkpoint()
         return row
 
+    def _charge(self, sampled: list[int], final: dict[int, ClientResult],
+                attempts: dict[int, int], bcast: dict[str, tuple]) -> dict[int, int]:
+        """The byte ledger of one round: each sampled client's download (its tier's broadcast
+        once per attempt, plus the pretrained base at its first round) and upload, added to
+        the run's totals; failures and rejections are counted too."""
+        download = {}
+        for c in sampled:
+            d = bcast[self.tier_of[c]][2] * attempts[c]
+            if self.base_bytes and c not in self.has_base:
+                d += self.base_bytes
+                self.has_base.add(c)
+            download[c] = d
+            self.totals["download_bytes"] += d
+            self.totals["upload_bytes"] += final[c].upload_bytes
+            self.totals["failures"] += final[c].status is Status.ERROR
+            self.totals["rejected"] += final[c].status is Status.REJECTED
+        return download
+
     # ------------------------------------------------------------------ evaluation
 
-    def _evaluate(self, r: int, sampled: list[int]) -> dict:
+    def _evaluate(self, r: int, sampled: list[int]) -> Evaluation:
         ev = self.cfg.eval
         due = (ev.every and r % ev.every == 0) or r == self.cfg.rounds
         if not due:
-            return {}
+            return Evaluation()
         who = {"all": list(range(self.num_clients)), "sampled": sampled, "none": []}[ev.clients]
         names = [t.name for t in self.cfg.runtime.tiers]
         tiers = {self.tier_of[c] for c in who} | (set(names) if ev.global_test else set())
@@ -214,75 +261,68 @@ class Driver:
                 if bcast[tier][0] not in scored:
                     scored[bcast[tier][0]] = tier
                     jobs.append((tier, "evaluate_global", bcast[tier][:2]))
-        out: dict[str, Any] = {"clients": {}, "tiers": {}}
+        out = Evaluation()
         for res in self.pool.run(jobs):
-            if isinstance(res, dict):
-                out["tiers"][scored[res.pop("key")]] = res
+            if isinstance(res, tuple):  # (broadcast key, EvalResult) of a global test
+                out.tiers[scored[res[0]]] = res[1]
             else:
-                out["clients"].update(dict(res))
+                out.clients.update(dict(res))
         if ev.global_test:
-            out["tiers"] = {t: out["tiers"][scored[bcast[t][0]]] for t in names}
-        out["clients"] = dict(sorted(out["clients"].items()))  # reduced in client-id order
+            out.tiers = {t: out.tiers[scored[bcast[t][0]]] for t in names}
+        out.clients = dict(sorted(out.clients.items()))  # reduced in client-id order
         return out
 
     # ------------------------------------------------------------------ logging
 
-    def _log(self, r, sampled, final, attempts, bcast, evaluated, policy_metrics, restarts,
-             seconds) -> dict:
-        per_client = policy_metrics.pop("per_client", {})
+    def _log(self, rec: RoundRecord) -> dict:
+        """Write the round's row and its clients' rows (every per-client quantity reduced in
+        client-id order); return the round row."""
+        per_client = rec.policy_metrics.pop("per_client", {})
+        evaluated = rec.evaluation
         client_rows = []
-        up = down = 0
         per_tier: dict[str, float] = {}
-        ok = [final[c] for c in sampled if final[c].ok]
-        for c in sorted(set(sampled) | set(evaluated.get("clients", {}))):
-            row: dict[str, Any] = {"round": r, "client_id": c, "tier": self.tier_of[c],
-                                   "sampled": c in final}
-            if c in final:
-                res = final[c]
-                d = bcast[self.tier_of[c]][2] * attempts[c]
-                if self.base_bytes and c not in self.has_base:
-                    d += self.base_bytes
-                    self.has_base.add(c)
-                up += res.upload_bytes
-                down += d
+        for c in sorted(set(rec.sampled) | set(evaluated.clients)):
+            tier = self.tier_of[c]
+            row: dict[str, Any] = {"round": rec.round, "client_id": c, "tier": tier,
+                                   "sampled": c in rec.final}
+            if c in rec.final:
+                res, d = rec.final[c], rec.download[c]
                 for kind, nbytes in (("upload_bytes", res.upload_bytes), ("download_bytes", d)):
-                    key = f"tier/{self.tier_of[c]}/{kind}"
+                    key = f"tier/{tier}/{kind}"
                     per_tier[key] = per_tier.get(key, 0) + nbytes
-                row.update(status=res.status, error=res.error, attempts=attempts[c],
-                           executor=res.executor,
-                           num_samples=res.num_samples, upload_bytes=res.upload_bytes,
-                           download_bytes=d, seconds=res.seconds,
-                           **{k: float(v) for k, v in res.metrics.items()})
-                if res.status == "error":
-                    self.totals["failures"] += 1
-                if res.status == "rejected":
-                    self.totals["rejected"] += 1
+                row.update(status=str(res.status), error=res.error, attempts=rec.attempts[c],
+                           executor=res.executor, num_samples=res.num_samples,
+                           upload_bytes=res.upload_bytes, download_bytes=d,
+                           seconds=res.seconds, **{k: float(v) for k, v in res.metrics.items()})
+                if res.state_version is not None:
+                    row["state_bytes"] = float(res.state_bytes)
             row.update({k: float(v) for k, v in per_client.get(c, {}).items()})
-            ev = evaluated.get("clients", {}).get(c)
+            ev = evaluated.clients.get(c)
             if ev is not None:
-                row.update(eval_loss=ev["loss"], eval_accuracy=ev["accuracy"],
-                           eval_samples=ev["n"])
-                if "ft_accuracy" in ev:
-                    row.update(ft_loss=ev["ft_loss"], ft_accuracy=ev["ft_accuracy"])
+                row.update(eval_loss=ev.loss, eval_accuracy=ev.accuracy, eval_samples=ev.n)
+                if ev.finetuned is not None:
+                    row.update(ft_loss=ev.finetuned.loss, ft_accuracy=ev.finetuned.accuracy)
             client_rows.append(row)
-        self.totals["upload_bytes"] += up
-        self.totals["download_bytes"] += down
-        accs = np.array([e["accuracy"] for e in evaluated.get("clients", {}).values()])
-        ft = np.array([e["ft_accuracy"] for e in evaluated.get("clients", {}).values()
-                       if "ft_accuracy" in e])
+        ok = [rec.final[c] for c in rec.sampled if rec.final[c].ok]
+        accs = np.array([e.accuracy for e in evaluated.clients.values()])
+        ft = np.array([e.finetuned.accuracy for e in evaluated.clients.values()
+                       if e.finetuned is not None])
         n_ok = [res.num_samples for res in ok]
         losses = [res.metrics.get("train_loss", math.nan) for res in ok]
-        scores = evaluated.get("tiers", {})
+        scores = evaluated.tiers
         g = {}
         if scores:  # the fleet: unweighted mean over tiers of each tier's own model
-            g = {k: float(np.mean([v.get(k, math.nan) for v in scores.values()]))
-                 for k in ("accuracy", "loss")}
+            g = {"accuracy": float(np.mean([v.accuracy for v in scores.values()])),
+                 "loss": float(np.mean([v.loss for v in scores.values()]))}
         per_tier |= {f"tier/{t}/{k}": float(v) for t, res in scores.items()
-                     for k, v in res.items() if k != "n"}
+                     for k, v in {"loss": res.loss, "accuracy": res.accuracy,
+                                  **res.extra}.items()}
+        up = sum(rec.final[c].upload_bytes for c in rec.sampled)
+        down = sum(rec.download.values())
         row = {
-            "round": r, "sampled": len(sampled), "ok": len(ok),
-            "failed": sum(final[c].status == "error" for c in sampled),
-            "rejected": sum(final[c].status == "rejected" for c in sampled),
+            "round": rec.round, "sampled": len(rec.sampled), "ok": len(ok),
+            "failed": sum(rec.final[c].status is Status.ERROR for c in rec.sampled),
+            "rejected": sum(rec.final[c].status is Status.REJECTED for c in rec.sampled),
             "train_loss": float(np.average(losses, weights=n_ok)) if ok else math.nan,
             "personalized_accuracy": float(accs.mean()) if accs.size else math.nan,
             "personalized_accuracy_std": float(accs.std()) if accs.size else math.nan,
@@ -293,11 +333,11 @@ class Driver:
             "cum_upload_bytes": self.totals["upload_bytes"],
             "cum_download_bytes": self.totals["download_bytes"],
             "cum_bytes": self.totals["upload_bytes"] + self.totals["download_bytes"],
-            "executor_restarts": restarts, "seconds": seconds,
-            **{f"policy/{k}": float(v) for k, v in policy_metrics.items()},
+            "executor_restarts": rec.restarts, "seconds": rec.seconds,
+            **{f"policy/{k}": float(v) for k, v in rec.policy_metrics.items()},
             **per_tier,
         }
-        self.metrics.write_round(r, row, client_rows)
+        self.metrics.write_round(rec.round, row, client_rows)
         return row
 
     # ------------------------------------------------------------------ checkpoints

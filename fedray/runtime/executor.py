@@ -19,7 +19,7 @@ import time
 import traceback
 from typing import Any
 
-from fedray.algorithms.base import ClientContext, ClientResult
+from fedray.methods.base import ClientContext, ClientResult, EvalResult, Status
 from fedray.payload import Payload
 
 
@@ -35,10 +35,10 @@ def exit_if_fatal(exc: BaseException) -> None:
 class ClientExecutor:
     def __init__(self, cfg: Any, algorithm_cls: type, data: Any, run_uri: str, tier: str,
                  index: int):
-        from fedray.algorithms import make_algorithm_from_class
+        from fedray.registry import make_method
         from fedray.runtime.devices import configure_process, worker_device
-        from fedray.runtime.state_store import ClientStateStore
-        from fedray.runtime.storage import Storage
+        from fedray.state_store import ClientStateStore
+        from fedray.storage import Storage
 
         self.cfg, self.tier, self.index = cfg, tier, index
         self.name = f"{tier}/{index}"
@@ -47,9 +47,10 @@ class ClientExecutor:
         share = next(t.num_gpus for t in cfg.runtime.tiers if t.name == tier)
         configure_process(self.device, gpu_share=share, deterministic=cfg.runtime.deterministic,
                           threads=cfg.runtime.threads_per_executor)
-        self.algorithm = make_algorithm_from_class(algorithm_cls, cfg)
+        self.algorithm = make_method(algorithm_cls, cfg)
         self.resident = self.algorithm.build_resident(data.input_shape, data.num_classes,
                                                       self.device)
+        self.chain = self.algorithm.update_chain()
         self.store = ClientStateStore(Storage(run_uri))
         self._broadcast_key: Any = None
         self._broadcast: dict | None = None
@@ -81,36 +82,55 @@ class ClientExecutor:
         for cid, version in clients:
             t0 = time.perf_counter()
             try:
-                state = self.store.load(cid, version) if self.algorithm.uses_client_state \
-                    else None
-                ctx = self._context(cid, round, state)
+                method_state, memory = self._load_state(cid, version)
+                ctx = self._context(cid, round, method_state)
                 result = self.algorithm.client_update(ctx, tensors)
-                payload = Payload.encode(result.upload, self.cfg.payload.upload)
-                metrics = dict(result.metrics)
-                if result.state is not None:
-                    metrics["state_bytes"] = float(self.store.save(cid, round, result.state))
-                out.append(ClientResult(cid, round, "ok", result.num_samples, payload, metrics,
-                                        upload_bytes=payload.nbytes,
+                upload, metrics = result.upload, dict(result.metrics)
+                if self.chain:
+                    shapes = {k: tensors[k].shape for k in upload if k in tensors}
+                    upload, memory, sent = self.chain.client(
+                        upload, shapes, memory, seed=self.cfg.seed, round=round, client=cid)
+                    metrics |= sent
+                payload = Payload.encode(upload, self.cfg.payload.upload)
+                version = state_bytes = None
+                state = result.state
+                if self.chain.stateful:
+                    state = {"transforms": memory} | (
+                        {"method": result.state} if result.state is not None else {})
+                if state is not None:
+                    version, state_bytes = round, self.store.save(cid, round, state)
+                out.append(ClientResult(cid, round, Status.OK, result.num_samples, payload,
+                                        metrics, upload_bytes=payload.nbytes,
                                         seconds=time.perf_counter() - t0,
-                                        executor=self.name))
+                                        executor=self.name, state_version=version,
+                                        state_bytes=state_bytes or 0))
             except Exception as e:  # noqa: BLE001 — reported per client, never swallowed
                 exit_if_fatal(e)
                 tb = traceback.format_exception_only(type(e), e)[-1].strip()
-                out.append(ClientResult(cid, round, "error", error=tb,
+                out.append(ClientResult(cid, round, Status.ERROR, error=tb,
                                         seconds=time.perf_counter() - t0,
                                         executor=self.name))
         return out
 
+    def _load_state(self, cid: int, version: int | None) -> tuple[Any, Any]:
+        """(the method's state, the transform chain's memory) the client left last time;
+        with a stateful chain both are kept in one state file."""
+        if not (self.algorithm.uses_client_state or self.chain.stateful):
+            return None, None
+        state = self.store.load(cid, version)
+        if not self.chain.stateful or state is None:
+            return state, None
+        return state.get("method"), state.get("transforms")
+
     def _context(self, cid: int, round: int, state: Any = None) -> ClientContext:
         x_tr, y_tr = self.data.client_arrays(cid, round, "train")
         x_te, y_te = self.data.client_arrays(cid, round, "test")
-        extra = self.data.client_extra(cid, round) if hasattr(self.data, "client_extra") \
-            else None
+        extra = self.data.client_extra(cid, round)
         return ClientContext(cid, round, self.cfg.seed, self.tier, x_tr, y_tr, x_te, y_te,
                              self.resident, self.device, state, extra)
 
     def evaluate_clients(self, key: str, broadcast: Payload, round: int, clients: list[int]
-                         ) -> list[tuple[int, dict]]:
+                         ) -> list[tuple[int, EvalResult]]:
         """The broadcast model on each client's local test split (personalized accuracy),
         and, with ``eval.finetune_epochs``, after that much local fine-tuning."""
         tensors = self._decoded(key, broadcast)
@@ -119,19 +139,19 @@ class ClientExecutor:
         try:
             for cid in clients:
                 ctx = self._context(cid, round)
-                res = self.algorithm.evaluate(self.resident, tensors, ctx.x_test, ctx.y_test,
-                                              self.device)
+                res = EvalResult.of(self.algorithm.evaluate(self.resident, tensors, ctx.x_test,
+                                                            ctx.y_test, self.device))
                 if epochs:
-                    ft = self.algorithm.finetune_evaluate(ctx, tensors, epochs)
-                    res.update(ft_loss=ft["loss"], ft_accuracy=ft["accuracy"])
+                    res.finetuned = EvalResult.of(
+                        self.algorithm.finetune_evaluate(ctx, tensors, epochs))
                 out.append((cid, res))
         except Exception as e:
             exit_if_fatal(e)
             raise
         return out
 
-    def evaluate_global(self, key: str, broadcast: Payload) -> dict:
-        """The broadcast model on the global test set (tagged with the broadcast key)."""
+    def evaluate_global(self, key: str, broadcast: Payload) -> tuple[str, EvalResult]:
+        """The broadcast model on the global test set, tagged with the broadcast key."""
         tensors = self._decoded(key, broadcast)
         try:
             scores = self.algorithm.evaluate(self.resident, tensors, self.data.x_test,
@@ -139,7 +159,7 @@ class ClientExecutor:
         except Exception as e:
             exit_if_fatal(e)
             raise
-        return {"key": key, **scores}
+        return key, EvalResult.of(scores)
 
     def raise_error(self, message: str) -> None:
         """Raise ``RuntimeError(message)`` here as a client update would (used by tests of

@@ -16,8 +16,9 @@ from typing import Any
 
 import yaml
 
-from fedray.config import ConfigError, ExperimentConfig, load_config, redact
-from fedray.runtime.storage import Storage, read_marker
+from fedray.config import ExperimentConfig, load_config
+from fedray.spec import ConfigError, redact
+from fedray.storage import Storage, read_marker
 
 
 def default_run_dir(cfg: ExperimentConfig) -> str:
@@ -107,11 +108,10 @@ class Experiment:
     def __init__(self, cfg: ExperimentConfig, run_dir: str | None = None, *,
                  resume: bool = False, algorithm_cls: type | None = None,
                  data: Any | None = None, overwrite: bool = False):
-        from fedray.algorithms import get_algorithm
-        from fedray.data import build_data
+        from fedray import registry
 
         self.cfg, self.resume = cfg, resume
-        self.algorithm_cls = algorithm_cls or get_algorithm(cfg.algorithm["name"])
+        self.algorithm_cls = algorithm_cls or registry.method(cfg.algorithm["name"])
         self.run_dir = run_dir or cfg.run_dir or default_run_dir(cfg)
         self.storage = open_run_dir(self.run_dir)
         self.locked = False
@@ -124,7 +124,7 @@ class Experiment:
             raise ConfigError("run_dir", self.run_dir, "an empty or new directory (this one "
                               "holds files: --resume continues the run in it, --overwrite "
                               "replaces it)")
-        self.data = build_data(cfg) if data is None else data
+        self.data = self.algorithm_cls.build_data(cfg) if data is None else data
         if self.data.num_clients != cfg.clients.num_clients:
             raise ConfigError("data", self.data.num_clients, f"prebuilt data for "
                                                              f"{cfg.clients.num_clients} clients")
@@ -194,14 +194,7 @@ class Experiment:
         finish = ray.get(self.driver.finish.remote())
         summary = _summary(self.cfg, self.run_dir, self.rows, finish, self.info,
                            time.perf_counter() - self.t_start)
-        if self.cfg.continual.tasks:
-            from fedray.continual.metrics import summarize
-            from fedray.metrics import read_metrics
-
-            cl = self.cfg.continual
-            summary["continual"] = summarize(read_metrics(self.run_dir).to_pylist(),
-                                             [t.name for t in self.cfg.runtime.tiers],
-                                             cl.tasks, cl.rounds_per_task)
+        summary |= self.algorithm_cls.summarize(self.cfg, self.run_dir)
         self.storage.write_bytes("summary.json", json.dumps(summary, indent=2).encode())
         self.release()
         return summary

@@ -71,19 +71,30 @@ def requested_resources(cfg: Any) -> dict[str, float]:
     return total
 
 
+def shortfall(cfg: Any, extra_cpu: float = 0.0) -> tuple[str, float, float] | None:
+    """The first resource the executors (plus ``extra_cpu``) need more of than this Ray
+    cluster has now, as (resource, wanted, available); None when everything fits."""
+    have = ray.cluster_resources()
+    want = requested_resources(cfg)
+    want["CPU"] = want.get("CPU", 0.0) + extra_cpu
+    for res, amount in want.items():
+        if amount > have.get(res, 0.0) + 1e-9:
+            return res, amount, have.get(res, 0.0)
+    return None
+
+
 def check_fits(cfg: Any) -> None:
     """Fail now, not hang, when the executors cannot all be placed on this cluster at once
     (used where the cluster cannot grow: a local Ray instance)."""
-    have = ray.cluster_resources()
-    want = requested_resources(cfg)
-    for res, amount in want.items():
-        if amount > have.get(res, 0.0) + 1e-9:
-            shapes = ", ".join(f"{t.name}: {t.executors} x {executor_options(cfg, t)}"
-                               for t in cfg.runtime.tiers)
-            raise PlacementError(
-                f"runtime.tiers ask for {amount:g} {res} in total ({shapes}) but this Ray "
-                f"cluster has {have.get(res, 0.0):g} {res}; lower runtime.tiers[*].executors "
-                f"or num_cpus/num_gpus, or connect to a larger cluster (runtime.ray_address)")
+    short = shortfall(cfg)
+    if short is not None:
+        res, amount, have = short
+        shapes = ", ".join(f"{t.name}: {t.executors} x {executor_options(cfg, t)}"
+                           for t in cfg.runtime.tiers)
+        raise PlacementError(
+            f"runtime.tiers ask for {amount:g} {res} in total ({shapes}) but this Ray "
+            f"cluster has {have:g} {res}; lower runtime.tiers[*].executors "
+            f"or num_cpus/num_gpus, or connect to a larger cluster (runtime.ray_address)")
 
 
 class ExecutorPool:

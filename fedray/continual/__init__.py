@@ -1,1 +1,0 @@
-"""Federated continual learning: replay buffers, continual objectives, task metrics."""

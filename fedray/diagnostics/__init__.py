@@ -1,1 +1,0 @@
-"""Method-specific diagnostics drawn by ``fedray report`` when a run has their metrics."""

@@ -1,1 +1,0 @@
-"""FAVoR (federated shared/private LoRA with author-style alignment) and its tooling."""

@@ -1,0 +1,257 @@
+"""The small interfaces every method implements, and the typed contracts the runtime uses.
+
+A method (:class:`Algorithm`) bundles
+
+- the client procedure, :meth:`Algorithm.client_update` — one virtual client's local work
+  for one round, ``(broadcast, client) -> ClientOutput``;
+- the server side, an :class:`AggregationPolicy` —
+  ``aggregate(global_state, results, round) -> (new_state, metrics)`` plus checkpointable
+  state (pure numpy: no torch, no Ray);
+- what is resident on an executor (the model, built once and reused for every client);
+- optional hooks, class methods with do-nothing defaults, that let a method plug into the
+  generic layers without those layers naming it: :meth:`Algorithm.build_data`,
+  :meth:`Algorithm.sweep_preset`, :meth:`Algorithm.summarize`,
+  :meth:`Algorithm.report_sections` (and a ``continual``-style config section or a CLI
+  sub-command through :mod:`fedray.registry`).
+
+The runtime moves broadcasts and uploads as :class:`fedray.payload.Payload` and never looks
+inside them; the method never sees an actor, an object ref or a resource. What crosses
+between them is typed: :class:`ClientResult` (with its :class:`Status` and the client-state
+version it wrote), :class:`EvalResult`, :class:`ClientData`.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+State = dict[str, np.ndarray]
+
+__all__ = ["AggregationPolicy", "Algorithm", "ClientContext", "ClientData", "ClientOutput",
+           "ClientResult", "EvalResult", "ReportSection", "State", "Status"]
+
+
+class Status(str, enum.Enum):
+    """What became of one client's upload in a round (stored as its string value)."""
+
+    OK = "ok"
+    ERROR = "error"  # its update raised (or its executor died)
+    REJECTED = "rejected"  # it uploaded NaN or Inf
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@runtime_checkable
+class ClientData(Protocol):
+    """The federated data an executor holds: one client's arrays on demand.
+
+    ``client_extra`` is per-client side data a method may use (FAVoR's style target);
+    ``None`` when there is none. ``summary()`` is plain JSON (stored as ``data.json``)."""
+
+    num_clients: int
+    num_classes: int
+    input_shape: tuple[int, ...]
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+    def client_arrays(self, cid: int, round: int, split: str = "train"
+                      ) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def client_extra(self, cid: int, round: int) -> dict[str, Any] | None: ...
+
+    def summary(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class ClientContext:
+    """Everything one virtual client's update may use."""
+
+    client_id: int
+    round: int
+    seed: int
+    tier: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    resident: Any
+    device: str = "cpu"
+    state: dict[str, Any] | None = None
+    extra: dict[str, Any] | None = None  # ClientData.client_extra
+
+
+@dataclass
+class ClientOutput:
+    """What a client update returns: the upload, its weight, its metrics and (for methods
+    with client state) the state to keep until its next round."""
+
+    upload: Mapping[str, np.ndarray]
+    num_samples: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    state: dict[str, Any] | None = None
+
+
+@dataclass
+class ClientResult:
+    """A client's upload as the server receives it, in encoded form. ``state_version`` is
+    the round whose client state the executor wrote for it (``None``: none written)."""
+
+    client_id: int
+    round: int
+    status: Status
+    num_samples: int = 0
+    payload: Any = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: str = ""
+    upload_bytes: int = 0
+    seconds: float = 0.0
+    executor: str = ""
+    state_version: int | None = None
+    state_bytes: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.OK
+
+
+@dataclass
+class EvalResult:
+    """Loss and accuracy of a model on ``n`` samples; ``extra`` holds a method's further
+    scores (e.g. per-task accuracies), ``finetuned`` the scores after local fine-tuning
+    (``eval.finetune_epochs``)."""
+
+    loss: float
+    accuracy: float
+    n: float
+    extra: dict[str, float] = field(default_factory=dict)
+    finetuned: EvalResult | None = None
+
+    @classmethod
+    def of(cls, scores: Mapping[str, float]) -> EvalResult:
+        """From a method's ``{"loss", "accuracy", "n", ...}`` mapping."""
+        rest = {k: float(v) for k, v in scores.items() if k not in ("loss", "accuracy", "n")}
+        return cls(float(scores.get("loss", math.nan)), float(scores.get("accuracy", math.nan)),
+                   float(scores.get("n", 0.0)), rest)
+
+
+@dataclass
+class ReportSection:
+    """A method's part of ``fedray report``: a key (its entry in the result's
+    ``diagnostics``), a title, Markdown, plot paths and the numbers behind them."""
+
+    key: str
+    title: str
+    markdown: str
+    plots: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+class AggregationPolicy:
+    """Server-side state and the aggregation rule. Pure numpy; checkpointable."""
+
+    def broadcast(self, global_state: State, round: int, tier: str) -> State:
+        """The tensors sent to the clients of ``tier`` in ``round`` (default: everything)."""
+        return global_state
+
+    def aggregate(self, global_state: State, updates: list[tuple[int, int, State]],
+                  round: int) -> tuple[State, dict[str, float]]:
+        """``updates`` holds ``(client_id, num_samples, decoded upload)`` in client-id order.
+
+        The metrics are round-level scalars; an optional ``per_client`` entry
+        ``{client_id: {name: value}}`` lands in that client's row of the metrics."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class Algorithm:
+    """A federated method: typed parameters, a client update and an aggregation policy."""
+
+    name: ClassVar[str]
+    Params: ClassVar[type]
+    uses_client_state: ClassVar[bool] = False
+    supports_continual: ClassVar[bool] = False
+    # the upload has the broadcast's tensor shapes: update transforms (top-k, int8, ...) apply
+    supports_transforms: ClassVar[bool] = False
+
+    def __init__(self, cfg: Any, params: Any):
+        self.cfg = cfg
+        self.params = params
+
+    # ------------------------------------------------------------------ client half
+
+    def build_resident(self, input_shape: tuple[int, ...], num_classes: int, device: str) -> Any:
+        """Heavy objects an executor keeps for all its clients (default: the model)."""
+        raise NotImplementedError
+
+    def init_global_state(self, resident: Any, seed: int) -> State:
+        raise NotImplementedError
+
+    def base_bytes(self) -> int:
+        """Bytes every client downloads once, at its first round (a pretrained base)."""
+        return 0
+
+    def client_update(self, ctx: ClientContext, broadcast: State) -> ClientOutput:
+        raise NotImplementedError
+
+    def evaluate(self, resident: Any, broadcast: State, x: np.ndarray, y: np.ndarray,
+                 device: str = "cpu") -> dict[str, float]:
+        """Loss/accuracy of the broadcast model on (x, y); keys ``loss``, ``accuracy``, ``n``
+        and any further scores."""
+        raise NotImplementedError
+
+    def finetune_evaluate(self, ctx: ClientContext, broadcast: State, epochs: int
+                          ) -> dict[str, float]:
+        """Personalized accuracy after ``epochs`` of local fine-tuning of the broadcast model
+        on the client's train split (nothing is uploaded or kept)."""
+        raise NotImplementedError
+
+    def update_chain(self) -> Any:
+        """The :class:`fedray.transforms.TransformChain` every upload passes through: the
+        configured ``payload.transforms`` (methods that compress by construction prepend
+        their own stage)."""
+        from fedray.transforms import TransformChain, parse_transforms
+
+        p = self.cfg.payload
+        return TransformChain(parse_transforms(p.transforms), p.error_feedback)
+
+    # ------------------------------------------------------------------ server half
+
+    def make_policy(self) -> AggregationPolicy:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ hooks
+
+    @classmethod
+    def build_data(cls, cfg: Any, dataset: Any = None) -> ClientData:
+        """The experiment's client data (default: the configured dataset split among the
+        clients, :func:`fedray.data.build_federated`)."""
+        from fedray.data.federated import build_federated
+
+        return build_federated(cfg.data, cfg.clients.num_clients, cfg.seed, dataset)
+
+    @classmethod
+    def sweep_preset(cls, cfg: Any) -> dict[str, dict]:
+        """The search space ``fedray tune --preset`` uses for this method (default none)."""
+        return {}
+
+    @classmethod
+    def summarize(cls, cfg: Any, run_dir: str) -> dict[str, Any]:
+        """Method-specific entries merged into ``summary.json`` when a run closes."""
+        return {}
+
+    @classmethod
+    def report_sections(cls, run: dict[str, Any], out_dir: str) -> list[ReportSection]:
+        """This method's diagnostics in ``fedray report`` (``run`` holds ``run_dir``,
+        ``label``, ``config``, ``rounds`` and ``clients`` tables)."""
+        return []

@@ -1,0 +1,57 @@
+"""Update-compression baselines (FLITE §4): FedAvg whose clients upload a top-k sparsified or
+PowerSGD low-rank version of their update, with error feedback.
+
+Each is FedAvg with its compressor as the first stage of the upload's transform chain
+(:mod:`fedray.transforms`): the error memory (and PowerSGD's warm-start Q) is the client's
+chain memory, kept in the client state store between its rounds; the runtime decodes every
+upload to dense tensors before FedAvg's policy averages them. Further stages configured in
+``payload.transforms`` (e.g. ``int8``) follow the compressor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedray.methods.fedavg.method import FedAvg, FedAvgParams
+from fedray.registry import register_method
+from fedray.spec import spec
+from fedray.transforms import PowerSGD as PowerSGDStage
+from fedray.transforms import TopK as TopKStage
+from fedray.transforms import Transform, TransformChain
+
+
+class _Compressed(FedAvg):
+    def stage(self) -> Transform:
+        raise NotImplementedError
+
+    def update_chain(self) -> TransformChain:
+        chain = super().update_chain()
+        return TransformChain([self.stage(), *chain.transforms], chain.error_feedback)
+
+
+@register_method
+class TopK(_Compressed):
+    """FedAvg with top-k sparsified updates (values + indices sent) and error feedback."""
+
+    name = "topk"
+
+    @dataclass
+    class Params(FedAvgParams):
+        density: float = spec(0.01, gt=0, le=1, help="share of each tensor's entries sent")
+
+    def stage(self) -> Transform:
+        return TopKStage(self.params.density)
+
+
+@register_method
+class PowerSGD(_Compressed):
+    """FedAvg with PowerSGD rank-r updates (P and Q sent), warm start and error feedback."""
+
+    name = "powersgd"
+
+    @dataclass
+    class Params(FedAvgParams):
+        rank: int = spec(2, ge=1, help="rank of the P Qᵀ approximation")
+
+    def stage(self) -> Transform:
+        return PowerSGDStage(self.params.rank)

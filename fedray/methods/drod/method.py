@@ -1,0 +1,549 @@
+"""Capacity-heterogeneous FL with nested sub-models: DROD and the baselines it is compared to.
+
+Every method here is a reduction ``axis`` crossed with an aggregation ``rule`` (DROD §4):
+
+==================  ==========  =======  =============================================
+name                axis        rule     what a tier trains
+==================  ==========  =======  =============================================
+``drod``            dual        od       (s, b) on the θ curve, resampled per step
+``fjord``           width       od       width p (= s, b = 1) resampled per step
+``heterofl``        width       static   its fixed leading-channel sub-model
+``fedrolex``        width       rolling  a channel window rolled by one per round
+``shortcut_fjord``  shortcut    od       identity blocks (deepest first), resampled
+``depth_fedavg``    depth       static   its leading blocks + its stage's exit head
+==================  ==========  =======  =============================================
+
+A tier is a budget ρ (``runtime.tiers[].capacity``) solved into a sub-model on the shared
+ladder (:mod:`fedray.methods.drod.ladder`). The server sends each tier only its sub-model and
+averages every coordinate over the clients that hold it
+(:class:`fedray.methods.drod.slice_mean.SliceMeanPolicy`). Under ``od`` (Ordered Dropout), at
+every local step a client samples uniformly one of the ladder's sub-models its own contains
+(s ≤ s_own, s·b ≤ s_own·b_own), from (seed, round, client, step).
+
+With ``continual.tasks`` the client also runs the configured continual-learning objective
+(:mod:`fedray.methods.drod.continual.objectives`); its replay buffer, Fisher and
+anchor/teacher live in the client state store. Choices where the papers leave the federated
+case open: EWC's anchor θ* and BiC's teacher are the global model that finished the previous
+task (the client's first broadcast of the new task); EWC's Fisher is estimated at a task's
+last round on the broadcast weights with the task's data; BiC's two-parameter stage runs
+once per task after its last round on a class-balanced split (held-out new-class samples,
+old-class exemplars); DER++ stores the logits of the sub-model sampled at that step.
+Evaluation scores each tier's own sub-model, per task.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from fedray.config import dataset_shape
+from fedray.methods.base import Algorithm, ClientContext, ClientOutput, ReportSection, State
+from fedray.models.geometry import RESNET_BLOCKS
+from fedray.registry import register_method
+from fedray.spec import ConfigError, spec
+
+SLICEABLE = ("sliceable_resnet18", "sliceable_resnet34")
+
+
+@dataclass
+class HeteroParams:
+    axis: Literal["dual", "width", "shortcut", "depth"] = spec(
+        "dual", help="what a smaller tier cuts: dual (DROD's s and b), width, shortcut "
+                     "(identity blocks), depth")
+    rule: Literal["od", "static", "rolling"] = spec(
+        "od", help="od: Ordered Dropout (sample a nested sub-model every step, FjORD); "
+                   "static: the tier's fixed sub-model (HeteroFL); rolling: FedRolex")
+    theta: float = spec(0.5, ge=0, le=1, help="DROD's split θ: s = ρ^((1−θ)/2), b = ρ^θ")
+    match: Literal["params", "flops"] = spec("params", help="budget ρ counts parameters or "
+                                                            "inference FLOPs")
+    grid: list[float] | None = spec(None, help="budgets Ordered Dropout samples from "
+                                               "(default: the tiers' budgets)")
+    weighted: bool = spec(True, help="weight clients by sample count")
+    augment: bool = spec(False, help="random crop (pad 4) + horizontal flip of images")
+
+    def validate(self, cfg: Any) -> None:
+        if cfg is None:
+            return
+        if cfg.model.get("name") not in SLICEABLE:
+            raise ConfigError("model.name", cfg.model.get("name"), f"one of {SLICEABLE} "
+                                                                   f"(nested sub-models)")
+        if self.axis == "depth" and self.rule != "static":
+            raise ConfigError("algorithm.rule", self.rule, "static for the depth axis "
+                                                           "(each depth has its own head)")
+        if self.axis == "depth" and not cfg.model.get("exits"):
+            raise ConfigError("model.exits", cfg.model.get("exits", False),
+                              "true for the depth axis (a cut model ends in an exit head)")
+        if self.rule == "rolling" and self.axis != "width":
+            raise ConfigError("algorithm.rule", self.rule, "rolling only on the width axis")
+        for i, r in enumerate(self.grid or []):
+            if not 0 < r <= 1:
+                raise ConfigError(f"algorithm.grid[{i}]", r, "a budget in (0, 1]")
+        try:
+            tier_ladder(cfg, self)
+        except ValueError as e:
+            raise ConfigError("runtime.tiers", [t.capacity for t in cfg.runtime.tiers],
+                              f"budgets the {self.axis} axis can nest ({e})") from e
+
+
+def arch_of(cfg: Any, input_shape: tuple[int, ...], num_classes: int):
+    from fedray.models.sliceable import arch_for
+
+    kw = {k: v for k, v in cfg.model.items() if k != "name"}
+    blocks = RESNET_BLOCKS[cfg.model["name"].removeprefix("sliceable_")]
+    return arch_for(tuple(input_shape), num_classes, blocks, kw.get("width", 64),
+                    kw.get("groups", 8), kw.get("exits", False), cfg.model["name"])
+
+
+def data_shape(cfg: Any) -> tuple[tuple[int, ...], int]:
+    """Input shape and class count of the configured image dataset, without loading it."""
+    shape, classes = dataset_shape(cfg.data)
+    if len(shape) != 3:
+        raise ConfigError("data.dataset", cfg.data.dataset, "an image dataset (digits, "
+                                                            "cifar10, cifar100) for the "
+                                                            "sliceable ResNet")
+    return shape, classes
+
+
+@functools.lru_cache(maxsize=64)
+def _ladder(arch, hw, budgets, axis, theta, match):
+    from fedray.methods.drod.ladder import solve_ladder
+
+    return {r.budget: r for r in solve_ladder(arch, hw, budgets, axis, theta, match)}
+
+
+def tier_ladder(cfg: Any, params: HeteroParams, shape=None):
+    """(arch, hw, {tier: Rung}, grid rungs) for the configured tiers."""
+    input_shape, classes = shape or data_shape(cfg)
+    arch, hw = arch_of(cfg, input_shape, classes)
+    budgets = sorted({float(t.capacity) for t in cfg.runtime.tiers} | set(params.grid or []),
+                     reverse=True)
+    rungs = _ladder(arch, hw, tuple(budgets), params.axis, float(params.theta), params.match)
+    tiers = {t.name: rungs[float(t.capacity)] for t in cfg.runtime.tiers}
+    grid = [rungs[float(b)] for b in sorted(params.grid or {float(t.capacity)
+                                                            for t in cfg.runtime.tiers})]
+    return arch, hw, tiers, grid
+
+
+class Resident:
+    """What an executor keeps: one built model per sub-model geometry it has run."""
+
+    def __init__(self, cfg, params, input_shape, num_classes, device):
+        self.arch, self.hw, self.tiers, self.grid = tier_ladder(
+            cfg, params, (tuple(input_shape), num_classes))
+        self.device = device
+        self.models: dict = {}
+
+    def model(self, geometry, all_heads: bool = False):
+        from fedray.models.sliceable import SliceableResNet
+
+        key = (geometry, all_heads)
+        if key not in self.models:
+            self.models[key] = SliceableResNet(self.arch, self.hw, geometry,
+                                               all_heads).to(self.device)
+        return self.models[key]
+
+    def tier_of_state(self, state: State) -> str:
+        """The tier whose sub-model has exactly these tensors: the same names (no more, no
+        fewer) with the same shapes. A subset test is not enough — a smaller tier's held set
+        can be a same-shaped subset of a larger one's (identity blocks on the shortcut axis,
+        a depth cut within the last stage, s = 1), so the full model would read as the
+        smaller tier. ``state`` holds network tensors only (callers strip ``bic.*``)."""
+        from fedray.models.sliceable import held
+
+        shapes = {k: tuple(np.shape(v)) for k, v in state.items()}
+        for tier, rung in self.tiers.items():
+            if shapes == dict(held(self.arch, self.hw, rung.geometry)):
+                return tier
+        raise ValueError("the broadcast matches no tier's sub-model")
+
+
+@register_method
+class Hetero(Algorithm):
+    """Any reduction axis crossed with any aggregation rule (``algorithm.axis``/``rule``);
+    the named methods below fix both."""
+
+    name = "hetero"
+    Params = HeteroParams
+    supports_continual = True
+
+    @classmethod
+    def build_data(cls, cfg: Any, dataset: Any = None) -> Any:
+        """With ``continual.tasks``: the class-incremental task stream; else the static
+        split."""
+        if cfg.continual.tasks:
+            from fedray.methods.drod.continual.data import build_continual
+
+            return build_continual(cfg, dataset)
+        return super().build_data(cfg, dataset)
+
+    @classmethod
+    def summarize(cls, cfg: Any, run_dir: str) -> dict[str, Any]:
+        """ACC and forgetting per tier and for the fleet (continual runs)."""
+        cl = cfg.continual
+        if not cl.tasks:
+            return {}
+        from fedray.methods.drod.continual.metrics import summarize
+        from fedray.metrics import read_metrics
+
+        return {"continual": summarize(read_metrics(run_dir).to_pylist(),
+                                       [t.name for t in cfg.runtime.tiers], cl.tasks,
+                                       cl.rounds_per_task)}
+
+    @classmethod
+    def report_sections(cls, run: dict[str, Any], out_dir: str) -> list[ReportSection]:
+        """The accuracy matrices (class-IL and task-IL) and ACC / forgetting per tier."""
+        from fedray.methods.drod.continual import diagnostics
+
+        stream = diagnostics.setting(run["config"])
+        if stream is None:
+            return []
+        rows = run["rounds"].to_dict("records")
+        data = diagnostics.summary(rows, stream)
+        cols = list(data["fleet"])
+        text = "| tier | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols) + "\n" + \
+            "".join(f"| {tier} | " + " | ".join(f"{v:.4f}" for v in vals.values()) + " |\n"
+                    for tier, vals in data.items())
+        return [ReportSection("continual", "Continual learning (fleet = unweighted mean over "
+                                           "tiers)", text,
+                              diagnostics.plots(rows, stream, out_dir, run["label"]), data)]
+
+    @property
+    def uses_client_state(self) -> bool:  # type: ignore[override]
+        cl = self.cfg.continual
+        return bool(cl.tasks) and cl.method != "none"
+
+    def build_resident(self, input_shape, num_classes, device):
+        return Resident(self.cfg, self.params, input_shape, num_classes, device)
+
+    def init_global_state(self, resident, seed):
+
+        from fedray.seeding import torch_seeded
+        from fedray.training import get_state
+
+        with torch_seeded(seed, -1, -1, "model-init"):
+            from fedray.models.sliceable import SliceableResNet
+
+            model = SliceableResNet(resident.arch, resident.hw, resident.arch.full(), True)
+        state = get_state(model)
+        if self.cfg.continual.tasks and self.cfg.continual.method == "bic":
+            state["bic.scale"] = np.ones(resident.arch.num_classes, np.float32)
+            state["bic.shift"] = np.zeros(resident.arch.num_classes, np.float32)
+        return state
+
+    def make_policy(self):
+        from fedray.methods.drod.slice_mean import SliceMeanPolicy
+        from fedray.models.sliceable import held
+
+        arch, hw, tiers, _ = tier_ladder(self.cfg, self.params)
+        return SliceMeanPolicy(arch, hw, {t: r.geometry for t, r in tiers.items()},
+                               self.cfg.tier_of,
+                               "rolling" if self.params.rule == "rolling" else "prefix",
+                               self.params.weighted,
+                               {t: held(arch, hw, r.geometry) for t, r in tiers.items()})
+
+    # ------------------------------------------------------------------ client
+
+    def _tasks(self, num_classes: int):
+        from fedray.methods.drod.continual.data import task_classes
+
+        cl = self.cfg.continual
+        return task_classes(num_classes, cl.tasks, cl.class_order) if cl.tasks else None
+
+    def client_update(self, ctx: ClientContext, broadcast: State) -> ClientOutput:
+        from fedray.training import get_state, set_state
+
+        res: Resident = ctx.resident
+        rung = res.tiers[ctx.tier]
+        model = res.model(rung.geometry)
+        net = {k: v for k, v in broadcast.items() if not k.startswith("bic.")}
+        set_state(model, net)
+        grid = [r for r in res.grid if r.geometry.within(rung.geometry)] \
+            if self.params.rule == "od" else [rung]
+        metrics, state, bic = self._train(ctx, model, grid, broadcast, dict(ctx.state or {}))
+        local = get_state(model)
+        upload = {k: local[k] - np.asarray(net[k], np.float32) for k in local}
+        for k, v in bic.items():
+            upload[k] = v - np.asarray(broadcast[k], np.float32)
+        return ClientOutput(upload, len(ctx.x_train), metrics,
+                            state if self.uses_client_state else None)
+
+    def _train(self, ctx, model, grid, broadcast, state):
+        """Local SGD with Ordered Dropout and the continual objective; returns (metrics,
+        client state, BiC tensors to upload)."""
+        import torch
+        import torch.nn.functional as F
+
+        from fedray.methods.drod.continual.buffer import ReservoirBuffer
+        from fedray.methods.drod.continual.data import task_of_round
+        from fedray.methods.drod.continual.objectives import (
+            augment,
+            bic_distill,
+            ewc_penalty,
+            fisher_diagonal,
+            fit_bias,
+            old_classes,
+        )
+        from fedray.seeding import rng, torch_generator, torch_seeded
+        from fedray.training import SGD, batches
+
+        loc, cl, dev = self.cfg.local, self.cfg.continual, ctx.device
+        classes = self._tasks(model.arch.num_classes)
+        method = cl.method if classes is not None else "none"
+        task = task_of_round(ctx.round, cl.rounds_per_task, cl.tasks) if classes else 0
+        last = bool(classes) and ctx.round % cl.rounds_per_task == 0
+        old = torch.as_tensor(old_classes(classes, task) if classes else [], dtype=torch.long)
+        capacity = cl.buffer_total // self.cfg.clients.num_clients
+        buffer = ReservoirBuffer(capacity, state.get("buffer")) \
+            if method in ("er", "derpp", "bic") else None
+        replay = cl.replay_batch or loc.batch_size
+        gen = rng(ctx.seed, ctx.round, ctx.client_id, "replay")
+        tgen = torch_generator(ctx.seed, ctx.round, ctx.client_id, "augment")
+        scale = torch.as_tensor(np.asarray(broadcast.get("bic.scale", [])), dtype=torch.float32)
+        shift = torch.as_tensor(np.asarray(broadcast.get("bic.shift", [])), dtype=torch.float32)
+        net = {k: np.asarray(v).copy() for k, v in broadcast.items() if not k.startswith("bic.")}
+        if method in ("bic", "ewc") and task > 0 and state.get("anchor_task") != task:
+            # the model that finished the previous task: BiC's teacher, EWC's anchor θ*
+            state["anchor"], state["anchor_task"] = net, task
+        teacher = None
+        if method == "bic" and task > 0:
+            from fedray.models.sliceable import SliceableResNet
+
+            teacher = SliceableResNet(model.arch, model.input_hw, model.geometry, False).to(dev)
+            teacher.load_state_dict({k: torch.from_numpy(v) for k, v in
+                                     state["anchor"].items()})
+            teacher.eval()
+        anchor = fisher = None
+        if method == "ewc" and task > 0 and "fisher" in state:
+            fisher = {k: torch.from_numpy(v).to(dev) for k, v in state["fisher"].items()}
+            anchor = {k: torch.from_numpy(v).to(dev) for k, v in state["anchor"].items()}
+
+        def corrected(out, which):
+            """BiC: the frozen corrections of the old classes' logits (stage 1)."""
+            if method != "bic" or not len(which):
+                return out
+            a, b = torch.ones_like(scale), torch.zeros_like(shift)
+            a[which], b[which] = scale[which], shift[which]
+            return out * a.to(out.device) + b.to(out.device)
+
+        x = torch.from_numpy(ctx.x_train).to(dev)
+        y = torch.from_numpy(ctx.y_train).to(dev)
+        if method == "ewc" and last:  # this task's Fisher at the broadcast (global) weights
+            n_f = min(cl.ewc_samples, len(x))
+            pick = torch.from_numpy(rng(ctx.seed, ctx.round, ctx.client_id, "fisher")
+                                    .choice(len(x), n_f, replace=False))
+            new = fisher_diagonal(model, x[pick], y[pick], lambda t: model(t))
+            prev = state.get("fisher")
+            state["fisher"] = {k: (cl.ewc_gamma * prev[k] if prev else 0) + v.cpu().numpy()
+                               for k, v in new.items()}
+        aug = (lambda t: augment(t, tgen)) if self.params.augment and x.dim() == 4 else \
+            (lambda t: t)
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = SGD(params, lr=loc.lr, momentum=loc.momentum, weight_decay=loc.weight_decay)
+        steps = list(batches(len(x), loc.batch_size, loc.epochs, ctx.seed, ctx.round,
+                             ctx.client_id, loc.max_steps))
+        choice = od_choices(ctx.seed, ctx.round, ctx.client_id, len(steps), len(grid))
+        lam = len(old) / (len(old) + len(classes[task])) if classes else 0.0
+        model.train()
+        total, sub_params = 0.0, 0.0
+        with torch_seeded(ctx.seed, ctx.round, ctx.client_id, "local-torch"):
+            for step, idx in enumerate(steps):
+                rung = grid[int(choice[step])]
+                sub = rung.geometry
+                xb, yb = x[idx], y[idx]
+                xin, yin = xb, yb
+                if buffer is not None and method in ("er", "bic") and len(buffer):
+                    bi = buffer.sample(replay, gen)
+                    xin = torch.cat([xb, torch.from_numpy(buffer.x[bi]).to(dev)])
+                    yin = torch.cat([yb, torch.from_numpy(buffer.y[bi]).to(dev)])
+                opt.zero_grad()
+                with torch.autocast(device_type=torch.device(dev).type, dtype=torch.bfloat16,
+                                    enabled=loc.bf16):
+                    xa = aug(xin)
+                    out = model(xa, sub).float()
+                    logits = corrected(out, old)
+                    loss = F.cross_entropy(logits, yin)
+                    if teacher is not None and len(old):
+                        with torch.no_grad():
+                            t_out = corrected(teacher(xa, sub).float(), old)
+                        loss = lam * bic_distill(logits, t_out, old, cl.bic_temperature) + \
+                            (1 - lam) * loss
+                    if method == "derpp" and len(buffer):
+                        b1, b2 = buffer.sample(replay, gen), buffer.sample(replay, gen)
+                        z = model(aug(torch.from_numpy(buffer.x[b1]).to(dev)), sub).float()
+                        loss = loss + cl.derpp_alpha * F.mse_loss(
+                            z, torch.from_numpy(buffer.logits[b1]).to(dev))
+                        z2 = model(aug(torch.from_numpy(buffer.x[b2]).to(dev)), sub).float()
+                        loss = loss + cl.derpp_beta * F.cross_entropy(
+                            z2, torch.from_numpy(buffer.y[b2]).to(dev))
+                    if fisher is not None:
+                        loss = loss + cl.ewc_lambda * ewc_penalty(
+                            dict(model.named_parameters()), fisher, anchor)
+                loss.backward()
+                opt.step()
+                total += float(loss.detach())
+                sub_params += rung.param_ratio
+                if buffer is not None:
+                    stored = out[:len(xb)].detach().cpu().numpy() if method == "derpp" else None
+                    buffer.add(ctx.x_train[idx], ctx.y_train[idx], gen, stored)
+        n = max(len(steps), 1)
+        metrics = {"train_loss": total / n, "steps": float(len(steps)), "task": float(task),
+                   "sub_param_ratio": sub_params / n}
+        bic = {}
+        if method == "bic":
+            bic = {"bic.scale": scale.numpy().copy(), "bic.shift": shift.numpy().copy()}
+            xv, yv = balanced_split(ctx.x_test, ctx.y_test, buffer, old.numpy(),
+                                    rng(ctx.seed, ctx.round, ctx.client_id, "bic-split")) \
+                if last and task > 0 else (ctx.x_test[:0], ctx.y_test[:0])
+            if len(yv):  # stage 2 once per task, after its last round of stage 1
+                new = torch.as_tensor(classes[task])
+                model.eval()
+                with torch.no_grad():
+                    val = corrected(model(torch.from_numpy(xv).to(dev)).float(), old).cpu()
+                a, b = fit_bias(val, torch.from_numpy(yv), new, float(scale[new[0]]),
+                                float(shift[new[0]]), cl.bic_steps, cl.bic_lr)
+                bic["bic.scale"][classes[task]] = a
+                bic["bic.shift"][classes[task]] = b
+                metrics.update(bic_alpha=a, bic_beta=b)
+        if buffer is not None:
+            state["buffer"] = buffer.state()
+            metrics["buffer_size"] = float(len(buffer))
+        return metrics, state, bic
+
+    # ------------------------------------------------------------------ evaluation
+
+    def logits(self, resident: Resident, broadcast: State, x: np.ndarray, device: str = "cpu"
+               ) -> np.ndarray:
+        """Logits of the sub-model in ``broadcast`` (its tier found by shape), BiC-corrected."""
+        import torch
+
+        from fedray.training import set_state
+
+        rung = resident.tiers[resident.tier_of_state(
+            {k: v for k, v in broadcast.items() if not k.startswith("bic.")})]
+        model = resident.model(rung.geometry)
+        set_state(model, broadcast)
+        model.eval()
+        outs = []
+        with torch.no_grad():
+            for start in range(0, len(x), 512):
+                outs.append(model(torch.from_numpy(x[start:start + 512]).to(device)).float()
+                            .cpu().numpy())
+        out = np.concatenate(outs) if outs else np.zeros((0, resident.arch.num_classes))
+        if "bic.scale" in broadcast:
+            out = out * broadcast["bic.scale"] + broadcast["bic.shift"]
+        return out
+
+    def evaluate(self, resident, broadcast, x, y, device="cpu"):
+        from fedray.methods.drod.continual.metrics import task_accuracies
+
+        if len(x) == 0:
+            return {"loss": float("nan"), "accuracy": float("nan"), "n": 0.0}
+        out = self.logits(resident, broadcast, x, device)
+        shifted = out - out.max(1, keepdims=True)
+        logp = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
+        res = {"loss": float(-logp[np.arange(len(y)), y].mean()),
+               "accuracy": float((out.argmax(1) == y).mean()), "n": float(len(y))}
+        classes = self._tasks(resident.arch.num_classes)
+        if classes is not None:
+            res.update(task_accuracies(out, y, classes))
+        return res
+
+
+def od_choices(seed: int, round: int, client: int, steps: int, options: int) -> np.ndarray:
+    """Ordered Dropout: the index of the sub-model each local step samples, uniform over the
+    ``options`` nested sub-models the client's tier contains; step t's draw is a function
+    of (seed, round, client, t) alone."""
+    from fedray.seeding import rng
+
+    return rng(seed, round, client, "ordered-dropout").integers(0, options, size=steps)
+
+
+def balanced_split(x_new: np.ndarray, y_new: np.ndarray, buffer: Any, old: np.ndarray,
+                   gen: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """BiC's validation set: the same number of samples of every class, new classes from
+    the client's held-out split, old classes from its exemplars (Wu et al. keep part of the
+    exemplars out of training for this; a federated client's buffer is too small to split,
+    so ours were replayed — documented choice). Empty when a side is missing."""
+    xs = [x_new]
+    ys = [y_new]
+    if buffer is not None and len(buffer):
+        keep = np.isin(buffer.y[:len(buffer)], old)
+        xs.append(buffer.x[:len(buffer)][keep])
+        ys.append(buffer.y[:len(buffer)][keep])
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    classes, counts = np.unique(y, return_counts=True)
+    if not np.isin(old, classes).any() or len(classes) < 2:
+        return x[:0], y[:0]
+    m = int(counts.min())
+    idx = np.concatenate([np.sort(gen.choice(np.flatnonzero(y == c), m, replace=False))
+                          for c in classes])
+    return x[idx], y[idx]
+
+
+def _with_defaults(axis: str, rule: str) -> type[HeteroParams]:
+    """HeteroParams with this method's axis and rule as the defaults (the same knobs)."""
+    fields = HeteroParams.__dataclass_fields__
+    return dataclass(type(f"{axis.title()}{rule.title()}Params", (HeteroParams,), {
+        "__annotations__": {"axis": HeteroParams.__annotations__["axis"],
+                            "rule": HeteroParams.__annotations__["rule"]},
+        "axis": spec(axis, help=fields["axis"].metadata["help"]),
+        "rule": spec(rule, help=fields["rule"].metadata["help"])}))
+
+
+@register_method
+class Drod(Hetero):
+    """DROD: Ordered Dropout over (s, b) on the θ curve."""
+
+    name = "drod"
+    Params = _with_defaults("dual", "od")
+
+    @classmethod
+    def sweep_preset(cls, cfg: Any) -> dict[str, dict]:
+        """θ over [0, 1] (θ = 0: width only, θ = 1: branches only)."""
+        return {"algorithm.theta": {"grid": [0.0, 0.25, 0.5, 0.75, 1.0]}}
+
+
+@register_method
+class Fjord(Hetero):
+    """Width x FjORD: Ordered Dropout over the width."""
+
+    name = "fjord"
+    Params = _with_defaults("width", "od")
+
+
+@register_method
+class HeteroFL(Hetero):
+    """Width x FedAvg (HeteroFL static slices)."""
+
+    name = "heterofl"
+    Params = _with_defaults("width", "static")
+
+
+@register_method
+class FedRolex(Hetero):
+    """Width x FedRolex (rolling windows)."""
+
+    name = "fedrolex"
+    Params = _with_defaults("width", "rolling")
+
+
+@register_method
+class ShortcutFjord(Hetero):
+    """Shortcut x FjORD: identity blocks deepest-first, resampled."""
+
+    name = "shortcut_fjord"
+    Params = _with_defaults("shortcut", "od")
+
+
+@register_method
+class DepthFedAvg(Hetero):
+    """Depth x FedAvg: leading blocks and their exit head (DepthFL's cut)."""
+
+    name = "depth_fedavg"
+    Params = _with_defaults("depth", "static")
+
+
+METHODS = (Hetero, Drod, Fjord, HeteroFL, FedRolex, ShortcutFjord, DepthFedAvg)

@@ -1,0 +1,172 @@
+"""Style evaluation of a finished FAVoR-family run (FAVoR appendix B.1).
+
+Each roster author continues its held-out prompts with the adapter it would deploy: FAVoR
+its shared endpoint + private residual, Ditto/pFedMe/local its personal adapter, FedDPA
+the final global adapter mixed with its local one at its gate, FedAvg/FedProx/
+Global ASCE the final global adapter; a client never sampled has no personal adapter and
+uses the global one (the paper leaves this case open). Degenerate generations are
+dropped (< 20 whitespace tokens or distinct-bigram ratio < 0.15). In ASCE space: author
+accuracy and macro-F1 against source-train prototypes, generated-to-generated and
+generated-to-source verification AUC/EER (same-author positives; negatives of the same
+topic and another author when the corpus has such pairs, else any other author),
+silhouette and centroid distance; the same generated-to-source verification with classical
+stylometric features (ASCE-independent: our stand-in for the paper's StyleDistance column,
+whose model is not available offline); SemSim is the MiniLM cosine between a generation and
+its human continuation. BERTScore and MAUVE need models this machine cannot download: they are
+reported as unavailable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedray.methods.favor import style_metrics as sm
+from fedray.seeding import derive_seed
+
+
+def final_adapters(run_dir: str, variant: str, num_clients: int
+                   ) -> tuple[dict[str, np.ndarray], dict[int, dict[str, np.ndarray]]]:
+    """The final global adapter and each client's deployed personal adapter (if any)."""
+    from fedray.state_store import ClientStateStore
+    from fedray.storage import Storage
+
+    storage = Storage(run_dir)
+    ck = storage.read_checkpoint()
+    if ck is None:
+        raise FileNotFoundError(f"no checkpoint under {run_dir}")
+    store = ClientStateStore(storage)
+    personal = {}
+    for cid, version in ck["versions"].items():
+        state = store.load(cid, version)
+        if variant == "favor":
+            personal[cid] = {k: state["shared"][k] + state["residual"][k]
+                             for k in state["shared"]}
+        elif variant in ("ditto", "local", "pfedme"):
+            personal[cid] = state["personal"]
+        elif variant == "feddpa":
+            personal[cid] = _mixed(ck["global_state"], state["local"],
+                                   1 / (1 + np.exp(-state["gate"])))
+    glob = ck["global_state"]
+    if variant == "feddpa":
+        glob = _mixed(glob, {k: np.zeros_like(v) for k, v in glob.items()}, 0.0)
+    return glob, personal
+
+
+def _mixed(g: dict, local: dict, weight: float) -> dict[str, np.ndarray]:
+    from fedray.methods.favor.train import mix, to_numpy, to_torch
+
+    return to_numpy(mix(to_torch(g), to_torch(local), weight))
+
+
+@torch.no_grad()
+def generate(model: Any, tok: Any, adapter: dict[str, np.ndarray], prompts: list[str],
+             max_new_tokens: int, seed: int, device: str = "cpu", sample: bool = True
+             ) -> list[str]:
+    """Sampled continuations (top-p 0.9, temperature 0.8: the paper does not give its
+    sampling settings; greedy with ``sample=False``) of ``prompts`` with ``adapter`` loaded
+    into the LoRA factors, as one left-padded batch sampled from ``seed``."""
+    if not prompts:
+        return []
+    params = dict(model.named_parameters())
+    for k, v in adapter.items():
+        params[k].data.copy_(torch.as_tensor(v))
+    model.eval()
+    side, tok.padding_side = tok.padding_side, "left"
+    try:
+        ids = tok(prompts, return_tensors="pt", padding=True).to(device)
+    finally:
+        tok.padding_side = side
+    torch.manual_seed(seed)
+    how = {"do_sample": True, "top_p": 0.9, "temperature": 0.8} if sample else \
+        {"do_sample": False, "top_p": None, "temperature": None}
+    gen = model.generate(**ids, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
+                         **how)
+    return tok.batch_decode(gen[:, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+def semsim(gens: list[str], refs: list[str]) -> float:
+    """Mean MiniLM cosine (mean-pooled, normalised) of each generation to its reference."""
+    from fedray.methods.favor.asce import load_backbone, mean_pool
+
+    if not gens:
+        return float("nan")
+    model, tok = load_backbone()
+    model.eval()
+
+    def emb(texts):
+        enc = tok(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
+        with torch.no_grad():
+            h = model(**enc).last_hidden_state
+        return torch.nn.functional.normalize(mean_pool(h, enc["attention_mask"]), dim=-1)
+
+    return float((emb(gens) * emb(refs)).sum(1).mean())
+
+
+def evaluate_style(run_dir: str | None, data: Any, params: Any, seed: int,
+                   device: str = "cpu", min_tokens: int = 20,
+                   adapter: dict[str, np.ndarray] | None = None,
+                   archive: str | None = None) -> dict[str, Any]:
+    """Generate, filter, embed and score (see the module docstring); ``adapter`` replaces
+    the run's adapters (one adapter for every author: the pooled reference). Every
+    generation, kept or not, with its prompt and human continuation is written to
+    ``archive``/generations.parquet (a directory or URI) for post-hoc rescoring."""
+    from fedray.data.blogtext import is_degenerate
+    from fedray.methods.favor.asce import embed, load_asce
+    from fedray.methods.favor.lm import load_lm, with_lora
+    from fedray.methods.favor.method import lora_spec
+
+    glob, personal = (adapter, {}) if adapter is not None else \
+        final_adapters(run_dir, params.variant, data.num_clients)
+    base, tok = load_lm(params.base, device)
+    model = with_lora(base, lora_spec(params, dropout=0.0))
+    gens, gen_y, refs, archived, kept, total = [], [], [], [], 0, 0
+    for cid in range(data.num_clients):
+        adapter = personal.get(cid, glob)
+        texts = generate(model, tok, adapter, data.prompts[cid], params.new_tokens,
+                         derive_seed(seed, -1, cid, "generate"), device)
+        for g, p, r in zip(texts, data.prompts[cid], data.references[cid], strict=True):
+            total += 1
+            bad = is_degenerate(g, min_tokens)
+            archived.append({"client": cid, "author": data.authors[cid], "prompt": p,
+                             "generation": g, "reference": r, "degenerate": bad})
+            if bad:
+                continue
+            kept += 1
+            gens.append(g)
+            gen_y.append(cid)
+            refs.append(r)
+    if archive is not None:
+        from fedray.storage import Storage
+
+        Storage(archive).write_parquet("generations.parquet", archived)
+    enc, etok = load_asce(params.asce, device)
+    src = [t for s in data.sources for t in s]
+    src_y = [c for c, s in enumerate(data.sources) for _ in s]
+    zs = np.concatenate(data.source_z)
+    out: dict[str, Any] = {"generations": total, "kept": kept,
+                           "personalized_clients": len(personal)}
+    if len(set(gen_y)) < 2:
+        return out | {"error": "fewer than two authors have non-degenerate generations"}
+    zg = embed(enc, etok, gens, device=device)
+    out |= sm.prototype_accuracy(zg, gen_y, zs, src_y)
+    gg = sm.verification(zg, gen_y)
+    out |= {"gen_gen_auc": gg["auc"], "gen_gen_eer": gg["eer"]}
+    topic = np.asarray(data.topics)
+    gy, sy = np.asarray(gen_y), np.asarray(src_y)
+    gi, si = np.meshgrid(np.arange(len(gy)), np.arange(len(sy)), indexing="ij")
+    hard = (topic[gy][:, None] == topic[sy][None, :]) & (gy[:, None] != sy[None, :])
+    negatives = np.stack([gi[hard], si[hard]], 1) if hard.any() else None
+    gs = sm.verification(zg, gen_y, zs, src_y, negatives=negatives)
+    f = sm.stylometric_features(src + gens, fit_rows=len(src))
+    st = sm.verification(f[len(src):], gen_y, f[:len(src)], src_y, negatives=negatives)
+    out |= {"gen_source_auc": gs["auc"], "gen_source_eer": gs["eer"],
+            "stylo_gen_source_auc": st["auc"], "stylo_gen_source_eer": st["eer"],
+            "gen_source_negatives": "same-topic" if negatives is not None else "any-author",
+            "silhouette": sm.silhouette(zg, gen_y),
+            "centroid_distance": sm.centroid_distance(zg, gen_y),
+            "semsim": semsim(gens, refs), "bertscore": None, "mauve": None}
+    return out
+

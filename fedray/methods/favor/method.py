@@ -1,0 +1,307 @@
+"""FAVoR and the LoRA baselines it is compared with, on one causal-LM client stack.
+
+Every method trains LoRA factors on a frozen base LM (``algorithm.base``: a hub id or a
+directory; 4-bit NF4 on CUDA) and uploads only the delta of its *shared* adapter; the
+server takes the uniform mean of the deltas times η_g (eqs. 14–15, :class:`FedAvgPolicy`
+with ``weighted=False``). What a client keeps and evaluates with differs:
+
+============  ====================================================================
+``variant``   client round
+============  ====================================================================
+favor         shared stage (task + λ_prox prox) → upload; private residual from the
+              shared endpoint with λ_align κ_t alignment (λ_align = 0: w/o ASCE);
+              keeps {shared endpoint, residual}, evaluates with their sum
+fedavg        shared stage only (λ_prox = 0), evaluates with the global adapter
+fedprox       shared stage with prox μ = ``lambda_prox``, global adapter
+pfedme        pFedMe: a personalized θ solves the Moreau envelope around the local
+              copy w of the global adapter each step; w's delta is uploaded; evaluates θ
+feddpa        FedDPA: global adapter trained alone → upload; a local adapter mixed
+              with it by a learned gate (one scalar per client); evaluates the mixture
+              of the final global and the local adapter at the client's gate
+ditto         shared stage → upload; a persistent personal adapter trained with
+              task + λ_ditto/2 ‖v − A_t‖² (+ alignment with ``align: true``:
+              Ditto + ASCE); evaluates with v
+local         no upload; a persistent personal adapter from the initial one, task loss
+              (+ alignment with ``align: true``: the paper's local-only + ASCE)
+global_asce   shared stage with the alignment loss, no private branch, no prox;
+              global adapter
+============  ====================================================================
+
+Each variant's client round is the method ``Favor.round_<variant>`` (the ``fedavg`` and
+``fedprox`` variants are LoRA-FedAvg / LoRA-FedProx on this stack, not the registered
+methods of those names). The client procedures are :mod:`fedray.methods.favor.train`;
+nothing here knows about Ray.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from fedray.methods.base import Algorithm, ClientContext, ClientOutput
+from fedray.methods.fedavg.policy import FedAvgPolicy
+from fedray.registry import register_method
+from fedray.spec import ConfigError, spec
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class FavorParams:
+    base: str = spec("", help="base causal LM: hub id (e.g. Qwen/Qwen2.5-3B-Instruct) or a "
+                              "directory (the embedded tiny LM)")
+    asce: str = spec("", help="directory of the trained ASCE style encoder")
+    variant: Literal["favor", "fedavg", "fedprox", "ditto", "pfedme", "feddpa", "local",
+                     "global_asce"] = "favor"
+    rank: int = spec(16, ge=1, help="LoRA rank r")
+    alpha: int = spec(32, ge=1, help="LoRA α")
+    dropout: float = spec(0.05, ge=0, lt=1)
+    targets: list[str] = spec(default_factory=lambda: list(TARGETS))
+    lr: float = spec(2e-4, gt=0)
+    micro_batch: int = spec(4, ge=1)
+    accumulation: int = spec(8, ge=1)
+    shared_epochs: int = spec(1, ge=1)
+    private_epochs: int = spec(2, ge=1)
+    max_steps: int | None = spec(None, ge=1, help="cap on optimizer steps per stage")
+    lambda_prox: float = spec(0.01, ge=0, help="λ_prox of the shared stage (not given in "
+                                               "the paper; μ for fedprox)")
+    lambda_align: float = spec(0.3, ge=0, help="λ_align of the alignment loss")
+    align: bool | None = spec(None, help="use the ASCE alignment loss (default: on for favor "
+                                         "and global_asce; on for ditto/local = Ditto + ASCE /"
+                                         " local-only + ASCE; off = FAVoR w/o ASCE)")
+    lambda_ditto: float = spec(0.1, ge=0, help="Ditto's λ (personal-to-global pull)")
+    lambda_pfedme: float = spec(15.0, gt=0, help="pFedMe's λ (Moreau-envelope pull)")
+    pfedme_inner_steps: int = spec(5, ge=1, help="pFedMe's inner steps K per local step")
+    pfedme_inner_lr: float = spec(0.01, gt=0, help="pFedMe's personal learning rate")
+    ramp: float = spec(0.05, ge=0, le=1, help="κ_t ramp share of the private steps")
+    proj_hidden: int = spec(256, ge=1, help="projection head hidden width")
+    server_lr: float = spec(1.0, gt=0, help="η_g")
+    # data pipeline (FAVoR §4): used when data.dataset = blogtext
+    min_tokens: int = spec(30_000, ge=1, help="keep authors with this many tokens")
+    asce_authors: int = spec(50, ge=0, help="authors held out to train the style encoder")
+    gini: float = spec(0.25, ge=0, lt=1, help="target Gini of the word allocation")
+    allocation_fraction: float = spec(0.6, gt=0, le=1, help="share of the roster's train "
+                                                            "words allocated")
+    block_length: int = spec(256, ge=8, help="tokens per training block")
+    prompt_tokens: int = spec(96, ge=1)
+    new_tokens: int = spec(220, ge=1)
+    eval_prompts: int = spec(4, ge=1, help="held-out prompts per author")
+    reference_texts: int = spec(16, ge=1, help="posts in each author's reference set")
+
+    def validate(self, cfg: Any) -> None:
+        if not self.base:
+            raise ConfigError("algorithm.base", self.base, "a hub id or a model directory")
+        if cfg is not None and cfg.data.dataset == "blogtext" and not self.asce:
+            raise ConfigError("algorithm.asce", self.asce, "the ASCE directory (style "
+                                                           "targets come from it)")
+
+
+def lora_spec(p: FavorParams, dropout: float | None = None):
+    """The resident model's LoRA: rank r, or for FedDPA the global and local adapters side
+    by side (rank 2r with α doubled, so each half keeps the α/r scaling)."""
+    from fedray.methods.favor.adapter import LoraSpec
+
+    d = p.dropout if dropout is None else dropout
+    if p.variant == "feddpa":
+        return LoraSpec(2 * p.rank, 2 * p.alpha, d, tuple(p.targets))
+    return LoraSpec(p.rank, p.alpha, d, tuple(p.targets))
+
+
+@dataclass
+class _Round:
+    """What every variant's client round works with."""
+
+    model: Any
+    server: dict  # the broadcast (global) adapter, as torch tensors on the device
+    ids: Any  # the client's token blocks
+    target: Any  # its style target q_i (None without alignment)
+    shared: Any  # StageConfig of the shared stage
+    private: Any  # StageConfig of the private stage
+    args: dict  # seed, round, client
+    prev: dict  # the client's state from its last round
+    ctx: ClientContext
+
+
+@register_method
+class Favor(Algorithm):
+    """FAVoR and its LoRA baselines (``algorithm.variant``) on one causal-LM client stack."""
+
+    name = "favor"
+    Params = FavorParams
+
+    @classmethod
+    def build_data(cls, cfg: Any, dataset: Any = None) -> Any:
+        """``data.dataset=blogtext``: per-author token blocks, style targets and prompts
+        (FAVoR §4, :func:`fedray.methods.favor.data.build_text_data`)."""
+        if cfg.data.dataset == "blogtext":
+            from fedray.methods.favor.data import build_text_data
+
+            return build_text_data(cfg)
+        return super().build_data(cfg, dataset)
+
+    @classmethod
+    def sweep_preset(cls, cfg: Any) -> dict[str, dict]:
+        """λ_align log-uniform over [0.01, 1]."""
+        return {"algorithm.lambda_align": {"loguniform": [0.01, 1.0]}}
+
+    @property
+    def uses_client_state(self) -> bool:  # type: ignore[override]
+        return self.params.variant in ("favor", "ditto", "local", "pfedme", "feddpa")
+
+    def lora(self):
+        return lora_spec(self.params)
+
+    def build_resident(self, input_shape, num_classes, device):
+        from fedray.methods.favor.lm import load_lm, with_lora
+
+        model, tok = load_lm(self.params.base, device)
+        return {"model": with_lora(model, self.lora()).eval(), "tokenizer": tok}
+
+    def init_global_state(self, resident, seed):
+
+        from fedray.methods.favor.train import adapter_of, to_numpy
+        from fedray.seeding import torch_seeded
+
+        model = resident["model"]
+        with torch_seeded(seed, -1, -1, "lora-init"):  # drawn on the CPU: the same on any device
+            for m in model.modules():
+                if hasattr(m, "reset_lora_parameters"):
+                    device = m.lora_A["default"].weight.device
+                    m.lora_A.to("cpu"), m.lora_B.to("cpu")
+                    m.reset_lora_parameters("default", True)
+                    m.lora_A.to(device), m.lora_B.to(device)
+        state = to_numpy(adapter_of(model))
+        if self.params.variant == "feddpa":  # the global half of the rank-2r factors
+            r = self.params.rank
+            state = {k: v[:r] if "lora_A" in k else v[:, :r] for k, v in state.items()}
+        return state
+
+    def make_policy(self):
+        return FedAvgPolicy(self.params.server_lr, weighted=False)
+
+    def _stages(self):
+        from fedray.methods.favor.train import StageConfig
+
+        p = self.params
+        mk = lambda e: StageConfig(e, p.micro_batch, p.accumulation, p.lr, p.max_steps)  # noqa
+        return mk(p.shared_epochs), mk(p.private_epochs)
+
+    def client_update(self, ctx: ClientContext, broadcast) -> ClientOutput:
+        """One client round of the configured variant (``round_<variant>`` below)."""
+        import torch
+
+        from fedray.methods.favor.train import to_numpy, to_torch
+
+        p, v = self.params, self.params.variant
+        ids = torch.from_numpy(np.asarray(ctx.x_train)).to(ctx.device)
+        align = p.align if p.align is not None else v in ("favor", "global_asce")
+        target = None
+        if align and ctx.extra and "target" in ctx.extra and p.lambda_align > 0:
+            target = torch.as_tensor(ctx.extra["target"], device=ctx.device)
+        run = _Round(ctx.resident["model"], to_torch(broadcast, ctx.device), ids, target,
+                     *self._stages(), dict(seed=ctx.seed, round=ctx.round,
+                                           client=ctx.client_id), ctx.state or {}, ctx)
+        upload, metrics, state = getattr(self, f"round_{v}")(run)
+        if state is not None:
+            state["tau"] = ctx.round
+        return ClientOutput(to_numpy(upload), len(ids), metrics, state)
+
+    def round_favor(self, r: _Round) -> tuple:
+        """Shared stage (task + λ_prox) → upload; private residual from the shared endpoint
+        with λ_align κ_t alignment; keeps both."""
+        from fedray.methods.favor.train import client_round, to_numpy
+
+        p = self.params
+        upload, kept, metrics = client_round(
+            r.model, r.server, r.ids, r.ids, r.target, r.shared, r.private, p.lambda_prox,
+            p.lambda_align, private=True, proj_hidden=p.proj_hidden, ramp=p.ramp, **r.args)
+        return upload, metrics, {k: to_numpy(a) for k, a in kept.items()}
+
+    def round_feddpa(self, r: _Round) -> tuple:
+        """FedDPA: the global adapter trained alone → upload; a local adapter and its gate."""
+        from fedray.methods.favor.train import feddpa_round, to_numpy, to_torch
+
+        local = to_torch(r.prev["local"], r.ctx.device) if "local" in r.prev else None
+        upload, kept, metrics = feddpa_round(r.model, r.server, local, r.prev.get("gate", 0.0),
+                                             r.ids, r.ids, r.shared, r.private, **r.args)
+        return upload, metrics, {"local": to_numpy(kept["local"]), "gate": kept["gate"]}
+
+    def round_pfedme(self, r: _Round) -> tuple:
+        """pFedMe: a personalized θ solves the Moreau envelope around the local copy w."""
+        from fedray.methods.favor.train import pfedme_stage, to_numpy
+
+        p = self.params
+        w, theta, metrics = pfedme_stage(r.model, r.server, r.ids, r.ids, r.shared,
+                                         p.lambda_pfedme, p.pfedme_inner_steps,
+                                         p.pfedme_inner_lr, **r.args)
+        return {k: w[k] - r.server[k] for k in r.server}, metrics, {"personal": to_numpy(theta)}
+
+    def round_fedavg(self, r: _Round, prox: float = 0.0) -> tuple:
+        """LoRA-FedAvg: the shared stage only; evaluated with the global adapter."""
+        from fedray.methods.favor.train import shared_stage
+
+        end, metrics = shared_stage(r.model, r.server, r.ids, r.ids, r.shared, prox, **r.args)
+        return {k: end[k] - r.server[k] for k in r.server}, metrics, None
+
+    def round_fedprox(self, r: _Round) -> tuple:
+        """LoRA-FedProx: the shared stage with prox μ = ``lambda_prox``."""
+        return self.round_fedavg(r, self.params.lambda_prox)
+
+    def round_global_asce(self, r: _Round) -> tuple:
+        """The shared stage with the alignment loss, no private branch, no prox."""
+        from fedray.methods.favor.train import private_stage
+
+        p = self.params
+        res, metrics = private_stage(r.model, r.server, r.ids, r.ids, r.target, r.shared,
+                                     p.lambda_align, proj_hidden=p.proj_hidden, ramp=p.ramp,
+                                     **r.args)
+        return res, metrics, None  # the aligned update of the (only) global adapter
+
+    def round_ditto(self, r: _Round) -> tuple:
+        """Ditto: shared stage → upload; a persistent personal adapter pulled to the global
+        one with λ_ditto/2 (+ alignment with ``align: true``)."""
+        from fedray.methods.favor.train import shared_stage
+
+        end, metrics = shared_stage(r.model, r.server, r.ids, r.ids, r.shared, 0.0, **r.args)
+        upload = {k: end[k] - r.server[k] for k in r.server}
+        return self._personal(r, upload, metrics, r.server, self.params.lambda_ditto / 2)
+
+    def round_local(self, r: _Round) -> tuple:
+        """Local-only: a persistent personal adapter, nothing leaves the client."""
+        return self._personal(r, {}, {}, None, 0.0)
+
+    def _personal(self, r: _Round, upload: dict, metrics: dict, anchor: Any, pull: float
+                  ) -> tuple:
+        from fedray.methods.favor.train import private_stage, to_numpy, to_torch
+
+        p = self.params
+        personal = to_torch(r.prev["personal"], r.ctx.device) if "personal" in r.prev else \
+            {k: t.clone() for k, t in r.server.items()}
+        res, mp = private_stage(r.model, personal, r.ids, r.ids, r.target, r.private,
+                                p.lambda_align, proj_hidden=p.proj_hidden, ramp=p.ramp,
+                                prox_anchor=personal if anchor is None else anchor, prox=pull,
+                                **r.args)
+        return upload, metrics | mp, {"personal": to_numpy({k: personal[k] + res[k]
+                                                            for k in personal})}
+
+    def evaluate(self, resident, broadcast, x, y, device="cpu"):
+        """LM loss and next-token accuracy of the global adapter on held-out blocks."""
+        import torch
+
+        from fedray.methods.favor.train import lm_scores, to_torch
+
+        model = resident["model"]
+        adapter = to_torch(broadcast, device)
+        if self.params.variant == "feddpa":
+            from fedray.methods.favor.train import mix
+
+            adapter = mix(adapter, {k: torch.zeros_like(v) for k, v in adapter.items()}, 0.0)
+        ids = torch.from_numpy(np.asarray(x)).to(device)
+        loss = correct = count = 0
+        for i in range(0, len(ids), 8):
+            lsum, ok, n = lm_scores(model, adapter, ids[i:i + 8])
+            loss, correct, count = loss + lsum, correct + ok, count + n
+        return {"loss": loss / max(count, 1), "accuracy": correct / max(count, 1),
+                "n": float(len(ids))}

@@ -1,0 +1,171 @@
+"""FedAvg (McMahan et al., 2017), client side: local SGD from the broadcast model, upload
+the update Δ_i = θ_i − θ_t (not θ_i, so codecs quantize small deltas). The server side is
+:class:`fedray.methods.fedavg.policy.FedAvgPolicy`. FedProx and ORDERS reuse this client."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedray.methods.base import (
+    AggregationPolicy,
+    Algorithm,
+    ClientContext,
+    ClientOutput,
+    State,
+)
+from fedray.methods.fedavg.policy import FedAvgPolicy
+from fedray.payload import Payload
+from fedray.registry import register_method
+from fedray.spec import ConfigError, spec
+
+
+def check_base(base: str | None, model_cfg: dict | None = None) -> None:
+    """Fail at config time when ``algorithm.base`` is not a `fedray pretrain` output of the
+    configured model."""
+    if base is None:
+        return
+    from fedray.pretrain import load_base
+    from fedray.storage import Storage
+
+    if not Storage(base).exists("base.npz"):
+        raise ConfigError("algorithm.base", base,
+                          "a directory written by `fedray pretrain` (holding base.npz)")
+    if model_cfg is not None:
+        _same_model(base, load_base(base)[1], model_cfg)
+
+
+def _same_model(base: str, meta: dict, model_cfg: dict) -> None:
+    if meta["model"] != model_cfg:
+        raise ConfigError("algorithm.base", base, f"a base pretrained with model = {model_cfg}"
+                                                  f" (this one: {meta['model']})")
+
+
+def apply_base(model: Any, base: str, model_cfg: dict) -> None:
+    """Load the pretrained weights into ``model`` and freeze its head if it was pretrained
+    frozen (FLITE §3.5: the frozen head is never trained nor communicated)."""
+    from fedray.models.heads import classifier
+    from fedray.pretrain import load_base
+    from fedray.training import set_state
+
+    state, meta = load_base(base)
+    _same_model(base, meta, model_cfg)
+    set_state(model, state)
+    if meta["head"] != "trainable":
+        classifier(model).requires_grad_(False)
+
+
+@dataclass
+class FedAvgParams:
+    """FedAvg's knobs; FedProx and the compressed baselines extend them."""
+
+    server_lr: float = spec(1.0, gt=0, help="server learning rate η_s")
+    weighted: bool = spec(True, help="weight clients by sample count (else uniform)")
+    base: str | None = spec(None, help="fine-tune from this `fedray pretrain` output "
+                                       "(its frozen head stays frozen, not uploaded)")
+
+    def validate(self, cfg: Any) -> None:
+        check_base(self.base, cfg.model if cfg is not None else None)
+
+
+@register_method
+class FedAvg(Algorithm):
+    """Local SGD on every sampled client, sample-weighted mean of the updates."""
+
+    name = "fedavg"
+    Params = FedAvgParams
+    supports_transforms = True
+
+    @property
+    def uses_client_state(self) -> bool:  # type: ignore[override]
+        return self.cfg.local.keep_optimizer_state and self.cfg.local.momentum > 0
+
+    @property
+    def base(self) -> str | None:
+        return getattr(self.params, "base", None)
+
+    def build_resident(self, input_shape, num_classes, device):
+        from fedray.models import build_model
+
+        kwargs = {k: v for k, v in self.cfg.model.items() if k != "name"}
+        model = build_model(self.cfg.model["name"], tuple(input_shape), num_classes, **kwargs)
+        if self.base:
+            apply_base(model, self.base, self.cfg.model)
+        return model.to(device)
+
+    def base_bytes(self) -> int:
+        """Bytes of the pretrained base each client downloads once (0 without a base)."""
+        from fedray.pretrain import load_base
+
+        return Payload.encode(load_base(self.base)[0]).nbytes if self.base else 0
+
+    def trainable(self, model: Any) -> list[str]:
+        """Names of the parameters clients train and upload."""
+        return [n for n, q in model.named_parameters() if q.requires_grad]
+
+    def init_global_state(self, resident, seed):
+
+        from fedray.seeding import torch_seeded
+        from fedray.training import get_state
+
+        if self.base:
+            return get_state(resident)
+        # drawn on the CPU from the seed alone: the same start on any device (every module of
+        # the registry's models resets all its parameters and buffers)
+        model = copy.deepcopy(resident).to_empty(device="cpu")
+        with torch_seeded(seed, -1, -1, "model-init"):
+            for m in model.modules():
+                if hasattr(m, "reset_parameters"):
+                    m.reset_parameters()
+        return get_state(model)
+
+    def grad_hook(self, model: Any, broadcast: State, device: str) -> Any:
+        """A per-step gradient edit (``None``: plain SGD). FedProx overrides it."""
+        return None
+
+    def client_update(self, ctx: ClientContext, broadcast: State) -> ClientOutput:
+        from fedray.training import evaluate, get_state, set_state, train_local
+
+        model, loc = ctx.resident, self.cfg.local
+        set_state(model, broadcast)
+        metrics: dict[str, float] = {}
+        if self.cfg.eval.local_before_after:
+            metrics["acc_before"] = evaluate(model, ctx.x_test, ctx.y_test, ctx.device)["accuracy"]
+        opt_state = (ctx.state or {}).get("optimizer") if self.uses_client_state else None
+        train_metrics, opt_state = train_local(
+            model, ctx.x_train, ctx.y_train, epochs=loc.epochs, batch_size=loc.batch_size,
+            lr=loc.lr, momentum=loc.momentum, weight_decay=loc.weight_decay, seed=ctx.seed,
+            round=ctx.round, client=ctx.client_id, max_steps=loc.max_steps, device=ctx.device,
+            grad_hook=self.grad_hook(model, broadcast, ctx.device), optimizer_state=opt_state,
+            bf16=loc.bf16)
+        metrics.update(train_metrics)
+        if self.cfg.eval.local_before_after:
+            metrics["acc_after"] = evaluate(model, ctx.x_test, ctx.y_test, ctx.device)["accuracy"]
+        local = get_state(model)
+        delta = {k: local[k] - np.asarray(broadcast[k], dtype=np.float32)
+                 for k in self.trainable(model)}
+        state = {"optimizer": opt_state} if self.uses_client_state else None
+        return ClientOutput(delta, len(ctx.x_train), metrics, state)
+
+    def evaluate(self, resident, broadcast, x, y, device="cpu"):
+        from fedray.training import evaluate, set_state
+
+        set_state(resident, broadcast)
+        return evaluate(resident, x, y, device)
+
+    def finetune_evaluate(self, ctx, broadcast, epochs):
+        from fedray.training import evaluate, set_state, train_local
+
+        loc = self.cfg.local
+        set_state(ctx.resident, broadcast)
+        train_local(ctx.resident, ctx.x_train, ctx.y_train, epochs=epochs,
+                    batch_size=loc.batch_size, lr=loc.lr, momentum=loc.momentum,
+                    weight_decay=loc.weight_decay, seed=ctx.seed, round=ctx.round,
+                    client=ctx.client_id, device=ctx.device, bf16=loc.bf16, purpose="finetune")
+        return evaluate(ctx.resident, ctx.x_test, ctx.y_test, ctx.device)
+
+    def make_policy(self) -> AggregationPolicy:
+        return FedAvgPolicy(self.params.server_lr, self.params.weighted)

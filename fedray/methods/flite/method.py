@@ -1,0 +1,185 @@
+"""FLITE — federated latent fine-tuning (papers/flite-federated-lightweight-fine-tuning.txt,
+Algorithm 1).
+
+Every client holds the shared pretrained base θ^pre (downloaded once, counted once) and the
+frozen factors U_l, V_l (regenerated from one 64-bit seed: zero bytes). Each round:
+
+1. the server broadcasts the mean latent z̄ (D floats; D = Σ_l d_l, 1,280 for ResNet-18 at
+   d = 64 over its 20 conv weights);
+2. a client sets z ← z̄ and trains only z for E local epochs with Adam (lr 1e-2, weight
+   decay 1e-4, gradient clip 1.0 on the latents), the network's mapped weights being
+   θ_l = θ_l^pre + U_l V_lᵀ z_l on every forward pass; the head (frozen orthogonal by
+   default) and all other parameters stay frozen;
+3. it uploads z — quantized by the payload codec (``payload.upload=int8|int4``): with
+   ``quant_scope="vector"`` the whole latent is one tensor, so one fp32 scale and one fp32
+   zero-point (the paper's 648 B at int4 = 640 B of codes + 8 B), with ``"layer"`` one pair
+   per mapped layer;
+4. the server takes the unweighted (or sample-weighted) mean, and logs the averaging-
+   identity error max |mean_k θ(z_k) − θ(z̄)| every round (paper: ≈ 6e-8 in fp32).
+
+Without ``base`` the mapped model is a random initialisation — the from-scratch setting the
+paper shows collapsing (§3.2), kept for that ablation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from fedray.methods.base import ClientContext, ClientOutput
+from fedray.methods.fedavg.method import FedAvg, apply_base, check_base
+from fedray.methods.fedavg.policy import FedAvgPolicy, weighted_mean
+from fedray.registry import register_method
+from fedray.spec import ConfigError, spec
+
+
+@dataclass
+class FliteParams:
+    base: str | None = spec(None, help="`fedray pretrain` output to fine-tune (delta mode)")
+    d: int = spec(64, ge=1, help="latent size d_l per mapped layer")
+    r: int = spec(32, ge=1, help="rank r of the frozen factors (r <= d)")
+    factor_seed: int = spec(0, ge=0, help="the one 64-bit seed of every layer's U_l, V_l")
+    layers: list[str] | None = spec(None, help="fnmatch patterns of mapped parameters "
+                                               "(default: every conv weight)")
+    mode: Literal["stored", "regenerated"] = spec(
+        "stored", help="keep U_l in memory, or regenerate it from the seed in chunks")
+    lr: float = spec(1e-2, gt=0, help="Adam learning rate on the latents")
+    weight_decay: float = spec(1e-4, ge=0)
+    clip: float | None = spec(1.0, gt=0, help="gradient-norm clip on the latents")
+    weighted: bool = spec(False, help="sample-weighted mean (default: unweighted, Alg. 1)")
+    quant_scope: Literal["vector", "layer"] = spec(
+        "vector", help="one quantizer scale/zero for the whole latent, or one per layer")
+    identity_check: bool = spec(True, help="log the averaging-identity error every round")
+
+    def validate(self, cfg: Any) -> None:
+        if self.r > self.d:
+            raise ConfigError("algorithm.r", self.r, f"at most algorithm.d = {self.d}")
+        check_base(self.base, cfg.model if cfg is not None else None)
+        if self.base is None and self.identity_check:
+            raise ConfigError("algorithm.identity_check", True,
+                              "false without algorithm.base (the server has no θ^pre)")
+        if cfg is None:
+            return
+        if cfg.local.momentum:
+            raise ConfigError("local.momentum", cfg.local.momentum,
+                              "0 for FLITE (its optimizer is Adam on the latents)")
+        if self.base is not None:
+            from fedray.methods.flite.factors import check_dims
+            from fedray.methods.flite.identity import mapped_names
+            from fedray.pretrain import load_base
+
+            pre, _ = load_base(self.base)
+            for name in mapped_names(pre, self.layers):
+                check_dims(name, int(pre[name].size), self.d, self.r)
+
+
+def latent_layout(names: list[str], d: int) -> list[tuple[str, int]]:
+    return [(n, d) for n in names]
+
+
+class FlitePolicy(FedAvgPolicy):
+    """Mean of the latents (FedAvg in latent space, Eq. 2) plus the identity check."""
+
+    def __init__(self, params: FliteParams, layout: list[tuple[str, int]], checker: Any):
+        super().__init__(server_lr=1.0, weighted=params.weighted)
+        self.layout, self.checker = layout, checker
+
+    def _vector(self, upload: dict) -> np.ndarray:
+        if "z" in upload:
+            return np.asarray(upload["z"], np.float32)
+        return np.concatenate([np.asarray(upload[f"z/{n}"], np.float32) for n, _ in self.layout])
+
+    def aggregate(self, global_state, updates, round):
+        latents = [(cid, n, {"z": self._vector(u)}) for cid, n, u in updates]
+        mean = weighted_mean(latents, self.weighted)["z"]
+        new = {"z": mean.astype(np.float32)}
+        metrics = {"latent_norm": float(np.linalg.norm(mean))}
+        if self.checker is not None:
+            counts = np.array([n for _, n, _ in latents], dtype=np.float64)
+            w = counts / counts.sum() if self.weighted else np.full(len(latents),
+                                                                    1.0 / len(latents))
+            z = np.stack([u["z"] for _, _, u in latents])
+            metrics["identity_error"] = self.checker.error(z, w, new["z"])
+        return new, metrics
+
+
+@register_method
+class Flite(FedAvg):
+    """Delta low-rank latent federated fine-tuning (FLITE)."""
+
+    name = "flite"
+    Params = FliteParams
+
+    @classmethod
+    def sweep_preset(cls, cfg: Any) -> dict[str, dict]:
+        """The paper's latent size d and factor rank r grid."""
+        return {"algorithm.d": {"choice": [32, 64, 128]}, "algorithm.r": {"choice": [8, 16, 32]}}
+
+    def build_resident(self, input_shape, num_classes, device):
+        from fedray.methods.flite import LatentMapping
+        from fedray.pretrain import build_base_model
+
+        model = build_base_model(self.cfg, input_shape, num_classes, head="orthogonal")
+        if self.params.base:
+            apply_base(model, self.params.base, self.cfg.model)
+        p = self.params
+        return LatentMapping(model, d=p.d, r=p.r, seed=p.factor_seed, layers=p.layers,
+                             mode=p.mode).to(device)
+
+    def init_global_state(self, resident, seed):
+        return {"z": np.zeros(resident.D, dtype=np.float32)}
+
+    def _train(self, ctx: ClientContext, broadcast, epochs: int, purpose: str) -> dict:
+        """Set z ← z̄ and train only the latents (Adam, wd, clip) for ``epochs``."""
+        from fedray.training import Adam, train_local
+
+        mapping, p, loc = ctx.resident, self.params, self.cfg.local
+        mapping.set_latent_vector(broadcast["z"])
+        opt = Adam(mapping.latent_parameters(), lr=p.lr, weight_decay=p.weight_decay,
+                   clip=p.clip)
+        metrics, _ = train_local(
+            mapping, ctx.x_train, ctx.y_train, epochs=epochs, batch_size=loc.batch_size,
+            lr=p.lr, seed=ctx.seed, round=ctx.round, client=ctx.client_id,
+            max_steps=loc.max_steps if purpose == "local" else None, device=ctx.device,
+            bf16=loc.bf16, optimizer=opt, purpose=purpose)
+        return metrics
+
+    def client_update(self, ctx: ClientContext, broadcast) -> ClientOutput:
+        mapping, p = ctx.resident, self.params
+        metrics = self._train(ctx, broadcast, self.cfg.local.epochs, "local")
+        if p.quant_scope == "vector":
+            upload = {"z": mapping.latent_vector().cpu().numpy()}
+        else:
+            upload = {f"z/{m.name}": m.z.detach().cpu().numpy() for m in mapping.maps}
+        return ClientOutput(upload, len(ctx.x_train), metrics)
+
+    def evaluate(self, resident, broadcast, x, y, device="cpu"):
+        from fedray.training import evaluate
+
+        resident.set_latent_vector(broadcast["z"])
+        return evaluate(resident, x, y, device)
+
+    def finetune_evaluate(self, ctx, broadcast, epochs):
+        from fedray.training import evaluate
+
+        self._train(ctx, broadcast, epochs, "finetune")
+        return evaluate(ctx.resident, ctx.x_test, ctx.y_test, ctx.device)
+
+    def make_policy(self) -> FlitePolicy:
+        from fedray.methods.flite.factors import LayerFactors
+        from fedray.methods.flite.identity import IdentityChecker, mapped_names
+        from fedray.pretrain import load_base
+
+        if self.params.base is None:
+            return FlitePolicy(self.params, [], None)
+        pre, _ = load_base(self.params.base)
+        names = mapped_names(pre, self.params.layers)
+        layout = latent_layout(names, self.params.d)
+        checker = None
+        if self.params.identity_check:
+            layers = [LayerFactors(self.params.factor_seed, i, int(pre[n].size), self.params.d,
+                                   self.params.r, None, n) for i, n in enumerate(names)]
+            checker = IdentityChecker(pre, layers, keep_u=self.params.mode == "stored")
+        return FlitePolicy(self.params, layout, checker)

@@ -1,0 +1,71 @@
+"""ORDERS, client side: FedAvg's local SGD; the upload is the update Δθ_i plus its norm
+(``orders.norm``, one float — the text's only extra communication). The norm is computed in
+float64 and sent without loss as its raw float64 bits viewed as one int64
+(:func:`~fedray.methods.orders.policy.encode_norm`; integers travel exactly under every payload
+codec, where the fp32 codec would round it to float32): 8 bytes plus its header entry, in
+the upload's byte count. The server side is :mod:`fedray.methods.orders.policy`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fedray.methods.base import ClientContext, ClientOutput, ReportSection
+from fedray.methods.fedavg.method import FedAvg
+from fedray.methods.orders.policy import (
+    OrdersParams,
+    OrdersPolicy,
+    encode_norm,
+    key_layer_mask,
+    update_norms,
+)
+from fedray.registry import register_method
+
+
+@register_method
+class Orders(FedAvg):
+    """Norm-rank difference aggregation (ORDERS) with smoothing and participation rules."""
+
+    name = "orders"
+    Params = OrdersParams
+
+    @classmethod
+    def sweep_preset(cls, cfg: Any) -> dict[str, dict]:
+        """β over the text's recommended 0.3–0.7 and γ over N/3–N/2 (N = clients per
+        round)."""
+        n = cfg.clients.sampled_count()
+        return {"algorithm.beta": {"uniform": [0.3, 0.7]},
+                "algorithm.gamma": {"uniform": [max(1.0, n / 3), max(1.0, n / 2)]}}
+
+    @classmethod
+    def report_sections(cls, run: dict[str, Any], out_dir: str) -> list[ReportSection]:
+        """§5.2's diagnostics: norm histograms and skewness, norm vs accuracy gain, rank
+        stability, weights and coefficients by rank."""
+        from fedray.methods.orders import diagnostics
+
+        if not diagnostics.applies(run["clients"]):
+            return []
+        data = diagnostics.summarize(run["clients"])
+        text = "\n".join(f"- {k}: {v:.4f}" if isinstance(v, float) else f"- {k}: {v}"
+                         for k, v in data.items())
+        return [ReportSection("orders", "ORDERS diagnostics", text,
+                              diagnostics.plots(run["clients"], out_dir, run["label"]), data)]
+
+    def client_update(self, ctx: ClientContext, broadcast) -> ClientOutput:
+        out = super().client_update(ctx, broadcast)
+        p = self.params
+        names = list(broadcast)
+        delta = np.concatenate([out.upload[k].reshape(-1) for k in names])[None, :]
+        prev = np.concatenate([np.asarray(broadcast[k]).reshape(-1) for k in names])
+        mask = key_layer_mask(broadcast, p.key_layers) if p.norm == "key_layer" else None
+        norm = update_norms(delta, p, prev, mask)[0]
+        upload = dict(out.upload)
+        upload["orders.norm"] = encode_norm(norm)  # float64 bits as int64: exact on the wire
+        out.upload = upload
+        out.metrics["update_norm"] = float(norm)
+        return out
+
+    def make_policy(self) -> OrdersPolicy:
+        tier_of = [self.cfg.tier_of(c) for c in range(self.cfg.clients.num_clients)]
+        return OrdersPolicy(self.params, self.cfg.seed, tier_of)

@@ -1,1 +1,0 @@
-"""Server-side aggregation policies: pure numpy, no Ray, checkpointable state."""

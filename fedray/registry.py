@@ -1,0 +1,129 @@
+"""Where the plugins are found: methods, model builders and the config sections a method adds.
+
+Ground floor: imports nothing of fedray but :mod:`fedray.spec`. A method package registers
+itself with :func:`register_method` (a class decorator) when it is imported; a package that
+needs more configuration than its ``algorithm.*`` parameters (DROD's ``continual`` task
+stream) adds a top-level section with :func:`register_section`. :func:`discover` imports
+every package under ``fedray/methods/`` and every entry point of the ``fedray.plugins``
+group, so a new method — built in or installed from elsewhere — needs no edit anywhere
+else. Lookups (:func:`method`, :func:`model_builder`, :func:`sections`) discover first.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import pkgutil
+from collections.abc import Callable
+from typing import Any
+
+from fedray.spec import ConfigError, build_dataclass
+
+METHODS: dict[str, type] = {}
+MODELS: dict[str, Callable[..., Any]] = {}
+SECTIONS: dict[str, type] = {}
+COMMANDS: dict[str, Any] = {}
+PLUGIN_GROUP = "fedray.plugins"
+BUILTIN = ("fedray.models",)
+_discovered = False
+
+
+def register_method(cls: type) -> type:
+    """Class decorator: make ``cls`` (an ``Algorithm`` with ``name`` and ``Params``) the
+    method called ``cls.name``. Two packages claiming one name is an error."""
+    name = cls.__dict__.get("name")
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{cls.__qualname__} needs its own class attribute `name`")
+    if METHODS.get(name, cls) is not cls:
+        raise TypeError(f"method name {name!r} is taken by {METHODS[name].__module__}")
+    METHODS[name] = cls
+    return cls
+
+
+def register_model(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: register ``builder(input_shape, num_classes, **kwargs) -> nn.Module``."""
+    def add(builder: Callable[..., Any]) -> Callable[..., Any]:
+        MODELS[name] = builder
+        return builder
+    return add
+
+
+def register_section(name: str, cls: type) -> type:
+    """Add the top-level config section ``name`` (a dataclass of :func:`fedray.spec.spec`
+    fields; an optional ``validate(self, cfg)`` runs on every loaded config)."""
+    if SECTIONS.get(name, cls) is not cls:
+        raise TypeError(f"config section {name!r} is taken by {SECTIONS[name].__module__}")
+    SECTIONS[name] = cls
+    return cls
+
+
+def register_command(name: str, app: Any) -> Any:
+    """Add a ``typer.Typer`` as ``fedray NAME ...`` (a method's own tools); returns it."""
+    if COMMANDS.get(name, app) is not app:
+        raise TypeError(f"command {name!r} is taken")
+    COMMANDS[name] = app
+    return app
+
+
+def discover() -> None:
+    """Import the built-in plugin packages and the installed ``fedray.plugins`` entry points
+    (once per process)."""
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    for module in BUILTIN:
+        importlib.import_module(module)
+    methods_pkg = importlib.import_module("fedray.methods")
+    for info in pkgutil.iter_modules(methods_pkg.__path__):
+        if info.ispkg:
+            importlib.import_module(f"fedray.methods.{info.name}")
+    for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP):
+        ep.load()
+
+
+def method(name: Any, path: str = "algorithm.name") -> type:
+    """The method registered as ``name``; a :class:`ConfigError` at ``path`` if unknown."""
+    discover()
+    if name not in METHODS:
+        raise ConfigError(path, name, "one of " + ", ".join(sorted(METHODS)))
+    return METHODS[name]
+
+
+def methods() -> dict[str, type]:
+    discover()
+    return dict(sorted(METHODS.items()))
+
+
+def model_builder(name: Any, path: str = "model.name") -> Callable[..., Any]:
+    """The model builder registered as ``name``; a :class:`ConfigError` at ``path``."""
+    discover()
+    if name not in MODELS:
+        raise ConfigError(path, name, "one of " + ", ".join(sorted(MODELS)))
+    return MODELS[name]
+
+
+def sections() -> dict[str, type]:
+    discover()
+    return dict(sorted(SECTIONS.items()))
+
+
+def commands() -> dict[str, Any]:
+    discover()
+    return dict(sorted(COMMANDS.items()))
+
+
+def make_method(cls: type, cfg: Any) -> Any:
+    """Instantiate the method ``cls`` with the validated parameters of ``cfg.algorithm``."""
+    params = {k: v for k, v in cfg.algorithm.items() if k != "name"}
+    return cls(cfg, build_dataclass(cls.Params, params, "algorithm"))
+
+
+def build_method(cfg: Any) -> Any:
+    """The configured method (``cfg.algorithm.name``), instantiated."""
+    return make_method(method(cfg.algorithm["name"]), cfg)
+
+
+__all__ = ["COMMANDS", "METHODS", "MODELS", "SECTIONS", "build_method", "commands",
+           "discover", "make_method", "method", "methods", "model_builder", "register_command",
+           "register_method", "register_model", "register_section", "sections"]

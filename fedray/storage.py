@@ -1,0 +1,304 @@
+"""Run-directory I/O through ``pyarrow.fs``: a local path or a URI (``s3://``, ``gs://``,
+``hdfs://``) behaves the same, so a cluster can point runs and client state at shared
+object storage.
+
+A run directory is data, never code: nothing read back from it is unpickled. Nested state
+(checkpoints, client states) is stored by :func:`pack_state` as an ``.npz`` whose arrays
+are read with ``allow_pickle=False`` and whose structure is a JSON skeleton naming them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import sys
+import zipfile
+from typing import Any
+
+import numpy as np
+import pyarrow.fs as pafs
+
+from fedray.spec import redact
+
+TREE = "__tree__"
+LATEST_LINE = re.compile(r"(\d{1,9}) ([0-9a-f]{64})")  # "INDEX SHA256" in FOLDER/LATEST
+
+
+class StateFileError(ValueError):
+    """A state file that is not what fedray writes (damaged, foreign, or a pickle)."""
+
+    def __init__(self, name: str, reason: str):
+        self.name, self.reason = name, reason
+        super().__init__(redact(f"{name}: {reason}"))
+
+    def __reduce__(self):
+        return StateFileError, (self.name, self.reason)
+
+
+def _encode(obj: Any, arrays: list[np.ndarray], where: str) -> Any:
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, (np.ndarray, np.generic)):
+        arr = np.asarray(obj)
+        if arr.dtype.hasobject:
+            raise TypeError(f"{where}: object arrays cannot be stored")
+        arrays.append(arr)
+        return {"$np": len(arrays) - 1, "scalar": isinstance(obj, np.generic)}
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and not k.startswith("$") for k in obj):
+            return {k: _encode(v, arrays, f"{where}.{k}") for k, v in obj.items()}
+        return {"$dict": [[_encode(k, arrays, where), _encode(v, arrays, f"{where}[{k!r}]")]
+                          for k, v in obj.items()]}
+    if isinstance(obj, list):
+        return [_encode(v, arrays, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return {"$tuple": [_encode(v, arrays, f"{where}[{i}]") for i, v in enumerate(obj)]}
+    raise TypeError(f"{where}: cannot store a {type(obj).__name__} (allowed: None, bool, int, "
+                    f"float, str, numpy arrays and scalars, dict, list, tuple)")
+
+
+def _decode(node: Any, arrays: Any, name: str) -> Any:
+    if isinstance(node, list):
+        return [_decode(v, arrays, name) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if len(node) in (1, 2) and "$np" in node:
+        key = f"a{int(node['$np'])}"
+        if key not in arrays:
+            raise StateFileError(name, f"the skeleton names array {key}, which is missing")
+        arr = arrays[key]
+        return arr[()] if node.get("scalar") else arr
+    if len(node) == 1 and "$dict" in node:
+        return {_decode(k, arrays, name): _decode(v, arrays, name) for k, v in node["$dict"]}
+    if len(node) == 1 and "$tuple" in node:
+        return tuple(_decode(v, arrays, name) for v in node["$tuple"])
+    return {k: _decode(v, arrays, name) for k, v in node.items()}
+
+
+def read_marker(path: str | os.PathLike) -> dict | None:
+    """A local JSON marker (cache keys), or None when it is missing or unreadable — a
+    truncated marker is a cache miss, not an error that blocks every later run."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_marker(path: str | os.PathLike, data: dict) -> None:
+    """``data`` as JSON at ``path``, atomically (temp file + rename)."""
+    path = os.fspath(path)
+    Storage(os.path.dirname(os.path.abspath(path))).write_bytes(
+        os.path.basename(path), json.dumps(data).encode())
+
+
+def pack_state(obj: Any) -> bytes:
+    """``obj`` (None/bool/int/float/str, numpy arrays and scalars, dicts with any such keys,
+    lists, tuples) as ``.npz`` bytes: its arrays plus a JSON skeleton. Round-trips exactly
+    (dtypes, shapes, key types, NaN)."""
+    arrays: list[np.ndarray] = []
+    tree = json.dumps(_encode(obj, arrays, "state"), allow_nan=True)
+    buf = io.BytesIO()
+    np.savez(buf, **{TREE: np.frombuffer(tree.encode(), np.uint8)},
+             **{f"a{i}": a for i, a in enumerate(arrays)})
+    return buf.getvalue()
+
+
+def unpack_state(data: bytes, name: str = "state") -> Any:
+    """The object :func:`pack_state` wrote; anything else — a pickle, object arrays, a
+    damaged file — raises :class:`StateFileError` naming ``name``, and nothing is executed
+    (``np.load(..., allow_pickle=False)``)."""
+    if data[:1] == b"\x80":  # the PROTO opcode of every pickle since protocol 2
+        raise StateFileError(name, "a Python pickle; fedray never unpickles run-directory files "
+                                   "(unpickling runs code)")
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            if TREE not in npz.files:
+                raise StateFileError(name, "not a fedray state file (no skeleton)")
+            arrays = {k: npz[k] for k in npz.files if k != TREE}
+            tree = json.loads(npz[TREE].tobytes().decode())
+    except StateFileError:
+        raise
+    except (ValueError, OSError, EOFError, UnicodeDecodeError, KeyError,
+            zipfile.BadZipFile) as e:
+        raise StateFileError(name, f"not a readable fedray state file ({type(e).__name__}: "
+                                   f"{str(e)[:200]})") from None
+    return _decode(tree, arrays, name)
+
+
+class Storage:
+    """A directory on some filesystem; paths are relative to its root."""
+
+    def __init__(self, uri: str):
+        """Nothing is created until something is written (a ``--resume`` of a mistyped path
+        must not leave an empty directory behind). Raises ValueError for a URI no pyarrow
+        filesystem serves and for a path that is a file."""
+        self.uri = uri
+        if "://" in uri:
+            try:
+                self.fs, self.root = pafs.FileSystem.from_uri(uri)
+            except Exception as e:  # noqa: BLE001 — pyarrow raises ArrowInvalid/OSError/...
+                raise ValueError(f"{uri}: not a filesystem pyarrow serves ({str(e)[:160]})") \
+                    from None
+        else:
+            self.fs, self.root = pafs.LocalFileSystem(), os.path.abspath(uri)
+        if self.fs.get_file_info(self.root).type == pafs.FileType.File:
+            raise ValueError(f"{uri}: a file, not a directory")
+
+    def is_empty(self) -> bool:
+        """True when the directory does not exist or holds nothing."""
+        return not self.listdir("")
+
+    def __reduce__(self):
+        return (Storage, (self.uri,))
+
+    def path(self, rel: str) -> str:
+        return f"{self.root}/{rel}" if rel else self.root
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.fs, pafs.LocalFileSystem)
+
+    def write_bytes(self, rel: str, data: bytes, durable: bool = False) -> None:
+        """Write atomically where the filesystem allows (temp file + move; the temp file is
+        removed if the write fails). ``durable`` on a local disk: the file and its directory
+        are fsynced, so the write survives a power loss, not only a crash."""
+        target = self.path(rel)
+        folder = target.rsplit("/", 1)[0]
+        self.fs.create_dir(folder, recursive=True)
+        tmp = f"{target}.tmp-{os.getpid()}"
+        try:
+            if self.is_local:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    if durable:
+                        f.flush()
+                        os.fsync(f.fileno())
+                os.replace(tmp, target)
+                if durable:
+                    fd = os.open(folder, os.O_RDONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+            else:
+                with self.fs.open_output_stream(tmp) as f:
+                    f.write(data)
+                self.fs.move(tmp, target)
+        except BaseException:
+            if self.fs.get_file_info(tmp).type == pafs.FileType.File:
+                self.fs.delete_file(tmp)
+            raise
+
+    def read_bytes(self, rel: str) -> bytes:
+        with self.fs.open_input_stream(self.path(rel)) as f:
+            return f.read()
+
+    def write_state(self, rel: str, obj: Any) -> int:
+        """Nested state as a safe ``.npz`` (:func:`pack_state`); returns the bytes written."""
+        data = pack_state(obj)
+        self.write_bytes(rel, data)
+        return len(data)
+
+    def read_state(self, rel: str) -> Any:
+        """What :meth:`write_state` wrote; never unpickles (:func:`unpack_state`)."""
+        return unpack_state(self.read_bytes(rel), self.path(rel))
+
+    def write_checkpoint(self, index: int, obj: Any, folder: str = "checkpoints",
+                         keep: int = 2) -> None:
+        """``obj`` as ``FOLDER/{index:06d}.npz`` (:func:`pack_state`), then ``FOLDER/LATEST``
+        = one "INDEX SHA256" line per kept checkpoint, newest first; then all but the
+        newest ``keep`` checkpoints and any temp file left by a killed writer go. On a local
+        disk everything written before is flushed first (``os.sync``: the client states
+        the checkpoint names) and the checkpoint and LATEST are fsynced."""
+        if self.is_local:
+            os.sync()
+        data = pack_state(obj)
+        self.write_bytes(f"{folder}/{index:06d}.npz", data, durable=True)
+        digests = [f"{index} {hashlib.sha256(data).hexdigest()}"]
+        digests += [line for line in self._latest_lines(folder)
+                    if LATEST_LINE.fullmatch(line) and not line.startswith(f"{index} ")
+                    ][:keep - 1]
+        self.write_bytes(f"{folder}/LATEST", "\n".join(digests).encode(), durable=True)
+        named = {f"{int(line.split()[0]):06d}.npz" for line in digests}
+        for f in self.listdir(folder):
+            if ".tmp-" in f or (f.endswith(".npz") and f not in named):
+                self.delete(f"{folder}/{f}")
+
+    def _latest_lines(self, folder: str) -> list[str]:
+        if not self.exists(f"{folder}/LATEST"):
+            return []
+        text = self.read_bytes(f"{folder}/LATEST")[:4096].decode(errors="replace")
+        return [line.strip() for line in text.splitlines() if line.strip()]
+
+    def read_checkpoint(self, folder: str = "checkpoints") -> Any | None:
+        """The newest intact checkpoint ``FOLDER/LATEST`` names (None when there is none
+        yet). A checkpoint is read as data only when its SHA-256 matches the one in
+        ``LATEST`` (which is never used as a path); a damaged newest one is skipped for the
+        next with a warning on stderr naming it; when none is intact the error names the
+        newest."""
+        latest = f"{folder}/LATEST"
+        lines = self._latest_lines(folder)
+        if not lines and not self.exists(latest):
+            return None
+        first: StateFileError | None = None
+        for line in lines or [""]:
+            try:
+                obj = self._read_named(folder, line)
+            except StateFileError as e:
+                first = first or e
+                continue
+            if first is not None:
+                print(f"fedray: {first}; using the older checkpoint {folder}/"
+                      f"{int(line.split()[0]):06d}.npz", file=sys.stderr, flush=True)
+            return obj
+        raise first  # type: ignore[misc]
+
+    def _read_named(self, folder: str, line: str) -> Any:
+        latest = f"{folder}/LATEST"
+        match = LATEST_LINE.fullmatch(line)
+        if match is None:
+            raise StateFileError(self.path(latest), f"got {line[:80]!r}; allowed: "
+                                                    f"'INDEX SHA256' lines as fedray writes")
+        rel = f"{folder}/{int(match[1]):06d}.npz"
+        if not self.exists(rel):
+            raise StateFileError(self.path(rel), f"missing (named by {latest})")
+        data = self.read_bytes(rel)
+        if hashlib.sha256(data).hexdigest() != match[2]:
+            raise StateFileError(self.path(rel), f"its SHA-256 differs from the one in "
+                                                 f"{latest} (damaged or replaced)")
+        return unpack_state(data, self.path(rel))
+
+    def write_parquet(self, rel: str, table: Any) -> None:
+        """A ``pyarrow.Table`` (or a list of row dicts) as one Parquet file."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not isinstance(table, pa.Table):
+            table = pa.Table.from_pylist(table)
+        buf = io.BytesIO()
+        pq.write_table(table, buf)
+        self.write_bytes(rel, buf.getvalue())
+
+    def read_parquet(self, rel: str) -> Any:
+        import pyarrow.parquet as pq
+
+        return pq.read_table(io.BytesIO(self.read_bytes(rel)))
+
+    def exists(self, rel: str) -> bool:
+        return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
+
+    def listdir(self, rel: str) -> list[str]:
+        info = self.fs.get_file_info(pafs.FileSelector(self.path(rel), allow_not_found=True))
+        return sorted(i.base_name for i in info)
+
+    def delete(self, rel: str) -> None:
+        info = self.fs.get_file_info(self.path(rel))
+        if info.type == pafs.FileType.Directory:
+            self.fs.delete_dir(self.path(rel))
+        elif info.type == pafs.FileType.File:
+            self.fs.delete_file(self.path(rel))

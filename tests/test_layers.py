@@ -1,0 +1,148 @@
+"""The import-layer contract (DESIGN.md, "Layers and plugins"), read from the source itself:
+
+ground (errors, specs, registry, storage, seeding, payload, transforms, metrics) → models,
+data → methods → runtime → CLI, tune, report, integrations, jobs. Every import of a fedray
+module — at module level or inside a function — points to the same or a lower layer; the
+module-level imports form no cycle; the ground floor loads no torch when imported (only
+:func:`fedray.seeding.torch_generator` imports it, when called) and every server half
+(policies) is free of torch; the runtime names no method. Methods are found through the registry, by
+name, never imported by the layers that run them.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+GROUND = {"fedray", "fedray.spec", "fedray.registry", "fedray.config", "fedray.storage",
+          "fedray.state_store", "fedray.seeding", "fedray.payload", "fedray.compression",
+          "fedray.transforms", "fedray.metrics", "fedray.plots", "fedray.console"}
+LAYERS = [("ground", lambda m: m in GROUND),
+          ("models/data", lambda m: m.split(".")[1] in ("models", "data", "training",
+                                                        "pretrain")),
+          ("methods", lambda m: m.split(".")[1] == "methods"),
+          ("runtime", lambda m: m.split(".")[1] == "runtime"),
+          ("top", lambda m: m.split(".")[1] in ("cli", "tune", "report", "integrations",
+                                                "__main__") or m.startswith("jobs."))]
+TORCH = ("torch", "torchvision", "transformers", "peft", "bitsandbytes")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def sources() -> dict[str, Path]:
+    files = sorted((ROOT / "fedray").rglob("*.py")) + sorted((ROOT / "jobs").glob("*.py"))
+    return {module_name(p): p for p in files}
+
+
+def imports(path: Path) -> list[tuple[str, bool, int]]:
+    """(imported module, at module level?, line) for every import in ``path``; ``from a
+    import b`` yields ``a.b`` when that is a module of ours, else ``a``."""
+    tree = ast.parse(path.read_text(), str(path))
+    known = sources()
+    top = {id(n) for n in tree.body}
+    guarded = {id(n) for node in tree.body if isinstance(node, ast.If)
+               for n in ast.walk(node)}  # `if TYPE_CHECKING:` / version guards: still imports
+    out = []
+    for node in ast.walk(tree):
+        level = id(node) in top or id(node) in guarded
+        if isinstance(node, ast.Import):
+            out += [(a.name, level, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                out.append((full if full in known else node.module, level, node.lineno))
+    return out
+
+
+def layer_of(module: str) -> int:
+    for i, (_, test) in enumerate(LAYERS):
+        if test(module):
+            return i
+    raise AssertionError(f"{module} belongs to no layer: add it to the contract in "
+                         f"tests/test_layers.py (and the README's layout)")
+
+
+def test_every_import_points_down_or_sideways():
+    bad = []
+    for mod, path in sources().items():
+        mine = layer_of(mod)
+        for target, _, line in imports(path):
+            if target.split(".")[0] != "fedray" or target == "fedray":
+                continue
+            theirs = layer_of(target)
+            if theirs > mine:
+                bad.append(f"{path.relative_to(ROOT)}:{line} ({LAYERS[mine][0]}) imports "
+                           f"{target} ({LAYERS[theirs][0]})")
+    assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+def test_module_level_imports_have_no_cycle():
+    graph = {mod: {t for t, level, _ in imports(path) if level and t in sources() and t != mod}
+             for mod, path in sources().items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                return stack[stack.index(n):] + [n]
+            if n not in state and (cycle := visit(n)):
+                return cycle
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state:
+            cycle = visit(m)
+            assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_ground_floor_and_server_halves_are_torch_free():
+    server = [m for m in sources() if m.endswith((".policy", ".slice_mean", ".geometry"))
+              or m == "fedray.methods.base"]
+    assert "fedray.methods.fedavg.policy" in server  # the contract covers the real layout
+    bad = [f"{m}:{line} imports {t}" for m in sorted(GROUND | set(server))
+           for t, level, line in imports(sources()[m]) if t.split(".")[0] in TORCH
+           and (level or m in server)]  # the ground may build torch objects on request
+    assert not bad, "torch below the line:\n" + "\n".join(bad)
+
+
+def test_runtime_and_front_ends_name_no_method():
+    from fedray import registry
+
+    names = sorted(registry.methods(), key=len, reverse=True)
+    generic = [ROOT / "fedray" / "runtime", ROOT / "fedray" / "report.py",
+               ROOT / "fedray" / "tune.py", ROOT / "fedray" / "data" / "build.py"]
+    words = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b", re.I)
+    bad = []
+    for p in generic:
+        for f in [p] if p.is_file() else sorted(p.rglob("*.py")):
+            tree = ast.parse(f.read_text())
+            for node in ast.walk(tree):  # identifiers and string constants, not docstrings
+                text = node.value if isinstance(node, ast.Constant) and isinstance(
+                    node.value, str) and not _is_docstring(node, tree) else \
+                    getattr(node, "id", None) or getattr(node, "attr", None)
+                if isinstance(text, str) and (m := words.search(text)):
+                    bad.append(f"{f.relative_to(ROOT)}:{getattr(node, 'lineno', '?')} "
+                               f"{m.group(0)!r}")
+    assert not bad, "method names in generic code:\n" + "\n".join(bad)
+
+
+def _is_docstring(node: ast.AST, tree: ast.Module) -> bool:
+    for parent in ast.walk(tree):
+        body = getattr(parent, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+                body[0].value is node:
+            return True
+    return False
