@@ -12,8 +12,8 @@ from typing import Any
 import typer
 
 from fedray import registry
+from fedray.config import DEFAULT_METHOD, load_config
 from fedray.config import keys as config_keys
-from fedray.config import load_config
 from fedray.console import DEFAULT_SHAPES, JSON_OPT, SET_OPT, emit, fail
 from fedray.console import parse_shape as _parse_shape
 from fedray.spec import ConfigError
@@ -150,8 +150,10 @@ def tune(config: Path = typer.Argument(..., help="Experiment config; may hold a 
              None, "--space", help="KEY=KIND:V1,V2,... with KIND one of choice, grid, "
                                    "uniform, loguniform (low,high), randint (low,high); "
                                    "repeatable. E.g. --space algorithm.theta=grid:0,0.5,1"),
-         preset: str | None = typer.Option(None, "--preset", help="Ready-made space: drod "
-                                           "(θ), orders (β, γ), flite (d, r), favor (λ_align)."),
+         preset: str | None = typer.Option(None, "--preset", help="A method's ready-made "
+                                           "space, by method name (see `fedray tune --help` "
+                                           "of your install: the methods with a "
+                                           "sweep_preset)."),
          set_: list[str] | None = SET_OPT,
          metric: str | None = typer.Option(None, help="Metric to optimise (default "
                                                       "global_accuracy)."),
@@ -214,7 +216,7 @@ def pretrain(config: Path = typer.Argument(..., help="Experiment config: its dat
 
     try:
         # The algorithm section is for the federated run (its base is what this writes).
-        cfg = load_config(config, (set_ or []) + ["algorithm={name: fedavg}"])
+        cfg = load_config(config, (set_ or []) + [f"algorithm={{name: {DEFAULT_METHOD}}}"])
         meta = run_pretrain(cfg, out, resume=resume, progress=progress)
     except ConfigError as e:
         fail(str(e), as_json)

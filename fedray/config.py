@@ -11,8 +11,9 @@ models). A method package may add a top-level section of its own
 (:func:`fedray.registry.register_section`): it is read, validated, listed by ``fedray config
 --keys`` and stored in ``config.yaml`` like the core ones.
 
-Layering: this module sits on the ground floor (it imports :mod:`fedray.spec` and
-:mod:`fedray.registry` only); the registry finds the plugins by name.
+Layering: this module sits on the ground floor (it imports :mod:`fedray.spec`,
+:mod:`fedray.registry` and :mod:`fedray.transforms` only); the registry finds the plugins
+by name.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+
+DEFAULT_METHOD = "fedavg"  # the method of a config that names none
 
 # ----------------------------------------------------------------------------- sections
 
@@ -206,7 +209,7 @@ class ExperimentConfig:
     data: DataConfig = spec(default_factory=DataConfig)
     clients: ClientsConfig = spec(default_factory=ClientsConfig)
     model: dict[str, Any] = spec(default_factory=lambda: {"name": "mlp"})
-    algorithm: dict[str, Any] = spec(default_factory=lambda: {"name": "fedavg"})
+    algorithm: dict[str, Any] = spec(default_factory=lambda: {"name": DEFAULT_METHOD})
     local: LocalConfig = spec(default_factory=LocalConfig)
     payload: PayloadConfig = spec(default_factory=PayloadConfig)
     eval: EvalConfig = spec(default_factory=EvalConfig)
@@ -435,7 +438,7 @@ def validate(cfg: ExperimentConfig) -> None:
     cfg.model = {"name": name, **check_kwargs(builder, model, "model")}
 
     algo = dict(cfg.algorithm)
-    aname = algo.pop("name", "fedavg")
+    aname = algo.pop("name", DEFAULT_METHOD)
     method_cls = registry.method(aname, path="algorithm.name")
     params = build_dataclass(method_cls.Params, algo, "algorithm")
     if hasattr(params, "validate"):
@@ -454,7 +457,7 @@ def _validate_transforms(cfg: ExperimentConfig) -> None:
     if p.upload != "fp32":
         raise ConfigError("payload.upload", p.upload, "fp32 when payload.transforms is set "
                                                       "(quantize inside the chain: int8, int4)")
-    method = registry.method(cfg.algorithm.get("name", "fedavg"))
+    method = registry.method(cfg.algorithm.get("name", DEFAULT_METHOD))
     if not method.supports_transforms:
         able = sorted(n for n, m in registry.methods().items() if m.supports_transforms)
         raise ConfigError("payload.transforms", p.transforms,
@@ -483,9 +486,11 @@ def keys() -> list[tuple[str, str, str]]:
     rows = field_help(ExperimentConfig)
     for name, cls in registry.sections().items():
         rows += field_help(cls, name + ".")
+    shared: dict[tuple[str, str, str], list[str]] = {}  # one row per knob, its methods listed
     for name, cls in registry.methods().items():
-        rows += [(k, t, f"[{name}] {h}".rstrip()) for k, t, h in
-                 field_help(cls.Params, "algorithm.") if k != "algorithm.name"]
+        for row in field_help(cls.Params, "algorithm."):
+            shared.setdefault(row, []).append(name)
+    rows += [(k, t, f"[{', '.join(names)}] {h}".rstrip()) for (k, t, h), names in shared.items()]
     return rows
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import pkgutil
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,9 @@ MODELS: dict[str, Callable[..., Any]] = {}
 SECTIONS: dict[str, type] = {}
 COMMANDS: dict[str, Any] = {}
 PLUGIN_GROUP = "fedray.plugins"
+RESERVED_SECTIONS = {"name", "seed", "rounds", "run_dir", "data", "clients", "model",
+                     "algorithm", "local", "payload", "eval", "runtime", "pretrain", "sections",
+                     "sweep"}
 BUILTIN = ("fedray.models",)
 _discovered = False
 
@@ -40,9 +44,10 @@ def register_method(cls: type) -> type:
     return cls
 
 
-def register_model(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: register ``builder(input_shape, num_classes, **kwargs) -> nn.Module``."""
-    def add(builder: Callable[..., Any]) -> Callable[..., Any]:
+def register_model(name: str) -> Callable[[Any], Any]:
+    """Decorator: register ``builder(input_shape, num_classes, **kwargs) -> nn.Module``, or
+    its ``"module:function"`` path (imported on first lookup: registering loads no torch)."""
+    def add(builder: Any) -> Any:
         MODELS[name] = builder
         return builder
     return add
@@ -51,8 +56,8 @@ def register_model(name: str) -> Callable[[Callable[..., Any]], Callable[..., An
 def register_section(name: str, cls: type) -> type:
     """Add the top-level config section ``name`` (a dataclass of :func:`fedray.spec.spec`
     fields; an optional ``validate(self, cfg)`` runs on every loaded config)."""
-    if SECTIONS.get(name, cls) is not cls:
-        raise TypeError(f"config section {name!r} is taken by {SECTIONS[name].__module__}")
+    if SECTIONS.get(name, cls) is not cls or name in RESERVED_SECTIONS:
+        raise TypeError(f"config section {name!r} is taken")
     SECTIONS[name] = cls
     return cls
 
@@ -71,15 +76,19 @@ def discover() -> None:
     global _discovered
     if _discovered:
         return
-    _discovered = True
     for module in BUILTIN:
         importlib.import_module(module)
     methods_pkg = importlib.import_module("fedray.methods")
     for info in pkgutil.iter_modules(methods_pkg.__path__):
         if info.ispkg:
             importlib.import_module(f"fedray.methods.{info.name}")
+    _discovered = True  # the built-ins are all in: a broken plugin below leaves them usable
     for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP):
-        ep.load()
+        try:
+            ep.load()
+        except Exception as e:  # noqa: BLE001 — one bad install must not break fedray
+            print(f"fedray: plugin {ep.name!r} ({ep.value}) failed to load and is skipped: "
+                  f"{type(e).__name__}: {e}", file=sys.stderr)
 
 
 def method(name: Any, path: str = "algorithm.name") -> type:
@@ -100,6 +109,9 @@ def model_builder(name: Any, path: str = "model.name") -> Callable[..., Any]:
     discover()
     if name not in MODELS:
         raise ConfigError(path, name, "one of " + ", ".join(sorted(MODELS)))
+    if isinstance(MODELS[name], str):
+        module, _, attr = MODELS[name].partition(":")
+        MODELS[name] = getattr(importlib.import_module(module), attr)
     return MODELS[name]
 
 

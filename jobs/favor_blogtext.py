@@ -179,12 +179,13 @@ def main(argv: list[str] | None = None) -> dict:
 
 def run_cold_start(args, out: str, holdout_csv: str | None, csv: str, seed: int) -> list:
     """K-shot private residuals for 10 held-out authors from the FAVoR run's final shared
-    adapter, against a random adapter and the base model (see fedray.methods.favor.cold_start)."""
-
+    adapter (fedray.methods.favor.cold_start), on the executors' GPU share; the table lands
+    in OUT/COLD_START.md + cold_start.parquet."""
     import yaml
 
     from fedray.config import load_config
-    from fedray.data.blogtext import load_authors
+    from fedray.methods.favor.cold_start import cold_start_arms
+    from fedray.methods.favor.data import holdout_authors
     from fedray.methods.favor.evaluate import final_adapters
     from fedray.runtime.devices import run_on_device
     from fedray.storage import Storage
@@ -192,17 +193,9 @@ def run_cold_start(args, out: str, holdout_csv: str | None, csv: str, seed: int)
     cfg = load_config(None, [], base=yaml.safe_load(
         Storage(f"{out}/favor").read_bytes("config.yaml").decode()))
     shared, _ = final_adapters(f"{out}/favor", "fedavg", cfg.clients.num_clients)
-    if holdout_csv is not None:
-        authors = load_authors(holdout_csv, lambda t: 1, min_tokens=1, seed=seed)
-    else:
-        from fedray.methods.favor.data import split_roles
-
-        everyone = load_authors(csv, lambda t: 1, min_tokens=1, seed=seed)
-        asce, roster = split_roles(everyone, cfg.clients.num_clients, 50, seed)
-        used = {a.id for a in asce + roster}
-        authors = [a for a in everyone if a.id not in used][:10]
+    authors = holdout_authors(csv, cfg.clients.num_clients, seed, holdout_csv)
     ks = [k for k in args.ks if k <= min(len(a.train) for a in authors)]
-    rows = run_on_device(cold_start_task, cfg, shared, authors, ks, seed, num_gpus=args.gpus)
+    rows = run_on_device(cold_start_arms, cfg, shared, authors, ks, seed, num_gpus=args.gpus)
     storage = Storage(out)
     storage.write_parquet("cold_start.parquet", rows)
     lines = ["| K | arm | Sep. Acc | macro-F1 | target sim. |", "|---|---|---|---|---|"]
@@ -212,30 +205,11 @@ def run_cold_start(args, out: str, holdout_csv: str | None, csv: str, seed: int)
     return rows
 
 
-def cold_start_task(cfg, shared: dict, authors: list, ks: list[int], seed: int,
-                    device: str = "cpu") -> list[dict]:
-    """The cold-start arms on ``device`` (a Ray task's): the initial adapter is drawn from the
-    seed as the federation's was, the random one matches the shared adapter's scale."""
-    import numpy as np
-
-    from fedray.methods.favor.cold_start import cold_start
-    from fedray.registry import build_method
-
-    alg = build_method(cfg)
-    res = alg.build_resident((alg.params.block_length,), 0, device)
-    initial = alg.init_global_state(res, seed)
-    del res
-    gen = np.random.default_rng(seed)
-    random_init = {k: gen.normal(0, float(v.std()) or 0.01, v.shape).astype(np.float32)
-                   for k, v in shared.items()}
-    return cold_start(alg.params, shared, initial, random_init, authors, ks, seed, device)
-
-
 def write_table(rows: list[dict], out: str) -> None:
     """results.parquet, RESULTS.md and style_retention.png under ``out`` (path or URI)."""
     import tempfile
 
-    from fedray.report import _plt, save
+    from fedray.plots import pyplot, save
     from fedray.storage import Storage
 
     storage = Storage(out)
@@ -249,7 +223,7 @@ def write_table(rows: list[dict], out: str) -> None:
             f"{r[c]:.3f}" if isinstance(r.get(c), float) else "–" for c in cols)
             + f" | {r.get('kept')} / {r.get('generations')} |")
     storage.write_bytes("RESULTS.md", ("\n".join(lines) + "\n").encode())
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
     for ax, col in zip(axes, ["author_accuracy", "gen_gen_auc", "semsim"], strict=True):
         ax.bar([r["method"] for r in rows], [r.get(col) or 0 for r in rows])

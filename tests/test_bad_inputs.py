@@ -244,6 +244,19 @@ def test_jobs_refuse_to_continue_another_run(run_dir):
     assert resumable(str(run_dir.parent / "fresh"), load_config(None, TINY)) is False
 
 
+def test_a_run_written_before_a_key_existed_is_still_this_run(run_dir):
+    """Keys added by a later version (here payload.transforms and payload.error_feedback)
+    take their defaults: the older config.yaml still holds this very run."""
+    import yaml
+
+    stored = yaml.safe_load((run_dir / "config.yaml").read_text())
+    del stored["payload"]["transforms"], stored["payload"]["error_feedback"]
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(stored))
+    assert resumable(str(run_dir), load_config(None, TINY)) is True
+    with pytest.raises(ConfigError, match="differs at 'payload.error_feedback'"):
+        resumable(str(run_dir), load_config(None, [*TINY, "payload.error_feedback=false"]))
+
+
 @pytest.mark.parametrize("content,rule", [
     (b"", "reading it failed"),
     (b"\x00\x01\xff\xfe binary\n\x00", "reading it failed"),

@@ -11,7 +11,7 @@ import pytest
 from fedray.compression import Compressor
 from fedray.config import ConfigError, load_config
 from fedray.methods.fedavg.policy import FedAvgPolicy
-from fedray.transforms import TopK, TransformChain
+from fedray.transforms import PowerSGD, TopK, TransformChain
 
 
 def test_chain_decode_then_average_equals_decompress_then_average():
@@ -75,7 +75,8 @@ def test_transform_config_errors(tmp_path):
 def test_transform_chain_on_any_method(ray_session, tiny_cfg, tmp_path, algo):
     """``payload.transforms=[topk, int8]`` on FedAvg, FedProx and ORDERS: every upload is
     exactly the chain's encoding (bytes counted from it), the error memory is kept, the
-    model learns, and a resumed run ends bitwise where an uninterrupted one does."""
+    model learns, and a resumed run ends bitwise where an uninterrupted one does. ORDERS
+    then ranks by the norm of the decoded update the server averages (no client norm)."""
     from conftest import full_and_resumed
 
     from fedray.metrics import read_metrics
@@ -83,18 +84,15 @@ def test_transform_chain_on_any_method(ray_session, tiny_cfg, tmp_path, algo):
     from fedray.storage import Storage
     from fedray.transforms import Quantize
 
+    extra = {"algorithm.combine": "rank_mean"} if algo == "orders" else {}  # the usable one
     cfg = tiny_cfg(**{"algorithm.name": algo, "rounds": 4,
-                      "payload.transforms": "[{name: topk, density: 0.2}, int8]"})
+                      "payload.transforms": "[{name: topk, density: 0.2}, int8]", **extra})
     full, resumed = full_and_resumed(cfg, tmp_path)
     storage = Storage(str(tmp_path / "full"))
     ck = storage.read_checkpoint()
     shapes = {k: v.shape for k, v in ck["global_state"].items()}
     chain = TransformChain([TopK(0.2), Quantize(8)])
-    dummy = {k: np.ones(s, np.float32) for k, s in shapes.items()}
-    if algo == "orders":  # its upload carries the client's norm (float64 bits as one int64)
-        from fedray.methods.orders.policy import encode_norm
-
-        dummy["orders.norm"] = encode_norm(1.0)
+    dummy = {k: np.ones(s, np.float32) for k, s in shapes.items()}  # ORDERS: no norm sent,
     upload = chain.client(dummy, shapes, None, seed=0, round=1, client=0)[0]
     clients = read_metrics(str(tmp_path / "full"), "clients").to_pandas()
     trained = clients[clients["sampled"]]
@@ -109,3 +107,25 @@ def test_transform_chain_on_any_method(ray_session, tiny_cfg, tmp_path, algo):
     a = Storage(str(tmp_path / "full")).read_checkpoint()["global_state"]
     b = Storage(str(tmp_path / "cut")).read_checkpoint()["global_state"]
     assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_a_state_written_before_the_chain_keeps_its_memory():
+    """topk/powersgd client states of the previous layout ({error, q, optimizer}) are read
+    in the chain's layout: error feedback and PowerSGD's warm start survive a resume."""
+    from fedray.registry import build_method
+
+    err, q = {"w": np.ones((4, 3), np.float32)}, {"w": np.zeros((3, 2), np.float32)}
+    alg = build_method(load_config(None, ["algorithm.name=powersgd", "algorithm.rank=2"]))
+    new = alg.upgrade_state({"error": err, "q": q, "optimizer": None})
+    assert new == {"transforms": {"error": err, "stages": {"0.powersgd": q}}}
+    assert alg.upgrade_state(new) is new
+    shapes = {"w": (4, 3)}
+    a = alg.update_chain().client({"w": np.full((4, 3), 0.5, np.float32)}, shapes,
+                                  new["transforms"], seed=0, round=2, client=1)
+    b = TransformChain([PowerSGD(2)]).client(
+        {"w": np.full((4, 3), 0.5, np.float32)}, shapes,
+        {"error": err, "stages": {"0.powersgd": q}}, seed=0, round=2, client=1)
+    assert all(np.array_equal(a[0][k], b[0][k]) for k in a[0])
+    topk = build_method(load_config(None, ["algorithm.name=topk"]))
+    assert topk.upgrade_state({"error": err, "q": {}, "optimizer": None}) == {
+        "transforms": {"error": err, "stages": {}}}

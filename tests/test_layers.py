@@ -1,12 +1,13 @@
-"""The import-layer contract (DESIGN.md, "Layers and plugins"), read from the source itself:
+"""The import-layer contract (README "Architecture"; DESIGN.md "Layers and plugins"), read from
+the source itself:
 
 ground (errors, specs, registry, storage, seeding, payload, transforms, metrics) → models,
 data → methods → runtime → CLI, tune, report, integrations, jobs. Every import of a fedray
 module — at module level or inside a function — points to the same or a lower layer; the
-module-level imports form no cycle; the ground floor loads no torch when imported (only
-:func:`fedray.seeding.torch_generator` imports it, when called) and every server half
-(policies) is free of torch; the runtime names no method. Methods are found through the registry, by
-name, never imported by the layers that run them.
+module-level imports form no cycle; the ground floor loads no torch when imported (the
+seeding helpers import it when called) and every server half (policies) is free of torch,
+transitively too; the runtime and the front ends name no method. Methods are found through
+the registry, by name, never imported by the layers that run them.
 """
 
 from __future__ import annotations
@@ -51,14 +52,21 @@ def imports(path: Path) -> list[tuple[str, bool, int]]:
     guarded = {id(n) for node in tree.body if isinstance(node, ast.If)
                for n in ast.walk(node)}  # `if TYPE_CHECKING:` / version guards: still imports
     out = []
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
     for node in ast.walk(tree):
         level = id(node) in top or id(node) in guarded
         if isinstance(node, ast.Import):
             out += [(a.name, level, node.lineno) for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolved against this module's package
+                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base
+                                                                           else []))
             for a in node.names:
-                full = f"{node.module}.{a.name}"
-                out.append((full if full in known else node.module, level, node.lineno))
+                full = f"{base}.{a.name}"
+                out.append((full if full in known else base, level, node.lineno))
     return out
 
 
@@ -108,14 +116,39 @@ def test_module_level_imports_have_no_cycle():
             assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+def server_halves() -> list[str]:
+    """Modules that define an aggregation policy (a class whose name ends in ``Policy``)."""
+    return sorted(m for m, p in sources().items()
+                  if any(isinstance(n, ast.ClassDef) and n.name.endswith("Policy")
+                         for n in ast.walk(ast.parse(p.read_text()))))
+
+
 def test_ground_floor_and_server_halves_are_torch_free():
-    server = [m for m in sources() if m.endswith((".policy", ".slice_mean", ".geometry"))
-              or m == "fedray.methods.base"]
-    assert "fedray.methods.fedavg.policy" in server  # the contract covers the real layout
+    server = server_halves()
+    assert {"fedray.methods.fedavg.policy", "fedray.methods.fedavgm",
+            "fedray.methods.drod.slice_mean"} <= set(server)  # covers the real layout
     bad = [f"{m}:{line} imports {t}" for m in sorted(GROUND | set(server))
            for t, level, line in imports(sources()[m]) if t.split(".")[0] in TORCH
            and (level or m in server)]  # the ground may build torch objects on request
     assert not bad, "torch below the line:\n" + "\n".join(bad)
+
+
+def test_importing_the_ground_and_the_numpy_server_halves_loads_no_torch():
+    """Transitively too: what the driver needs to aggregate (and every ground module) imports
+    without torch in the process."""
+    import subprocess
+    import sys
+
+    mods = sorted(GROUND - {"fedray"}) + ["fedray.models.geometry",
+                                          "fedray.methods.fedavg.policy",
+                                          "fedray.methods.orders.policy",
+                                          "fedray.methods.drod.slice_mean",
+                                          "fedray.methods.fedavgm"]
+    code = "import sys\n" + "".join(f"import {m}\n" for m in mods) + \
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {TORCH!r}))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, check=True).stdout.strip()
+    assert out == "[]", f"importing {mods} loaded {out}"
 
 
 def test_runtime_and_front_ends_name_no_method():
@@ -123,7 +156,8 @@ def test_runtime_and_front_ends_name_no_method():
 
     names = sorted(registry.methods(), key=len, reverse=True)
     generic = [ROOT / "fedray" / "runtime", ROOT / "fedray" / "report.py",
-               ROOT / "fedray" / "tune.py", ROOT / "fedray" / "data" / "build.py"]
+               ROOT / "fedray" / "tune.py", ROOT / "fedray" / "cli.py",
+               ROOT / "fedray" / "data" / "build.py"]
     words = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b", re.I)
     bad = []
     for p in generic:

@@ -216,6 +216,11 @@ class Algorithm:
         on the client's train split (nothing is uploaded or kept)."""
         raise NotImplementedError
 
+    def upgrade_state(self, state: Any) -> Any:
+        """A client state as this version stores it, from one an older version wrote (a run
+        continued across versions); default: as it is."""
+        return state
+
     def update_chain(self) -> Any:
         """The :class:`fedray.transforms.TransformChain` every upload passes through: the
         configured ``payload.transforms`` (methods that compress by construction prepend

@@ -10,39 +10,41 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from torch import nn
-
 from fedray import registry
-from fedray.models.cnn import cnn
-from fedray.models.lstm import lstm
-from fedray.models.mlp import mlp
-from fedray.models.profile import count_flops, profile_model
-from fedray.models.resnet import resnet18, resnet34
-from fedray.models.sliceable import sliceable_resnet18, sliceable_resnet34
 
-for _name, _builder in {
-    "mlp": mlp,
-    "cnn": cnn,
-    "lstm": lstm,
-    "resnet18": resnet18,
-    "resnet34": resnet34,
-    "sliceable_resnet18": sliceable_resnet18,
-    "sliceable_resnet34": sliceable_resnet34,
+# name -> "module:builder": imported when first looked up, so importing fedray.models (and
+# its torch-free geometry) does not load torch
+for _name, _target in {
+    "mlp": "fedray.models.mlp:mlp",
+    "cnn": "fedray.models.cnn:cnn",
+    "lstm": "fedray.models.lstm:lstm",
+    "resnet18": "fedray.models.resnet:resnet18",
+    "resnet34": "fedray.models.resnet:resnet34",
+    "sliceable_resnet18": "fedray.models.sliceable:sliceable_resnet18",
+    "sliceable_resnet34": "fedray.models.sliceable:sliceable_resnet34",
 }.items():
-    registry.register_model(_name)(_builder)
-MODELS: dict[str, Callable[..., nn.Module]] = registry.MODELS
+    registry.register_model(_name)(_target)
+MODELS = registry.MODELS
 
 __all__ = ["MODELS", "build_model", "count_flops", "get_model_builder", "list_models",
            "profile_model"]
 
 
-def get_model_builder(name: str, path: str = "model.name") -> Callable[..., nn.Module]:
+def __getattr__(name: str) -> Any:  # the torch-side helpers, on first use
+    if name in ("count_flops", "profile_model"):
+        from fedray.models import profile
+
+        return getattr(profile, name)
+    raise AttributeError(f"module 'fedray.models' has no attribute {name!r}")
+
+
+def get_model_builder(name: str, path: str = "model.name") -> Callable[..., Any]:
     """The builder registered as ``name``; a :class:`ConfigError` at ``path`` if unknown."""
     return registry.model_builder(name, path)
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
-                **kwargs: Any) -> nn.Module:
+                **kwargs: Any) -> Any:
     """Build the registered model ``name`` for inputs of ``input_shape`` (without batch)."""
     return get_model_builder(name)(tuple(input_shape), num_classes, **kwargs)
 
@@ -54,7 +56,8 @@ def _jsonable(value: Any) -> Any:
 def list_models() -> list[dict[str, Any]]:
     """Name, one-line description and keyword defaults of every registered model."""
     out = []
-    for name, builder in sorted(MODELS.items()):
+    for name in sorted(MODELS):
+        builder = get_model_builder(name)
         params = inspect.signature(builder).parameters.values()
         out.append({
             "name": name,

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from fedray.models.cnn import image_shape, unflatten_if_flat
+from fedray.models.geometry import RESNET_BLOCKS
 
 
 def group_norm(channels: int, groups: int = 8) -> nn.GroupNorm:
@@ -62,10 +63,10 @@ def _resnet(input_shape: tuple[int, ...], num_classes: int, blocks: tuple[int, .
 def resnet18(input_shape: tuple[int, ...], num_classes: int, *, width: int = 64,
              groups: int = 8) -> nn.Module:
     """ResNet-18 (CIFAR stem, GroupNorm): BasicBlocks [2, 2, 2, 2]."""
-    return _resnet(input_shape, num_classes, (2, 2, 2, 2), width, groups, "resnet18")
+    return _resnet(input_shape, num_classes, RESNET_BLOCKS["resnet18"], width, groups, "resnet18")
 
 
 def resnet34(input_shape: tuple[int, ...], num_classes: int, *, width: int = 64,
              groups: int = 8) -> nn.Module:
     """ResNet-34 (CIFAR stem, GroupNorm): BasicBlocks [3, 4, 6, 3]."""
-    return _resnet(input_shape, num_classes, (3, 4, 6, 3), width, groups, "resnet34")
+    return _resnet(input_shape, num_classes, RESNET_BLOCKS["resnet34"], width, groups, "resnet34")

@@ -56,6 +56,13 @@ class RoundFailedError(RuntimeError):
         return RoundFailedError, (self.round, self.accepted, self.needed, self.failures)
 
 
+def _finite(tensors: dict[str, np.ndarray]) -> bool:
+    """Every float tensor of a decoded upload is free of NaN and Inf (a transform's integer
+    codes, e.g. bf16 bits, carry them past the payload's own check)."""
+    return all(np.isfinite(v).all() for v in tensors.values()
+               if np.asarray(v).dtype.kind == "f")
+
+
 def chunks(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
@@ -197,11 +204,13 @@ class Driver:
         shapes = {k: v.shape for k, v in self.global_state.items()}
         for cid in sorted(final):
             res = final[cid]
-            if res.ok and not res.payload.all_finite():
+            upload = None
+            if res.ok and res.payload.all_finite():
+                upload = self.chain.server(res.payload.decode(), shapes)
+            if res.ok and (upload is None or not _finite(upload)):  # codes hide NaN too
                 res.status, res.error = Status.REJECTED, "upload contains NaN or Inf"
             if res.ok:
-                accepted.append((cid, res.num_samples,
-                                 self.chain.server(res.payload.decode(), shapes)))
+                accepted.append((cid, res.num_samples, upload))
                 if res.state_version is not None:
                     self.versions[cid] = res.state_version
         download = self._charge(sampled, final, attempts, bcast)

@@ -59,9 +59,12 @@ class ClientExecutor:
         model = getattr(self.resident, "model", self.resident)
         params = sum(p.numel() for p in model.parameters()) if hasattr(model, "parameters") \
             else None
+        import ray
+
         from fedray.runtime.devices import device_info
 
         return {"pid": os.getpid(), "tier": self.tier, "index": self.index,
+                "node_id": ray.get_runtime_context().get_node_id(),
                 "model_parameters": params, **device_info()}
 
     def init_global_state(self, seed: int) -> Payload:
@@ -117,7 +120,7 @@ class ClientExecutor:
         with a stateful chain both are kept in one state file."""
         if not (self.algorithm.uses_client_state or self.chain.stateful):
             return None, None
-        state = self.store.load(cid, version)
+        state = self.algorithm.upgrade_state(self.store.load(cid, version))
         if not self.chain.stateful or state is None:
             return state, None
         return state.get("method"), state.get("transforms")

@@ -98,6 +98,16 @@ def settled(cfg: ExperimentConfig) -> ExperimentConfig:
     return cfg
 
 
+def head_node_id() -> str:
+    """The Ray head node's id (the node that outlives the workers), else this process's."""
+    import ray
+
+    for node in ray.nodes():
+        if node.get("Alive") and "node:__internal_head__" in node.get("Resources", {}):
+            return node["NodeID"]
+    return ray.get_runtime_context().get_node_id()
+
+
 class Experiment:
     """One experiment's lifetime: ``start()`` places the driver and executors, ``step()``
     runs one round, ``close()`` writes the summary and releases everything.
@@ -146,6 +156,7 @@ class Experiment:
 
     def start(self) -> dict:
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from fedray.runtime.driver import Driver
         from fedray.runtime.pool import ExecutorPool
@@ -159,7 +170,11 @@ class Experiment:
             raise
         self.pool = ExecutorPool(self.cfg, self.algorithm_cls, ray.put(self.data),
                                  self.storage.uri)
-        self.driver = ray.remote(Driver).options(num_cpus=0, max_restarts=0).remote(
+        # the driver lives on the head node (where a submitted job's entry point runs):
+        # losing a worker node never takes the round loop with it
+        here = NodeAffinitySchedulingStrategy(head_node_id(), soft=False)
+        self.driver = ray.remote(Driver).options(
+            num_cpus=0, max_restarts=0, scheduling_strategy=here).remote(
             self.cfg, self.algorithm_cls, self.pool, self.storage.uri)
         try:
             self.info = ray.get(self.driver.setup.remote(self.resume))
@@ -369,7 +384,7 @@ def resumable(run_dir: str, cfg: ExperimentConfig, data: Any | None = None) -> b
     if not storage.exists("config.yaml"):
         raise ConfigError("run_dir", run_dir, "an empty directory or one holding this run "
                                               "(it holds files but no config.yaml)")
-    stored = yaml.safe_load(storage.read_bytes("config.yaml").decode())
+    stored = _resolved(yaml.safe_load(storage.read_bytes("config.yaml").decode()))
     diff = _first_difference(stored, yaml.safe_load(yaml.safe_dump(cfg.to_dict())))
     if diff is not None:
         raise ConfigError("run_dir", run_dir, f"a new directory or one holding this run: this "
@@ -381,6 +396,15 @@ def resumable(run_dir: str, cfg: ExperimentConfig, data: Any | None = None) -> b
             raise ConfigError("run_dir", run_dir, "a new directory or one holding this run: "
                                                   "this one holds a run on other data")
     return True
+
+
+def _resolved(stored: Any) -> Any:
+    """A stored config with the defaults of this version filled in (keys added since it was
+    written are not differences); as stored when it no longer loads."""
+    try:
+        return yaml.safe_load(yaml.safe_dump(load_config(None, [], base=stored).to_dict()))
+    except (ConfigError, TypeError, ValueError):
+        return stored
 
 
 def _first_difference(a: Any, b: Any, path: str = "") -> str | None:

@@ -111,6 +111,7 @@ class ExecutorPool:
         self.tiers = {t.name: t for t in cfg.runtime.tiers}
         self.executors: dict[str, list[Any]] = {}
         self.generation: dict[tuple[str, int], int] = {}
+        self.booting: dict[tuple[str, int], tuple[Any, float]] = {}  # replacement: (ready, since)
         self.info: list[dict] = []
         for name, tier in self.tiers.items():
             self.executors[name] = [self._spawn(name, i) for i in range(tier.executors)]
@@ -152,6 +153,10 @@ class ExecutorPool:
         return {t: list(hs) for t, hs in self.executors.items()}
 
     def _replace(self, tier: str, index: int) -> None:
+        """Start a new executor in the slot of a dead one. It gets work only once it is
+        ready (:meth:`run` waits for its boot alongside the results), so a slot whose node
+        is gone and cannot be re-placed now simply stays empty while the tier's other
+        executors carry on; it joins when the cluster has room again (autoscaler)."""
         self.restarts += 1
         if self.restarts > self.cfg.runtime.max_executor_restarts:
             raise RuntimeError(f"executors died {self.restarts} times, more than "
@@ -163,13 +168,22 @@ class ExecutorPool:
             pass
         self.generation[(tier, index)] = self.generation.get((tier, index), 0) + 1
         self.executors[tier][index] = self._spawn(tier, index)
-        if self.cfg.runtime.call_timeout_s is not None:  # its boot must not count as a hang
-            timeout = self.placement_timeout
-            try:
-                ray.get(self.executors[tier][index].ready.remote(), timeout=timeout)
-            except ray.exceptions.GetTimeoutError:
-                raise PlacementError(f"executor {tier}/{index} could not be replaced within "
-                                     f"runtime.placement_timeout_s={timeout:g}s") from None
+        self.booting[(tier, index)] = (self.executors[tier][index].ready.remote(),
+                                       time.monotonic())
+
+    def _check_booting(self, pending: dict[str, deque]) -> None:
+        """Fail a tier that has work but no executor able to take it: every one of its slots
+        still booting a replacement after ``placement_timeout``."""
+        now = time.monotonic()
+        for tier, queue in pending.items():
+            slots = [(tier, i) for i in range(len(self.executors[tier]))]
+            if queue and all(s in self.booting for s in slots) and all(
+                    now - self.booting[s][1] > self.placement_timeout for s in slots):
+                raise PlacementError(
+                    f"no executor of tier {tier!r} could be re-placed within "
+                    f"runtime.placement_timeout_s={self.placement_timeout:g}s after its nodes "
+                    f"were lost; cluster total {ray.cluster_resources()}, available "
+                    f"{ray.available_resources()}")
 
     def run(self, jobs: list[tuple[str, str, tuple]], requeue_dead: bool = True
             ) -> Iterator[Any]:
@@ -191,13 +205,22 @@ class ExecutorPool:
         hung: set[tuple[str, int, int]] = set()
 
         def fill(tier: str) -> None:
-            """Round-robin over the tier's executors, up to ``inflight`` calls each."""
+            """Round-robin over the tier's executors, the least busy first, up to
+            ``inflight`` calls each."""
+            # while a slot boots a replacement, one call per executor: a call queued behind
+            # a hung one would die with it, and the booting slot takes the next job
+            cap = 1 if any((tier, i) in self.booting
+                           for i in range(len(self.executors[tier]))) else self.inflight
             room = True
             while pending[tier] and room:
                 room = False
-                for index, actor in enumerate(self.executors[tier]):
-                    key = (tier, index, self.generation.get((tier, index), 0))
-                    if pending[tier] and busy.get(key, 0) < self.inflight:
+                keys = {i: (tier, i, self.generation.get((tier, i), 0))
+                        for i in range(len(self.executors[tier]))}
+                for index in sorted(keys, key=lambda i: busy.get(keys[i], 0)):  # idle first
+                    actor, key = self.executors[tier][index], keys[index]
+                    if (tier, index) in self.booting:
+                        continue
+                    if pending[tier] and busy.get(key, 0) < cap:
                         method, args = pending[tier].popleft()
                         flight[getattr(actor, method).remote(*args)] = (*key, (method, args))
                         if not busy.get(key):
@@ -207,10 +230,24 @@ class ExecutorPool:
 
         for tier in pending:
             fill(tier)
-        while flight:
-            ready, _ = ray.wait(list(flight), num_returns=1,
-                                timeout=None if limit is None else min(limit / 4, 5.0))
+        while flight or any(pending.values()):
+            boots = {ref: slot for slot, (ref, _) in self.booting.items()}
+            waits = [x for x in (limit / 4 if limit else None, 5.0 if boots else None) if x]
+            ready, _ = ray.wait(list(flight) + list(boots), num_returns=1,
+                                timeout=min(waits) if waits else None)
+            if ready and ready[0] in boots:  # a replacement came up: it takes work now
+                tier, index = boots[ready[0]]
+                del self.booting[(tier, index)]
+                try:
+                    ray.get(ready[0])
+                except (RayActorError, ActorDiedError, ActorUnavailableError):
+                    self._replace(tier, index)
+                fill(tier)
+                continue
+            self._check_booting(pending)
             if not ready:  # an executor busy without a result for call_timeout_s is killed
+                if limit is None:
+                    continue
                 now = time.monotonic()
                 for key in [k for k, t in since.items() if busy.get(k) and now - t > limit]:
                     hung.add(key)

@@ -5,6 +5,8 @@
 #      DROD θ sweep (Ray Tune) in --smoke mode; wait for SUCCEEDED; check their outputs.
 #   2. a fake multi-node autoscaling cluster built from cluster.yaml's node types: a run
 #      that needs a tier resource gets a node added, which is removed when idle.
+#   3. chaos: a two-node cluster loses its worker node mid-round; the run finishes on the
+#      head, bitwise as the undisturbed run (tests/cluster/chaos.py).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VENV=${VENV:-.venv}
@@ -61,4 +63,7 @@ RAY_FAKE_CLUSTER=1 AUTOSCALER_UPDATE_INTERVAL_S=1 ray start --head --port=6379 \
   --disable-usage-stats >/dev/null
 python tests/cluster/fake_autoscaler.py run "$T/auto"
 ray stop >/dev/null
+
+echo "== chaos: a worker node removed mid-round (two-node ray.cluster_utils.Cluster)"
+RAY_AUTH_MODE=disabled timeout 600 python tests/cluster/chaos.py
 echo "cluster paths OK"

@@ -11,6 +11,7 @@ upload to dense tensors before FedAvg's policy averages them. Further stages con
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from fedray.methods.fedavg.method import FedAvg, FedAvgParams
 from fedray.registry import register_method
@@ -27,6 +28,17 @@ class _Compressed(FedAvg):
     def update_chain(self) -> TransformChain:
         chain = super().update_chain()
         return TransformChain([self.stage(), *chain.transforms], chain.error_feedback)
+
+    def upgrade_state(self, state: Any) -> Any:
+        """A state written before the transform chain (``{error, q, optimizer}``) in the
+        chain's layout, so a resumed run keeps its error feedback and warm-start Q."""
+        if not isinstance(state, dict) or "transforms" in state or "error" not in state:
+            return state
+        stages = {f"0.{self.stage().name}": state["q"]} if state.get("q") else {}
+        out: dict[str, Any] = {"transforms": {"error": state["error"], "stages": stages}}
+        if self.uses_client_state and state.get("optimizer") is not None:
+            out["method"] = {"optimizer": state["optimizer"]}
+        return out
 
 
 @register_method

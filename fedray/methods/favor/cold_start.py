@@ -23,10 +23,33 @@ import numpy as np
 ARMS = ("shared_only", "shared_init_private", "random_init_private", "local_from_base")
 
 
+def cold_start_arms(cfg: Any, shared: dict[str, np.ndarray], authors: list[Any],
+                    ks: list[int], seed: int, device: str = "cpu") -> list[dict[str, Any]]:
+    """Every arm for ``authors`` from the FAVoR run ``cfg``'s final ``shared`` adapter, on
+    ``device`` (a Ray task's, :func:`fedray.runtime.devices.run_on_device`). The base LM is
+    loaded once; the initial adapter (``local_from_base``) is drawn from the seed exactly as
+    the federation's was, the random one at the shared adapter's scale."""
+    from fedray.methods.favor.lm import load_lm, with_lora
+    from fedray.methods.favor.method import lora_spec
+    from fedray.registry import build_method
+
+    alg = build_method(cfg)
+    base, tok = load_lm(alg.params.base, device)
+    model = with_lora(base, lora_spec(alg.params, dropout=0.0))
+    initial = alg.init_global_state({"model": model}, seed)
+    gen = np.random.default_rng(seed)
+    random_init = {k: gen.normal(0, float(v.std()) or 0.01, v.shape).astype(np.float32)
+                   for k, v in shared.items()}
+    return cold_start(alg.params, shared, initial, random_init, authors, ks, seed, device,
+                      lm=(model, tok))
+
+
 def cold_start(params: Any, shared: dict[str, np.ndarray], initial: dict[str, np.ndarray],
                random_init: dict[str, np.ndarray], authors: list[Any], ks: list[int],
-               seed: int, device: str = "cpu") -> list[dict[str, Any]]:
-    """One row per (K, arm): accuracy, macro-F1 and target similarity over ``authors``."""
+               seed: int, device: str = "cpu", lm: tuple[Any, Any] | None = None
+               ) -> list[dict[str, Any]]:
+    """One row per (K, arm): accuracy, macro-F1 and target similarity over ``authors``
+    (``lm``: the LoRA-wrapped base and its tokenizer when the caller holds them)."""
     import torch
 
     from fedray.data.blogtext import prompt_and_reference
@@ -38,8 +61,10 @@ def cold_start(params: Any, shared: dict[str, np.ndarray], initial: dict[str, np
     from fedray.methods.favor.train import StageConfig, compose, private_stage, to_numpy, to_torch
     from fedray.seeding import derive_seed
 
-    base, tok = load_lm(params.base, device)
-    model = with_lora(base, lora_spec(params, dropout=0.0))
+    if lm is None:
+        base, tok = load_lm(params.base, device)
+        lm = with_lora(base, lora_spec(params, dropout=0.0)), tok
+    model, tok = lm
     enc, etok = load_asce(params.asce, device)
     cfg = StageConfig(params.private_epochs, params.micro_batch, params.accumulation,
                       params.lr, params.max_steps)

@@ -28,6 +28,20 @@ from fedray.data.blogtext import (
 )
 
 
+def holdout_authors(csv: str, roster: int, seed: int, holdout_csv: str | None = None,
+                    n: int = 10) -> list[Author]:
+    """The cold-start authors: those of ``holdout_csv`` (the embedded corpus writes them
+    apart), else the first ``n`` of ``csv`` in neither the FL roster nor the ASCE set."""
+    from fedray.data.blogtext import load_authors
+
+    if holdout_csv is not None:
+        return load_authors(holdout_csv, lambda t: 1, min_tokens=1, seed=seed)
+    everyone = load_authors(csv, lambda t: 1, min_tokens=1, seed=seed)
+    asce, members = split_roles(everyone, roster, 50, seed)
+    used = {a.id for a in asce + members}
+    return [a for a in everyone if a.id not in used][:n]
+
+
 def split_roles(authors: list[Author], roster: int, asce: int, seed: int
                 ) -> tuple[list[Author], list[Author]]:
     """(ASCE training authors, FL roster), disjoint, both drawn from ``seed``."""

@@ -111,6 +111,9 @@ class Flite(FedAvg):
 
     name = "flite"
     Params = FliteParams
+    # it uploads the latent z itself, not a delta: error feedback would pile up absolute
+    # values, and per-layer scopes rename it; its codec is payload.upload
+    supports_transforms = False
 
     @classmethod
     def sweep_preset(cls, cfg: Any) -> dict[str, dict]:

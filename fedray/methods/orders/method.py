@@ -1,9 +1,11 @@
 """ORDERS, client side: FedAvg's local SGD; the upload is the update Δθ_i plus its norm
 (``orders.norm``, one float — the text's only extra communication). The norm is computed in
 float64 and sent without loss as its raw float64 bits viewed as one int64
-(:func:`~fedray.methods.orders.policy.encode_norm`; integers travel exactly under every payload
-codec, where the fp32 codec would round it to float32): 8 bytes plus its header entry, in
-the upload's byte count. The server side is :mod:`fedray.methods.orders.policy`."""
+(:func:`~fedray.methods.orders.policy.encode_norm`; integers travel exactly under every
+payload codec, where the fp32 codec would round it to float32): 8 bytes plus its header
+entry, in the upload's byte count. With ``payload.transforms`` no norm is sent: the server
+ranks the decoded (sparsified / quantized) update it averages by its own norm. The server
+side is :mod:`fedray.methods.orders.policy`."""
 
 from __future__ import annotations
 
@@ -60,10 +62,12 @@ class Orders(FedAvg):
         prev = np.concatenate([np.asarray(broadcast[k]).reshape(-1) for k in names])
         mask = key_layer_mask(broadcast, p.key_layers) if p.norm == "key_layer" else None
         norm = update_norms(delta, p, prev, mask)[0]
-        upload = dict(out.upload)
-        upload["orders.norm"] = encode_norm(norm)  # float64 bits as int64: exact on the wire
-        out.upload = upload
         out.metrics["update_norm"] = float(norm)
+        if p.client_norms and not self.cfg.payload.transforms:
+            # with transforms the server ranks the decoded update it averages (its own norm)
+            upload = dict(out.upload)
+            upload["orders.norm"] = encode_norm(norm)  # float64 bits as int64: exact
+            out.upload = upload
         return out
 
     def make_policy(self) -> OrdersPolicy:
