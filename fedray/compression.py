@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 import numpy as np
 
 from fedray.seeding import rng
 
-__all__ = ["COMPRESSORS", "CompressResult", "Compressor", "PayloadCount", "index_dtype",
+__all__ = ["COMPRESSORS", "CompressResult", "PayloadCount", "index_dtype",
            "payload_values", "powersgd_compress", "powersgd_decompress", "powersgd_is_compressed",
            "topk_compress", "topk_decompress", "topk_k"]
 
@@ -112,7 +111,7 @@ def _topk_indices(flat: np.ndarray, k: int) -> np.ndarray:
     O(n): ``np.partition`` finds the k-th largest magnitude ``t``; every entry above ``t`` is
     kept and the remaining slots go to the entries equal to ``t`` in index order, which is
     the same set a stable sort by (-|x|, index) would pick. NaN counts as the largest
-    magnitude so a diverged update is uploaded (and caught by ``Payload.all_finite``) rather
+    magnitude so a diverged update is uploaded (and rejected by the driver) rather
     than hidden in the error memory.
     """
     n = flat.size
@@ -296,43 +295,3 @@ def payload_values(kind: str, shapes: Mapping[str, Shape], *, density: float | N
     else:
         raise ValueError(f"unknown compressor {kind!r}; allowed: {', '.join(COMPRESSORS)}")
     return PayloadCount(values, indices, index_bytes)
-
-
-@dataclass(frozen=True)
-class Compressor:
-    """A configured compressor: ``Compressor("topk", density=0.01)`` or
-    ``Compressor("powersgd", rank=2)``; one interface for the client and server sides."""
-
-    kind: str
-    density: float = 0.1
-    rank: int = 2
-
-    def __post_init__(self) -> None:
-        if self.kind not in COMPRESSORS:
-            raise ValueError(f"unknown compressor {self.kind!r}; "
-                             f"allowed: {', '.join(COMPRESSORS)}")
-        if self.kind == "topk":
-            topk_k(1, self.density)  # validates the density
-        elif self.rank < 1:
-            raise ValueError(f"PowerSGD rank must be >= 1, got {self.rank}")
-
-    def compress(self, update: Tensors, error: Tensors | None = None,
-                 q_memory: Tensors | None = None, *, seed: int, round: int,
-                 client: int) -> CompressResult:
-        """Client side: compress ``update`` with error feedback (``q_memory``, seed, round
-        and client are used by PowerSGD only)."""
-        if self.kind == "topk":
-            return topk_compress(update, error, self.density)
-        return powersgd_compress(update, error, self.rank, q_memory, seed=seed, round=round,
-                                 client=client)
-
-    def decompress(self, upload: Tensors, shapes: Mapping[str, Shape]) -> dict[str, np.ndarray]:
-        """Server side: the dense update a client's upload stands for."""
-        if self.kind == "topk":
-            return topk_decompress(upload, shapes)
-        return powersgd_decompress(upload, shapes)
-
-    def payload_values(self, shapes: Mapping[str, Shape]) -> PayloadCount:
-        """Values, indices and payload bytes (less header) of one upload; see
-        :func:`payload_values`."""
-        return payload_values(self.kind, shapes, density=self.density, rank=self.rank)

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from fedray.compression import (
-    Compressor,
     index_dtype,
     payload_values,
     powersgd_compress,
@@ -83,18 +82,17 @@ def test_topk_bytes_match_payload_and_survive_the_wire():
     t = {"conv": g.normal(size=(8, 3, 3, 3)).astype(np.float32),
          "big": g.normal(size=(65537,)).astype(np.float32),
          "b": g.normal(size=(7,)).astype(np.float32), "s": f32(1.0)}
-    comp = Compressor("topk", density=0.01)
-    up, _, shapes, _ = comp.compress(t, None, seed=0, round=0, client=0)
+    up, _, shapes, _ = topk_compress(t, None, 0.01)
     assert up["conv.indices"].dtype == np.uint16 and up["big.indices"].dtype == np.uint32
-    count = comp.payload_values(shapes)
+    count = payload_values("topk", shapes, density=0.01)
     ks = [math.ceil(0.01 * 216), math.ceil(0.01 * 65537), 1, 1]
     assert count.values == count.indices == sum(ks)
     # float32 values, indices at their own width: uint32 for the 65,537-entry tensor only
     index_bytes = 2 * ks[0] + 4 * ks[1] + 2 * ks[2] + 2 * ks[3]
     assert body_bytes(up) == count.nbytes == sum(ks) * 4 + index_bytes
     decoded = Payload.encode(up, "fp32").decode()
-    direct = comp.decompress(up, shapes)
-    for k, v in comp.decompress(decoded, shapes).items():
+    direct = topk_decompress(up, shapes)
+    for k, v in topk_decompress(decoded, shapes).items():
         np.testing.assert_array_equal(v, direct[k])
 
 
@@ -197,14 +195,13 @@ def test_powersgd_p_is_orthonormal_and_bytes_match_payload():
          "conv": g.normal(size=(8, 3, 3, 3)).astype(np.float32),
          "small": g.normal(size=(4, 3)).astype(np.float32),
          "b": g.normal(size=(5,)).astype(np.float32)}
-    comp = Compressor("powersgd", rank=2)
-    up, _, shapes, _ = comp.compress(t, None, seed=0, round=0, client=0)
+    up, _, shapes, _ = powersgd_compress(t, None, 2, None, seed=0, round=0, client=0)
     for name in ("fc", "conv"):
         p = up[name + ".P"].astype(np.float64)
         np.testing.assert_allclose(p.T @ p, np.eye(2), atol=1e-6)
     assert up["conv.P"].shape == (8, 2) and up["conv.Q"].shape == (27, 2)
-    assert comp.decompress(up, shapes)["conv"].shape == (8, 3, 3, 3)
-    count = comp.payload_values(shapes)
+    assert powersgd_decompress(up, shapes)["conv"].shape == (8, 3, 3, 3)
+    count = payload_values("powersgd", shapes, rank=2)
     assert count.values == 2 * 30 + 2 * 35 + 12 + 5 and count.indices == 0
     assert body_bytes(up) == count.nbytes == 4 * count.values
 
@@ -225,11 +222,12 @@ def test_powersgd_determinism():
 
 def test_compressor_validation():
     with pytest.raises(ValueError, match="unknown compressor"):
-        Compressor("randk")
+        payload_values("randk", {"w": (3,)})
     with pytest.raises(ValueError):
-        Compressor("topk", density=1.5)
+        topk_compress({"w": f32([1])}, None, 1.5)
     with pytest.raises(ValueError):
-        Compressor("powersgd", rank=0)
+        powersgd_compress({"w": f32([[1, 2], [3, 4]])}, None, 0, None, seed=0, round=0,
+                          client=0)
     with pytest.raises(ValueError):
         payload_values("topk", {"w": (3,)})
     with pytest.raises(ValueError):

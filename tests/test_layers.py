@@ -13,6 +13,7 @@ the registry, by name, never imported by the layers that run them.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -38,6 +39,7 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+@functools.cache
 def sources() -> dict[str, Path]:
     files = sorted((ROOT / "fedray").rglob("*.py")) + sorted((ROOT / "jobs").glob("*.py"))
     return {module_name(p): p for p in files}
