@@ -26,6 +26,25 @@ of the strategy's ``aggregate_train`` (Flower's Message-API name for ``aggregate
 round 1 is measured from the start of the first ``configure_train`` (``configure_fit``).
 ``e2e_seconds`` is the wall time of the ``run_simulation`` call, Ray start included.
 Everything else (Flower and Ray logs, anything a library prints) goes to stderr.
+
+Scale mode (opt-in, used by ``benchmarks/scale.py``): ``--per-round K`` samples K of the N
+clients each round (FedAvg ``fraction_train=K/N``, ``min_train_nodes=K``), and
+``--features F --hidden H --classes C --samples S`` change the MLP to F-H-C and each client's
+data to S samples drawn on demand from (seed, client id) inside the client (nothing per
+client is held anywhere), e.g. the population benchmark's MLP 32-32-10 on 20 samples::
+
+    .venv-flower/bin/python benchmarks/flower_sim.py --clients 100000 --per-round 1000 \\
+        --features 32 --hidden 32 --samples 20 --rounds 3 --ray-local
+
+``--ray-local`` starts a fresh local Ray (``address="local"``) instead of letting
+``ray.init`` join one it finds via ``/tmp/ray/ray_current_cluster``. In scale mode the JSON
+line also carries ``per_round``, the shape, ``parameters``, ``setup_seconds`` (start of
+``run_simulation`` to the moment the first client began training, by the wall clock its
+actor reports: Flower starts Ray and its client actors while round 1 is already under way),
+``first_configure_seconds`` (to the first ``configure_train``), ``import_seconds`` and
+``replies_per_round``; and a line ``FLOWER_ROUND {"round": r, "seconds": s, "replies": k}``
+goes to stderr as each round ends (so a caller that stops a run at a time limit still learns
+how far it got). Without these flags everything is as described above.
 """
 
 from __future__ import annotations
@@ -36,6 +55,8 @@ import logging
 import os
 import sys
 import time
+
+_T_MODULE = time.perf_counter()  # before flwr and torch are imported (scale mode reports it)
 
 # No telemetry round trips (there is no network here, and they are not part of the
 # workload); set before flwr is imported. Override from the environment if wanted.
@@ -70,18 +91,21 @@ LR = 0.05
 EXPECTED_PARAMS = 203_530
 
 
-def make_model() -> nn.Module:
-    """MLP 784-256-10."""
+def make_model(features: int = IN_FEATURES, hidden: int = HIDDEN,
+               classes: int = NUM_CLASSES) -> nn.Module:
+    """MLP features-hidden-classes (784-256-10 unless scale mode changes it)."""
     return nn.Sequential(
-        nn.Linear(IN_FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, NUM_CLASSES)
+        nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, classes)
     )
 
 
-def client_data(seed: int, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def client_data(seed: int, client_id: int, samples: int = SAMPLES_PER_CLIENT,
+                features: int = IN_FEATURES, classes: int = NUM_CLASSES
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Deterministic synthetic data of one client, seeded by (seed, client id)."""
     gen = np.random.default_rng([seed, client_id])
-    x = gen.standard_normal((SAMPLES_PER_CLIENT, IN_FEATURES), dtype=np.float32)
-    y = gen.integers(0, NUM_CLASSES, size=SAMPLES_PER_CLIENT, dtype=np.int64)
+    x = gen.standard_normal((samples, features), dtype=np.float32)
+    y = gen.integers(0, classes, size=samples, dtype=np.int64)
     return torch.from_numpy(x), torch.from_numpy(y)
 
 
@@ -93,14 +117,20 @@ client_app = ClientApp()
 @client_app.train()
 def train(msg: Message, context: Context) -> Message:
     """One local epoch of SGD on this client's synthetic data."""
+    t_start_wall = time.time()  # scale mode reports it: when the first client began
     torch.set_num_threads(1)
     config = msg.content["config"]
     seed = int(config["seed"])
     client_id = int(context.node_config["partition-id"])
+    # the shape keys are sent in scale mode only; the defaults are the anchor workload
+    features = int(config.get("features", IN_FEATURES))
+    hidden = int(config.get("hidden", HIDDEN))
+    classes = int(config.get("classes", NUM_CLASSES))
+    samples = int(config.get("samples", SAMPLES_PER_CLIENT))
 
-    model = make_model()
+    model = make_model(features, hidden, classes)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    x, y = client_data(seed, client_id)
+    x, y = client_data(seed, client_id, samples, features, classes)
     # Deterministic shuffling per (seed, client, round).
     gen = torch.Generator().manual_seed(seed * 1_000_003 + client_id * 1_009
                                         + int(config["server-round"]))
@@ -110,8 +140,8 @@ def train(msg: Message, context: Context) -> Message:
     total_loss = 0.0
     steps = 0
     for _ in range(LOCAL_EPOCHS):
-        perm = torch.randperm(SAMPLES_PER_CLIENT, generator=gen)
-        for start in range(0, SAMPLES_PER_CLIENT, BATCH_SIZE):
+        perm = torch.randperm(samples, generator=gen)
+        for start in range(0, samples, BATCH_SIZE):
             idx = perm[start:start + BATCH_SIZE]
             opt.zero_grad()
             loss = loss_fn(model(x[idx]), y[idx])
@@ -120,12 +150,12 @@ def train(msg: Message, context: Context) -> Message:
             total_loss += float(loss.item())
             steps += 1
 
+    metrics = {"train_loss": total_loss / max(steps, 1), "num-examples": samples}
+    if "samples" in config:  # scale mode
+        metrics["train-start-wall"] = t_start_wall
     content = RecordDict({
         "arrays": ArrayRecord(model.state_dict()),
-        "metrics": MetricRecord({
-            "train_loss": total_loss / max(steps, 1),
-            "num-examples": SAMPLES_PER_CLIENT,
-        }),
+        "metrics": MetricRecord(metrics),
     })
     return Message(content=content, reply_to=msg)
 
@@ -135,10 +165,13 @@ def train(msg: Message, context: Context) -> Message:
 class TimedFedAvg(FedAvg):
     """FedAvg that records wall-clock timestamps for per-round timing."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, report_rounds: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.t_first_configure: float | None = None
         self.t_aggregate: list[float] = []
+        self.replies_per_round: list[int] = []
+        self.first_train_wall: float | None = None  # scale mode: earliest client start
+        self.report_rounds = report_rounds  # scale mode: one FLOWER_ROUND line per round
 
     def configure_train(self, server_round, arrays, config, grid):
         if self.t_first_configure is None:
@@ -147,12 +180,23 @@ class TimedFedAvg(FedAvg):
 
     def aggregate_train(self, server_round, replies):
         replies = list(replies)
+        if self.report_rounds and self.first_train_wall is None:
+            starts = [float(m.content["metrics"]["train-start-wall"]) for m in replies
+                      if not m.has_error() and "train-start-wall" in m.content["metrics"]]
+            self.first_train_wall = min(starts, default=None)
         result = super().aggregate_train(server_round, replies)
         if len(replies) != self.min_train_nodes or result[0] is None:
             raise RuntimeError(
                 f"round {server_round}: {len(replies)} replies, expected "
                 f"{self.min_train_nodes} (or aggregation failed)")
         self.t_aggregate.append(time.perf_counter())
+        self.replies_per_round.append(len(replies))
+        if self.report_rounds:
+            seconds = self.round_seconds()[-1]
+            print("FLOWER_ROUND " + json.dumps({"round": int(server_round),
+                                                "seconds": round(seconds, 6),
+                                                "replies": len(replies)}),
+                  file=sys.stderr, flush=True)
         return result
 
     def round_seconds(self) -> list[float]:
@@ -162,18 +206,20 @@ class TimedFedAvg(FedAvg):
         return [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
 
 
-def make_server_app(strategy: TimedFedAvg, num_rounds: int, seed: int) -> ServerApp:
+def make_server_app(strategy: TimedFedAvg, num_rounds: int, seed: int,
+                    shape: dict[str, int] | None = None) -> ServerApp:
+    """``shape`` (scale mode): features, hidden, classes and samples, sent to the clients."""
     server_app = ServerApp()
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
         torch.manual_seed(seed)
-        model = make_model()
+        model = make_model(**{k: v for k, v in (shape or {}).items() if k != "samples"})
         strategy.start(
             grid=grid,
             initial_arrays=ArrayRecord(model.state_dict()),
             num_rounds=num_rounds,
-            train_config=ConfigRecord({"lr": LR, "seed": seed}),
+            train_config=ConfigRecord({"lr": LR, "seed": seed, **(shape or {})}),
         )
 
     return server_app
@@ -190,13 +236,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Ray CPUs per client actor (Flower's default is 1)")
     p.add_argument("--log-level", default="WARNING",
                    help="level of the 'flwr' logger (logs go to stderr)")
+    scale = p.add_argument_group("scale mode (opt-in; see the module docstring)")
+    scale.add_argument("--per-round", type=int, default=None,
+                       help="clients sampled per round (default: all N)")
+    scale.add_argument("--features", type=int, default=None,
+                       help=f"input features (default {IN_FEATURES})")
+    scale.add_argument("--hidden", type=int, default=None,
+                       help=f"hidden width (default {HIDDEN})")
+    scale.add_argument("--classes", type=int, default=None,
+                       help=f"classes (default {NUM_CLASSES})")
+    scale.add_argument("--samples", type=int, default=None,
+                       help=f"training samples per client (default {SAMPLES_PER_CLIENT})")
+    scale.add_argument("--ray-local", action="store_true",
+                       help="start a fresh local Ray (address='local') instead of joining "
+                            "one found via /tmp/ray/ray_current_cluster")
     return p.parse_args(argv)
+
+
+def scale_mode(args: argparse.Namespace) -> bool:
+    return any(v is not None for v in (args.per_round, args.features, args.hidden,
+                                       args.classes, args.samples))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.clients < 1 or args.rounds < 1:
         raise SystemExit("--clients and --rounds must be >= 1")
+    scaled = scale_mode(args)
+    per_round = args.clients if args.per_round is None else args.per_round
+    if not 1 <= per_round <= args.clients:
+        raise SystemExit("--per-round must be in 1..--clients")
+    shape = {"features": args.features or IN_FEATURES, "hidden": args.hidden or HIDDEN,
+             "classes": args.classes or NUM_CLASSES,
+             "samples": args.samples or SAMPLES_PER_CLIENT}
+    if min(shape.values()) < 1 or shape["classes"] < 2:
+        raise SystemExit("--features, --hidden, --samples must be >= 1 and --classes >= 2")
 
     # Keep stdout for the one JSON line: point fd 1 at stderr for the whole run (this
     # also catches prints from Ray and its workers), and write the result to a saved
@@ -207,22 +281,29 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.getLogger("flwr").setLevel(args.log_level.upper())
     torch.set_num_threads(1)
-    n_params = sum(p.numel() for p in make_model().parameters())
-    assert n_params == EXPECTED_PARAMS, n_params
+    n_params = sum(p.numel() for p in make_model(
+        shape["features"], shape["hidden"], shape["classes"]).parameters())
+    if not scaled:
+        assert n_params == EXPECTED_PARAMS, n_params
 
     strategy = TimedFedAvg(
-        fraction_train=1.0,
+        # FedAvg samples max(int(N * fraction_train), min_train_nodes) = K nodes
+        fraction_train=per_round / args.clients,
         fraction_evaluate=0.0,
-        min_train_nodes=args.clients,
+        min_train_nodes=per_round,
         min_evaluate_nodes=0,
         min_available_nodes=args.clients,
+        report_rounds=scaled,
     )
-    server_app = make_server_app(strategy, args.rounds, args.seed)
-    backend_config = {
+    server_app = make_server_app(strategy, args.rounds, args.seed,
+                                 shape if scaled else None)
+    backend_config: dict = {
         "client_resources": {"num_cpus": args.num_cpus_per_client, "num_gpus": 0.0},
     }
+    if args.ray_local:
+        backend_config["init_args"] = {"address": "local"}
 
-    t0 = time.perf_counter()
+    t0, t0_wall = time.perf_counter(), time.time()
     run_simulation(
         server_app=server_app,
         client_app=client_app,
@@ -242,6 +323,15 @@ def main(argv: list[str] | None = None) -> int:
         "flwr_version": flwr.__version__,
         "torch_version": torch.__version__,
     }
+    if scaled:
+        out.update({
+            "per_round": per_round, **shape, "parameters": n_params,
+            "setup_seconds": (None if strategy.first_train_wall is None
+                              else round(strategy.first_train_wall - t0_wall, 6)),
+            "first_configure_seconds": round(strategy.t_first_configure - t0, 6),
+            "import_seconds": round(t0 - _T_MODULE, 6),
+            "replies_per_round": strategy.replies_per_round,
+        })
     os.write(result_fd, (json.dumps(out) + "\n").encode())
     os.close(result_fd)
     return 0

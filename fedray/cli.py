@@ -30,6 +30,10 @@ app = typer.Typer(
 models_app = typer.Typer(help="List the model registry or profile one model.",
                          invoke_without_command=True, no_args_is_help=False)
 app.add_typer(models_app, name="models")
+fleet_app = typer.Typer(help="Device traces for the virtual clock (fleet.trace, "
+                             "fleet.availability): write an example, convert FedScale's.",
+                        no_args_is_help=True)
+app.add_typer(fleet_app, name="fleet")
 for _name, _sub in registry.commands().items():  # the methods' own sub-commands
     app.add_typer(_sub, name=_name)
 
@@ -285,6 +289,44 @@ def models_show(name: str = typer.Argument(..., help="Model name, see `fedray mo
     emit(out, as_json, f"{name} ({num_classes} classes, input {tuple(shape)}): "
                        f"{prof['parameters']:,} parameters, {prof['flops']:,} FLOPs "
                        f"({prof['flops'] / 1e9:.3f} GFLOPs) per forward of one input")
+
+
+@fleet_app.command("example")
+def fleet_example(out: Path = typer.Option(..., "--out", help="Directory to write "
+                                           "devices.csv and availability.csv into."),
+                  clients: int = typer.Option(100, "--clients", min=1,
+                                              help="Clients in the trace (ids 0..N-1)."),
+                  seed: int = typer.Option(0, "--seed", min=0),
+                  as_json: bool = JSON_OPT) -> None:
+    """Write a small heterogeneous example fleet: three device classes (phone, tablet,
+    laptop) with log-normal spread, and 2-4 online windows per client over a 24-hour day.
+    Use it with -s fleet.trace=OUT/devices.csv -s fleet.availability=OUT/availability.csv
+    -s fleet.availability_period_s=86400."""
+    from fedray.fleet import write_example
+
+    devices, avail = write_example(str(out), clients, seed)
+    emit({"devices": devices, "availability": avail}, as_json,
+          f"wrote {devices} and {avail}")
+
+
+@fleet_app.command("import-fedscale")
+def fleet_import(capacity: Path = typer.Argument(..., help="FedScale's pickled "
+                                                 "client_device_capacity file."),
+                 out: Path = typer.Option(..., "--out", help="Directory for the CSV files."),
+                 behaviour: Path | None = typer.Option(None, "--behaviour", help="FedScale's "
+                                                       "pickled client_behave_trace file."),
+                 as_json: bool = JSON_OPT) -> None:
+    """Convert FedScale's pickled device traces to fedray's CSV schema, once: the pickles
+    are read with an unpickler that admits plain dicts, lists and numbers only (no class,
+    no function: a planted pickle cannot run code); runs read only the CSV files."""
+    from fedray.fleet import import_fedscale
+
+    try:
+        written = import_fedscale(str(capacity), str(out),
+                                  str(behaviour) if behaviour else None)
+    except ConfigError as e:
+        fail(str(e), as_json)
+    emit({"written": written}, as_json, "wrote " + ", ".join(written))
 
 
 def main() -> None:

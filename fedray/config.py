@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import yaml
 
 from fedray import registry
@@ -56,11 +57,28 @@ DEFAULT_METHOD = "fedavg"  # the method of a config that names none
 
 @dataclass
 class DataConfig:
-    dataset: Literal["digits", "synthetic", "cifar10", "cifar100", "blogtext"] = spec(
+    dataset: Literal["digits", "synthetic", "cifar10", "cifar100", "blogtext", "parquet",
+                     "hf"] = spec(
         "digits", help="digits ships with scikit-learn; cifar* read a local torchvision root; "
-                       "blogtext reads a BlogText-schema CSV (FAVoR)")
+                       "blogtext reads a BlogText-schema CSV (FAVoR); parquet (a file or "
+                       "directory) and hf (a Hugging Face `datasets` save_to_disk directory) "
+                       "are split by data.client_column, one client per natural id")
     root: str | None = spec(None, help="local directory of a torchvision dataset (cifar*), "
-                                       "or the CSV file (blogtext)")
+                                       "the CSV file (blogtext), the Parquet file or "
+                                       "directory (parquet), the save_to_disk directory (hf)")
+    client_column: str | None = spec(None, help="parquet/hf: the column naming each row's "
+                                                "client (author, writer, device)")
+    label_column: str = spec("label", help="parquet/hf: the integer class column")
+    feature_columns: list[str] | None = spec(
+        None, help="parquet/hf: numeric feature columns, or one fixed-size list column "
+                   "(default: every numeric column but the client and label ones)")
+    cache_dir: str | None = spec(
+        None, help="parquet/hf: where the memory-mapped Arrow copy is kept (default "
+                   "$FEDRAY_CACHE or ~/.cache/fedray)")
+    synthetic_per_client: int | None = spec(
+        None, ge=2, help="synthetic: draw each client's samples on demand from (seed, client)"
+                         ", this many per client (memory and setup independent of "
+                         "clients.num_clients); default: one pooled synthetic set, split")
     download: bool = spec(False, help="let torchvision download cifar* into root")
     image_size: int | None = spec(None, ge=8, help="upsample digits to this square size")
     channels: int = spec(1, ge=1, le=3, help="digits channels (3 replicates the grey image)")
@@ -85,6 +103,9 @@ class ClientsConfig:
     fraction: float = spec(1.0, gt=0, le=1, help="share of clients sampled each round")
     per_round: int | None = spec(None, ge=1, help="clients sampled each round (wins over fraction)")
     tiers: list[str] | None = spec(None, help="tier name per client; default round-robin")
+    tier_fractions: list[float] | None = spec(
+        None, help="share of the clients in each runtime tier, in tier order (a client's tier "
+                   "is a pure function of (seed, client): no per-client list)")
 
     def sampled_count(self) -> int:
         if self.per_round is not None:
@@ -183,6 +204,60 @@ class RuntimeConfig:
 
 
 @dataclass
+class FleetConfig:
+    """Device speed, network and availability of the clients, and how rounds treat them
+    (:mod:`fedray.fleet`). The clock always runs (``sim_seconds`` in every round row); the
+    participation rules are off by default."""
+
+    trace: str | None = spec(None, help="device-capacity CSV/Parquet: client_id, "
+                                        "compute_ms_per_sample, down_kbps, up_kbps[, "
+                                        "latency_ms] (clients it lacks are drawn)")
+    availability: str | None = spec(None, help="availability CSV/Parquet: client_id, start_s, "
+                                               "end_s (online intervals; clients it lacks "
+                                               "are always online)")
+    availability_period_s: float | None = spec(None, gt=0, help="repeat the availability "
+                                                                "trace with this period")
+    compute_ms_per_sample: float = spec(5.0, gt=0, help="median compute time per sample of "
+                                                        "the full model (drawn profiles)")
+    compute_sigma: float = spec(0.5, ge=0, help="log-normal spread of compute speed")
+    down_kbps: float = spec(20_000.0, gt=0, help="median download bandwidth (drawn profiles)")
+    up_kbps: float = spec(5_000.0, gt=0, help="median upload bandwidth (drawn profiles)")
+    bandwidth_sigma: float = spec(0.5, ge=0, help="log-normal spread of bandwidth")
+    latency_ms: float = spec(50.0, ge=0, help="per-round latency (drawn profiles)")
+    tier_speed: dict[str, float] = spec(
+        default_factory=dict, help="compute speed multiplier per tier (e.g. {full: 4, "
+                                   "half: 2, quarter: 1}); default 1")
+    dropout: float = spec(0.0, ge=0, lt=1, help="probability a sampled client drops out "
+                                                "mid-round (no upload)")
+    deadline_s: float | None = spec(None, gt=0, help="round deadline in simulated seconds: "
+                                                     "later clients are dropped")
+    overcommit: float = spec(0.0, ge=0, help="sample ceil((1+o)K) clients, aggregate the "
+                                             "first K to finish in simulated time")
+    min_reports: int = spec(0, ge=0, help="a round with fewer aggregated reports is logged as "
+                                          "failed and leaves the model unchanged")
+
+    def validate(self, cfg: Any) -> None:
+        names = [t.name for t in cfg.runtime.tiers]
+        for tier, v in self.tier_speed.items():
+            if tier not in names:
+                raise ConfigError(f"fleet.tier_speed.{tier}", v, f"a tier of {names}")
+            if not v > 0:
+                raise ConfigError(f"fleet.tier_speed.{tier}", v, "a speed > 0")
+        if self.min_reports > cfg.clients.sampled_count():
+            raise ConfigError("fleet.min_reports", self.min_reports,
+                              f"at most the {cfg.clients.sampled_count()} clients per round")
+        from fedray.fleet import Fleet
+
+        fleet = Fleet.of(cfg)  # reads and checks the trace files
+        if self.deadline_s is not None and fleet.trace is not None:
+            fastest = np.nanmin(fleet.trace.compute_ms)
+            if fleet.trace.known.all() and fastest * 2 / 1000 > self.deadline_s:
+                raise ConfigError("fleet.deadline_s", self.deadline_s,
+                                  f"a deadline some client can meet (the fastest device "
+                                  f"needs {fastest * 2 / 1000:g} s for 2 samples alone)")
+
+
+@dataclass
 class PretrainConfig:
     """Central pretraining of a shared base (``fedray pretrain``); the FLITE paper's recipe:
     SGD momentum 0.9, lr 0.05 with a 3-epoch linear warmup then cosine decay, weight decay
@@ -214,6 +289,7 @@ class ExperimentConfig:
     payload: PayloadConfig = spec(default_factory=PayloadConfig)
     eval: EvalConfig = spec(default_factory=EvalConfig)
     runtime: RuntimeConfig = spec(default_factory=RuntimeConfig)
+    fleet: FleetConfig = spec(default_factory=FleetConfig)
     pretrain: PretrainConfig = spec(default_factory=PretrainConfig)
     sections: dict[str, Any] = field(default_factory=lambda: default_sections(), repr=False,
                                      metadata={"internal": True})
@@ -235,9 +311,20 @@ class ExperimentConfig:
         return out
 
     def tier_of(self, client_id: int) -> str:
+        """The tier of a client: ``clients.tiers[c]``, else by ``clients.tier_fractions``
+        (a uniform draw from (seed, client) against the cumulative shares), else
+        round-robin over ``runtime.tiers``."""
         if self.clients.tiers is not None:
             return self.clients.tiers[client_id]
         tiers = self.runtime.tiers
+        fractions = self.clients.tier_fractions
+        if fractions is not None:
+            from fedray.seeding import uniform
+
+            u = float(uniform(self.seed, -1, client_id, "tier")[()])
+            edges = np.cumsum(fractions) / float(np.sum(fractions))
+            return tiers[min(int(np.searchsorted(edges, u, side="right")),
+                             len(tiers) - 1)].name
         return tiers[client_id % len(tiers)].name
 
 
@@ -401,6 +488,14 @@ def validate(cfg: ExperimentConfig) -> None:
     if cfg.runtime.min_accepted > c.sampled_count():
         raise ConfigError("runtime.min_accepted", cfg.runtime.min_accepted,
                           f"at most the {c.sampled_count()} clients sampled per round")
+    if c.tier_fractions is not None:
+        if len(c.tier_fractions) != len(names) or any(not f >= 0 for f in c.tier_fractions) \
+                or not sum(c.tier_fractions) > 0:
+            raise ConfigError("clients.tier_fractions", c.tier_fractions,
+                              f"{len(names)} shares >= 0 (one per tier of {names}), not all 0")
+        if c.tiers is not None:
+            raise ConfigError("clients.tier_fractions", c.tier_fractions,
+                              "unset when clients.tiers lists each client's tier")
     if c.tiers is not None:
         if len(c.tiers) != c.num_clients:
             raise ConfigError("clients.tiers", c.tiers,
@@ -418,7 +513,8 @@ def validate(cfg: ExperimentConfig) -> None:
         if not cfg.data.download and not Path(root).is_dir():
             raise ConfigError("data.root", root,
                               "an existing directory (or set data.download=true)")
-    if cfg.data.partition == "pathological" and cfg.data.dataset != "blogtext" and \
+    if cfg.data.partition == "pathological" and cfg.data.dataset not in (
+            "blogtext", "parquet", "hf") and \
             cfg.data.classes_per_client > num_classes(cfg):
         raise ConfigError("data.classes_per_client", cfg.data.classes_per_client,
                           f"at most the dataset's {num_classes(cfg)} classes")
@@ -426,7 +522,8 @@ def validate(cfg: ExperimentConfig) -> None:
         raise ConfigError("data.drift_round", cfg.data.drift_round,
                           f"a round in 1..rounds = {cfg.rounds}")
 
-    for section in cfg.sections.values():
+    _validate_population(cfg)
+    for section in [cfg.fleet, *cfg.sections.values()]:
         if hasattr(section, "validate"):
             section.validate(cfg)
 
@@ -444,6 +541,28 @@ def validate(cfg: ExperimentConfig) -> None:
     if hasattr(params, "validate"):
         params.validate(cfg)
     cfg.algorithm = {"name": aname, **dataclasses.asdict(params)}
+
+
+def _validate_population(cfg: ExperimentConfig) -> None:
+    d = cfg.data
+    if d.synthetic_per_client is not None:
+        if d.dataset != "synthetic":
+            raise ConfigError("data.synthetic_per_client", d.synthetic_per_client,
+                              "unset unless data.dataset=synthetic")
+        if d.partition not in ("iid", "dirichlet"):
+            raise ConfigError("data.partition", d.partition, "iid or dirichlet with "
+                              "data.synthetic_per_client (each client draws its own labels)")
+        for name in ("feature_skew", "drift_round"):
+            if getattr(d, name):
+                raise ConfigError(f"data.{name}", getattr(d, name),
+                                  "unset with data.synthetic_per_client")
+    if d.dataset in ("parquet", "hf"):
+        if not d.root or not Path(d.root).exists():
+            raise ConfigError("data.root", d.root, f"an existing local path for {d.dataset}")
+        if not d.client_column:
+            raise ConfigError("data.client_column", d.client_column,
+                              f"the column naming each row's client ({d.dataset} data is "
+                              f"split by natural id)")
 
 
 def _validate_transforms(cfg: ExperimentConfig) -> None:

@@ -78,6 +78,20 @@ def _accuracy_plots(runs: list[dict], out_dir: str) -> list[str]:
     ax.legend(fontsize=8)
     paths.append(save(fig, out_dir, "accuracy_vs_bytes.png"))
 
+    timed = [run for run in runs if "cum_sim_seconds" in run["rounds"]]
+    if timed:  # the virtual clock (fedray.fleet): what a deployment would wait for
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for run in timed:
+            r = run["rounds"]
+            ev = r[~r["global_accuracy"].isna()]
+            ax.plot(ev["cum_sim_seconds"] / 3600, ev["global_accuracy"], marker=".",
+                    label=run["label"])
+        ax.set(title="Accuracy vs simulated time", xlabel="simulated hours (fleet clock)",
+               ylabel="global test accuracy (↑ better)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        paths.append(save(fig, out_dir, "accuracy_vs_sim_hours.png"))
+
     tiered = [run for run in runs if run["clients"] is not None
               and "eval_accuracy" in run["clients"] and run["clients"]["tier"].nunique() > 1]
     if tiered:
@@ -116,6 +130,8 @@ def _row(run: dict) -> dict[str, Any]:
         "upload_bytes_per_round": f(r["upload_bytes"].mean()),
         **_payload(run),
         "mean_round_seconds": f(r["seconds"].mean()),
+        "simulated_hours": f(r["cum_sim_seconds"].iloc[-1] / 3600)
+        if "cum_sim_seconds" in r else None,
         "client_failures": f(r["failed"].sum() + r["rejected"].sum()),
     }
 

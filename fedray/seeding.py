@@ -60,3 +60,26 @@ def torch_seeded(seed: int, round: int = -1, client: int = -1, purpose: str = ""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(seed, round, client, purpose))
         yield
+
+
+_M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _splitmix(x: np.ndarray) -> np.ndarray:
+    x = (x + np.uint64(0x9E3779B97F4A7C15)) & _M64
+    x = ((x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)) & _M64
+    x = ((x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)) & _M64
+    return x ^ (x >> np.uint64(31))
+
+
+def uniform(seed: int, round: int, clients: np.ndarray | int, purpose: str) -> np.ndarray:
+    """One uniform draw in [0, 1) per client of ``clients``, a pure function of (seed,
+    round, client, purpose) computed without a generator per client (SplitMix64 of a key
+    from :func:`derive_seed`): used where a draw per member of a million-client population
+    is needed at once (tier by fractions, availability, dropout)."""
+    key = np.uint64(derive_seed(seed, round, -1, purpose))
+    ids = np.asarray(clients, dtype=np.int64).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        bits = _splitmix(_splitmix(ids ^ key) + key)
+    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+

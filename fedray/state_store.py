@@ -1,12 +1,15 @@
 """ClientStateStore: each virtual client's persistent state between rounds.
 
 States are versioned by the round that wrote them and stored as data
-(:meth:`Storage.write_state`, never a pickle) under ``client_state/{client_id}/{round}.npz``
-in the run's :class:`Storage`. The driver keeps the manifest (client -> latest committed
-version) inside its checkpoints, so a resumed run reads exactly the versions of its
-checkpoint even if a killed round had already written newer ones. Each executor keeps an
-in-memory cache of the states it wrote last; a cached entry is used only when its version
-equals the manifest's, so a client that moves to another executor never sees a stale copy.
+(:meth:`Storage.write_state`, never a pickle) under
+``client_state/{client_id // 1000}/{client_id}/{round}.npz`` in the run's :class:`Storage`
+(sharded: no directory holds more than 1,000 clients, whatever the population; runs written
+by earlier versions, with ``client_state/{client_id}/...``, are still read). The driver
+keeps the manifest (client -> latest committed version) inside its checkpoints, so a
+resumed run reads exactly the versions of its checkpoint even if a killed round had
+already written newer ones. Each executor keeps an in-memory cache of the states it wrote
+last; a cached entry is used only when its version equals the manifest's, so a client that
+moves to another executor never sees a stale copy.
 """
 
 from __future__ import annotations
@@ -25,8 +28,18 @@ class ClientStateStore:
         self.reads = 0
 
     @staticmethod
-    def _rel(client_id: int, version: int) -> str:
-        return f"client_state/{client_id:06d}/{version:06d}.npz"
+    def folder(client_id: int) -> str:
+        return f"client_state/{client_id // 1000:05d}/{client_id:08d}"
+
+    def _rel(self, client_id: int, version: int) -> str:
+        return f"{self.folder(client_id)}/{version:06d}.npz"
+
+    def _path_of(self, client_id: int, version: int) -> str:
+        rel = self._rel(client_id, version)
+        legacy = f"client_state/{client_id:06d}/{version:06d}.npz"
+        if not self.storage.exists(rel) and self.storage.exists(legacy):
+            return legacy
+        return rel
 
     def load(self, client_id: int, version: int | None) -> Any:
         """The state written by round ``version`` (``None``: the client has no state yet)."""
@@ -37,7 +50,7 @@ class ClientStateStore:
             self.cache.move_to_end(client_id)
             return hit[1]
         self.reads += 1
-        state = self.storage.read_state(self._rel(client_id, version))
+        state = self.storage.read_state(self._path_of(client_id, version))
         self._remember(client_id, version, state)
         return state
 
@@ -53,12 +66,14 @@ class ClientStateStore:
         while len(self.cache) > self.cache_size:
             self.cache.popitem(last=False)
 
-    def prune(self, *manifests: dict[int, int]) -> None:
-        """Delete every version none of ``manifests`` names (after a checkpoint commit; the
-        manifests of every kept checkpoint, so a resume may fall back to an older one)."""
-        for name in self.storage.listdir("client_state"):
-            cid = int(name)
+    def prune(self, clients: set[int] | list[int], *manifests: dict[int, int]) -> None:
+        """Delete the versions of ``clients`` (those that ran since the last checkpoint: no
+        other client wrote anything) that none of ``manifests`` names — after a checkpoint
+        commit; the manifests of every kept checkpoint, so a resume may fall back to an
+        older one. Only those clients' directories are listed, not the population's."""
+        for cid in sorted(clients):
             keep = {m[cid] for m in manifests if cid in m}
-            for f in self.storage.listdir(f"client_state/{name}"):
+            folder = self.folder(cid)
+            for f in self.storage.listdir(folder):
                 if not f.endswith(".npz") or int(f[:-4]) not in keep:
-                    self.storage.delete(f"client_state/{name}/{f}")
+                    self.storage.delete(f"{folder}/{f}")

@@ -79,7 +79,8 @@ def test_run_report_compare(ray_session, tmp_path):
     assert "| cli |" in open(rep["markdown"]).read()
     cmp = one_json(runner.invoke(app, ["compare", *runs, "--out", str(tmp_path / "cmp"),
                                        "--json"]))
-    assert len(cmp["metrics"]) == 2 and len(cmp["plots"]) == 2
+    assert len(cmp["metrics"]) == 2 and [os.path.basename(p) for p in cmp["plots"]] == [
+        "accuracy_vs_round.png", "accuracy_vs_bytes.png", "accuracy_vs_sim_hours.png"]
 
 
 def _env(ray_session) -> dict:

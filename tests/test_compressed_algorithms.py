@@ -42,7 +42,7 @@ def test_compressed_runs_with_error_feedback(ray_session, tiny_cfg, tmp_path, al
     storage = Storage(str(tmp_path / algo))
     ck = storage.read_checkpoint()
     assert set(ck["versions"]) == set(range(6))
-    state = storage.read_state(f"client_state/000000/{ck['versions'][0]:06d}.npz")
+    state = storage.read_state(f"client_state/00000/00000000/{ck['versions'][0]:06d}.npz")
     error = state["transforms"]["error"]
     assert set(error) == set(ck["global_state"])
     assert any(np.abs(e).sum() > 0 for e in error.values())
@@ -100,7 +100,7 @@ def test_transform_chain_on_any_method(ray_session, tiny_cfg, tmp_path, algo):
     assert trained["upload_bytes"].max() < dense / 3
     assert (trained["sent_quantized"] > 0).all() and (trained["sent_indices"] > 0).all()
     version = ck["versions"][0]
-    state = storage.read_state(f"client_state/000000/{version:06d}.npz")
+    state = storage.read_state(f"client_state/00000/00000000/{version:06d}.npz")
     assert set(state["transforms"]["error"]) == set(shapes)
     assert full["final_global_accuracy"] > 0.2
     a = Storage(str(tmp_path / "full")).read_checkpoint()["global_state"]

@@ -111,10 +111,10 @@ def test_client_state_store_refuses_a_planted_state(tmp_path):
     storage = Storage(str(tmp_path / "run"))
     store = ClientStateStore(storage)
     nbytes = store.save(3, 2, {"optimizer": {"momentum_buffers": [None, np.ones(2)]}})
-    assert nbytes == len(storage.read_bytes("client_state/000003/000002.npz"))
+    assert nbytes == len(storage.read_bytes("client_state/00000/00000003/000002.npz"))
     fresh = ClientStateStore(storage)  # no cache: reads the file
     assert fresh.load(3, 2)["optimizer"]["momentum_buffers"][0] is None
-    (tmp_path / "run/client_state/000003/000002.npz").write_bytes(planted(tmp_path))
+    (tmp_path / "run/client_state/00000/00000003/000002.npz").write_bytes(planted(tmp_path))
     with pytest.raises(StateFileError, match=r"000002.npz: a Python pickle"):
         ClientStateStore(storage).load(3, 2)
     assert not (tmp_path / "PWNED").exists()

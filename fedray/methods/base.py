@@ -32,8 +32,8 @@ import numpy as np
 
 State = dict[str, np.ndarray]
 
-__all__ = ["AggregationPolicy", "Algorithm", "ClientContext", "ClientData", "ClientOutput",
-           "ClientResult", "EvalResult", "ReportSection", "State", "Status"]
+__all__ = ["AggregationPolicy", "Algorithm", "AsyncUpdate", "ClientContext", "ClientData",
+           "ClientOutput", "ClientResult", "EvalResult", "ReportSection", "State", "Status"]
 
 
 class Status(str, enum.Enum):
@@ -42,6 +42,9 @@ class Status(str, enum.Enum):
     OK = "ok"
     ERROR = "error"  # its update raised (or its executor died)
     REJECTED = "rejected"  # it uploaded NaN or Inf
+    DROPPED = "dropped"  # it dropped out mid-round or went offline (fleet): no upload
+    LATE = "late"  # it missed the round deadline (fleet.deadline_s)
+    SURPLUS = "surplus"  # over-committed: the round closed on K faster reports
 
     def __str__(self) -> str:
         return self.value
@@ -152,8 +155,27 @@ class ReportSection:
     data: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class AsyncUpdate:
+    """One upload as an asynchronous rule sees it: ``staleness`` τ = server steps taken since
+    the client downloaded ``base`` (the global state it started from)."""
+
+    client_id: int
+    num_samples: int
+    upload: State
+    staleness: int
+    base: State
+
+
 class AggregationPolicy:
-    """Server-side state and the aggregation rule. Pure numpy; checkpointable."""
+    """Server-side state and the aggregation rule. Pure numpy; checkpointable.
+
+    An asynchronous rule (FedBuff, FedAsync) sets ``buffer_size`` (uploads per server step)
+    and ``concurrency`` (clients kept training) and implements :meth:`aggregate_async`; the
+    runtime then drives it from an event queue in simulated time instead of rounds."""
+
+    buffer_size: int | None = None
+    concurrency: int = 0
 
     def broadcast(self, global_state: State, round: int, tier: str) -> State:
         """The tensors sent to the clients of ``tier`` in ``round`` (default: everything)."""
@@ -165,6 +187,11 @@ class AggregationPolicy:
 
         The metrics are round-level scalars; an optional ``per_client`` entry
         ``{client_id: {name: value}}`` lands in that client's row of the metrics."""
+        raise NotImplementedError
+
+    def aggregate_async(self, global_state: State, updates: list[AsyncUpdate], step: int
+                        ) -> tuple[State, dict[str, float]]:
+        """Apply ``buffer_size`` uploads, in the order they arrived in simulated time."""
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
@@ -240,10 +267,11 @@ class Algorithm:
     @classmethod
     def build_data(cls, cfg: Any, dataset: Any = None) -> ClientData:
         """The experiment's client data (default: the configured dataset split among the
-        clients, :func:`fedray.data.build_federated`)."""
-        from fedray.data.federated import build_federated
+        clients, or a population drawn on demand or read by natural id,
+        :func:`fedray.data.population.build_client_data`)."""
+        from fedray.data.population import build_client_data
 
-        return build_federated(cfg.data, cfg.clients.num_clients, cfg.seed, dataset)
+        return build_client_data(cfg, dataset)
 
     @classmethod
     def sweep_preset(cls, cfg: Any) -> dict[str, dict]:

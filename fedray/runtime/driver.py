@@ -7,6 +7,14 @@ with NaN/Inf; stop the run when fewer than ``runtime.min_accepted`` uploads were
 give the accepted uploads to the policy in client-id order; evaluate; log Parquet metrics
 (every per-client quantity reduced in client-id order, so the metrics are bitwise the same
 whatever the executor count or finish order); checkpoint. It knows no model code and no method.
+
+The fleet (:mod:`fedray.fleet`) times every client in simulated seconds from the byte ledger
+and its device profile, and applies the participation rules: only online clients are
+sampled; over-commitment samples ``ceil((1 + o) K)`` and aggregates the first ``K`` to finish;
+dropouts, offline clients and clients past the deadline do not report; a round with fewer
+than ``fleet.min_reports`` reports is logged as failed and leaves the model unchanged. An
+asynchronous policy (``buffer_size`` set: FedBuff, FedAsync) is driven instead by an event
+queue in simulated time (:meth:`Driver.run_async_step`).
 """
 
 from __future__ import annotations
@@ -19,7 +27,8 @@ from typing import Any
 import numpy as np
 import ray
 
-from fedray.methods.base import ClientResult, EvalResult, Status
+from fedray.fleet import Fleet
+from fedray.methods.base import AsyncUpdate, ClientResult, EvalResult, Status
 from fedray.metrics import MetricsWriter
 from fedray.payload import Payload
 from fedray.registry import make_method
@@ -88,6 +97,8 @@ class RoundRecord:
     policy_metrics: dict[str, Any]
     restarts: int
     seconds: float
+    client_extra: dict[int, dict[str, float]] = field(default_factory=dict)
+    extra: dict[str, float] = field(default_factory=dict)
 
 
 class Driver:
@@ -108,7 +119,26 @@ class Driver:
         self.base_bytes = self.algorithm.base_bytes()
         self.has_base: set[int] = set()
         self.num_clients = cfg.clients.num_clients
-        self.tier_of = [cfg.tier_of(c) for c in range(self.num_clients)]
+        self._tiers: dict[int, str] = {}
+        self.fleet = Fleet.of(cfg)
+        self.sim_time = 0.0
+        self.touched: set[int] = set()  # clients that ran since the last checkpoint
+        self.failed_rounds = 0
+        # asynchronous rules: dispatches in flight, and the global states they started from
+        self.asynchronous = self.policy.buffer_size is not None
+        self.dispatched = 0
+        self.inflight: dict[int, dict[str, Any]] = {}
+        self.states: dict[int, dict[str, np.ndarray]] = {}
+        self.done: dict[int, tuple[ClientResult, float]] = {}
+        self.async_bcast: dict[int, dict[str, tuple]] = {}
+
+    def tier_of(self, client: int) -> str:
+        """A client's tier (:meth:`ExperimentConfig.tier_of`), remembered for the clients seen:
+        no list over the population."""
+        t = self._tiers.get(client)
+        if t is None:
+            t = self._tiers[client] = self.cfg.tier_of(client)
+        return t
 
     # ------------------------------------------------------------------ setup / resume
 
@@ -123,6 +153,15 @@ class Driver:
             self.has_base = set(ck["has_base"])
             self.policy.load_state_dict(ck["policy_state"])
             self.pool.restarts = ck["restarts"]
+            self.sim_time = float(ck.get("sim_time", 0.0))
+            self.failed_rounds = int(ck.get("failed_rounds", 0))
+            if "async" in ck:
+                a = ck["async"]
+                self.dispatched = int(a["dispatched"])
+                self.inflight = {int(d): {"client": int(c), "version": int(v), "start": float(t),
+                                          "download": int(b)}
+                                 for d, c, v, t, b in a["inflight"]}
+                self.states = {int(k[1:]): v for k, v in a["states"].items()}
         else:
             first = self.pool.executors[self.cfg.runtime.tiers[0].name][0]
             self.global_state = ray.get(first.init_global_state.remote(self.cfg.seed)).decode()
@@ -140,7 +179,7 @@ class Driver:
         clients in ``alone`` (whose batch killed its executor) one per job."""
         by_tier: dict[str, list[int]] = {}
         for c in clients:
-            by_tier.setdefault(self.tier_of[c], []).append(c)
+            by_tier.setdefault(self.tier_of(c), []).append(c)
         jobs = []
         for tier, cids in by_tier.items():
             key, ref, _ = bcast[tier]
@@ -168,15 +207,29 @@ class Driver:
         return out
 
     def run_round(self) -> dict:
-        """Run the next round and return its metrics row."""
+        """Run the next round (or, for an asynchronous rule, the next server step) and
+        return its metrics row."""
+        if self.asynchronous:
+            return self.run_async_step()
         t0 = time.perf_counter()
         r = self.round + 1
-        cfg = self.cfg
-        sampled = sample_clients(cfg.seed, r, self.num_clients, cfg.clients.sampled_count())
-        bcast = self._broadcasts(r, {self.tier_of[c] for c in sampled}, "train")
+        cfg, fl = self.cfg, self.cfg.fleet
+        k = cfg.clients.sampled_count()
+        want = min(self.num_clients, math.ceil((1 + fl.overcommit) * k)) if fl.overcommit else k
+        if self.fleet.availability is None:
+            sampled = sample_clients(cfg.seed, r, self.num_clients, want)
+        else:
+            sampled = self.fleet.sample(r, want, self.sim_time)
+        self.touched.update(sampled)
+        drop = self.fleet.dropped(r, np.array(sampled, dtype=np.int64))
+        dropped = [c for c, d in zip(sampled, drop, strict=True) if d]
+        bcast = self._broadcasts(r, {self.tier_of(c) for c in sampled}, "train")
         attempts = dict.fromkeys(sampled, 0)
         final: dict[int, ClientResult] = {}
-        todo = list(sampled)
+        todo = [c for c, d in zip(sampled, drop, strict=True) if not d]
+        for c in dropped:
+            attempts[c] = 1
+            final[c] = ClientResult(c, r, Status.DROPPED, error="dropped out mid-round")
         restarts_before = self.pool.restarts
         alone: set[int] = set()  # clients of a batch whose executor died: isolated
         while todo:
@@ -200,6 +253,8 @@ class Driver:
                         todo.append(res.client_id)
                     else:
                         final[res.client_id] = res
+        download = self._charge_download(sampled, attempts, bcast)
+        times, duration = self._time_round(sampled, final, download, k)
         accepted = []
         shapes = {k: v.shape for k, v in self.global_state.items()}
         for cid in sorted(final):
@@ -211,44 +266,247 @@ class Driver:
                 accepted.append((cid, res.num_samples, upload))
                 if res.state_version is not None:
                     self.versions[cid] = res.state_version
-        download = self._charge(sampled, final, attempts, bcast)
+        self._charge_upload(sampled, final)
         restarts = self.pool.restarts - restarts_before
-        if len(accepted) < cfg.runtime.min_accepted:
+        self.sim_time += duration
+        lost = sum(final[c].status in (Status.DROPPED, Status.LATE, Status.SURPLUS)
+                   for c in sampled)
+        failed = len(accepted) < fl.min_reports
+        self.failed_rounds += failed
+        extra = {"sim_seconds": duration, "cum_sim_seconds": self.sim_time,
+                 "round_failed": float(failed)}
+        client_extra = {c: {"sim_seconds": t} for c, t in times.items()}
+        if len(accepted) + lost < cfg.runtime.min_accepted:
             self._log(RoundRecord(r, sampled, final, attempts, download, Evaluation(), {},
-                                  restarts, time.perf_counter() - t0))
+                                  restarts, time.perf_counter() - t0, client_extra, extra))
             raise RoundFailedError(r, len(accepted), cfg.runtime.min_accepted,
                                    [(c, str(final[c].status), final[c].error) for c in sampled
                                     if not final[c].ok])
-        if accepted:
+        policy_metrics: dict[str, Any] = {}
+        if accepted and not failed:
             self.global_state, policy_metrics = self.policy.aggregate(
                 self.global_state, accepted, r)
-        else:
-            policy_metrics = {}
         self.round = r
         evaluation = self._evaluate(r, sampled)
         row = self._log(RoundRecord(r, sampled, final, attempts, download, evaluation,
-                                    policy_metrics, restarts, time.perf_counter() - t0))
+                                    policy_metrics, restarts, time.perf_counter() - t0,
+                                    client_extra, extra))
         if r % cfg.runtime.checkpoint_every == 0 or r == cfg.rounds:
             self.checkpoint()
         return row
 
-    def _charge(self, sampled: list[int], final: dict[int, ClientResult],
-                attempts: dict[int, int], bcast: dict[str, tuple]) -> dict[int, int]:
-        """The byte ledger of one round: each sampled client's download (its tier's broadcast
-        once per attempt, plus the pretrained base at its first round) and upload, added to
-        the run's totals; failures and rejections are counted too."""
+    def _samples_seen(self, num_samples: int) -> int:
+        """Samples a client's local training processes: epochs over its data, capped by
+        ``local.max_steps`` batches."""
+        loc = self.cfg.local
+        seen = num_samples * loc.epochs
+        return min(seen, loc.max_steps * loc.batch_size) if loc.max_steps else seen
+
+    def _time_round(self, sampled: list[int], final: dict[int, ClientResult],
+                    download: dict[int, int], k: int) -> tuple[dict[int, float], float]:
+        """Simulated seconds of each sampled client, and of the round; marks clients that go
+        offline before finishing (dropped), miss the deadline (late) or finish after the
+        first ``k`` reports (surplus). Their uploads never complete, so they are not
+        charged; a dropout's time is its download."""
+        fl = self.cfg.fleet
+        ids = np.array(sampled, dtype=np.int64)
+        ran = np.array([final[c].status is not Status.DROPPED for c in sampled])
+        up = np.array([final[c].upload_bytes if final[c].ok else 0 for c in sampled])
+        seen = np.array([self._samples_seen(final[c].num_samples) for c in sampled])
+        parts = self.fleet.seconds(ids, [self.tier_of(c) for c in sampled],
+                                   np.array([download[c] for c in sampled]), up, seen)
+        total = np.where(ran, parts["total"], parts["down"])
+        offline = self.fleet.online_until(ids, self.sim_time) - self.sim_time
+        reporting = []
+        for i, c in enumerate(sampled):
+            res = final[c]
+            if not res.ok:
+                continue
+            if total[i] > offline[i]:
+                res.status, res.error = Status.DROPPED, (
+                    f"went offline {offline[i]:.1f} s into the round, before finishing")
+            elif fl.deadline_s is not None and total[i] > fl.deadline_s:
+                res.status, res.error = Status.LATE, (
+                    f"needed {total[i]:.1f} s, the deadline is {fl.deadline_s:g} s")
+            else:
+                reporting.append((float(total[i]), c))
+        reporting.sort()
+        for _, c in reporting[k:]:
+            final[c].status, final[c].error = Status.SURPLUS, "the round closed on K reports"
+        for c in sampled:
+            if final[c].status in (Status.DROPPED, Status.LATE, Status.SURPLUS):
+                final[c].upload_bytes = 0
+        if len(reporting) >= k:
+            duration = reporting[k - 1][0] if reporting else 0.0
+        elif fl.deadline_s is not None:
+            duration = float(fl.deadline_s)
+        else:
+            duration = max((t for t, _ in reporting), default=float(np.max(total,
+                                                                          initial=0.0)))
+        return {c: float(total[i]) for i, c in enumerate(sampled)}, duration
+
+    # ------------------------------------------------------------------ asynchronous
+
+    def _async_broadcast(self, version: int, tier: str) -> tuple:
+        per = self.async_bcast.setdefault(version, {})
+        if tier not in per:
+            tensors = self.policy.broadcast(self.states[version], version, tier)
+            payload = Payload.encode(tensors, self.cfg.payload.download)
+            per[tier] = (f"{version}:async:{tier}", ray.put(payload), payload.nbytes)
+        return per[tier]
+
+    def _dispatch(self, exclude: set[int]) -> None:
+        """Keep ``policy.concurrency`` clients in flight: each new one is an online client
+        not in flight, drawn from (seed, dispatch number) at the current simulated time,
+        starting from the current global state."""
+        self.states.setdefault(self.round, self.global_state)
+        while len(self.inflight) < self.policy.concurrency:
+            d = self.dispatched + 1
+            busy = exclude | {f["client"] for f in self.inflight.values()}
+            picked = self.fleet.sample(d, 1, self.sim_time, exclude=busy)
+            if not picked:
+                return
+            self.dispatched = d
+            c = picked[0]
+            self.touched.add(c)
+            nbytes = self._async_broadcast(self.round, self.tier_of(c))[2]
+            if self.base_bytes and c not in self.has_base:
+                nbytes += self.base_bytes
+                self.has_base.add(c)
+            self.inflight[d] = {"client": c, "version": self.round, "start": self.sim_time,
+                                "download": nbytes}
+
+    def _lower_bound(self, d: int) -> float:
+        f = self.inflight[d]
+        c = f["client"]
+        return f["start"] + float(self.fleet.seconds(
+            np.array([c]), [self.tier_of(c)], np.array([f["download"]]), np.zeros(1),
+            np.zeros(1))["down"][0])
+
+    def _compute(self, pending: list[int]) -> None:
+        """Run the in-flight dispatches not computed yet (in parallel on the pool) and
+        record each one's result and simulated finish time."""
+        jobs = []
+        for d in pending:
+            f = self.inflight[d]
+            c = f["client"]
+            if self.fleet.dropped(d, np.array([c]))[0]:
+                res = ClientResult(c, d, Status.DROPPED, error="dropped out mid-round")
+                self.done[d] = (res, self._lower_bound(d))
+                continue
+            key, ref, _ = self._async_broadcast(f["version"], self.tier_of(c))
+            jobs.append((self.tier_of(c), "run_clients",
+                         (key, ref, d, [(c, self.versions.get(c))])))
+        for batch in self.pool.run(jobs, requeue_dead=False):
+            if isinstance(batch, DeadJob):
+                c = batch.args[3][0][0]
+                batch = [ClientResult(c, batch.args[2], Status.ERROR, executor=batch.executor,
+                                      error=f"its executor {batch.reason} while running it")]
+            for res in batch:
+                d = res.round
+                f = self.inflight[d]
+                up = res.upload_bytes if res.ok else 0
+                t = self.fleet.seconds(np.array([res.client_id]), [self.tier_of(res.client_id)],
+                                       np.array([f["download"]]), np.array([up]),
+                                       np.array([self._samples_seen(res.num_samples)]))
+                finish = f["start"] + float(t["total"][0])
+                if res.ok and finish > float(self.fleet.online_until(
+                        np.array([res.client_id]), f["start"])[0]):
+                    res.status, res.error = Status.DROPPED, "went offline before finishing"
+                    res.upload_bytes = 0
+                self.done[d] = (res, finish)
+
+    def _next_event(self) -> int:
+        """The dispatch that finishes first in simulated time (ties: lower dispatch number).
+        A dispatch is known to be first once every uncomputed one cannot finish before it
+        (its download alone takes longer), so results never depend on wall-clock order."""
+        while True:
+            ready = [(self.done[d][1], d) for d in self.inflight if d in self.done]
+            pending = [d for d in self.inflight if d not in self.done]
+            if ready:
+                t, best = min(ready)
+                if all((self._lower_bound(p), p) > (t, best) for p in pending):
+                    return best
+            if not pending:
+                raise RuntimeError("no client in flight (is any client online?)")
+            self._compute(pending)
+
+    def run_async_step(self) -> dict:
+        """One server step of an asynchronous rule: pop finished clients in simulated-time
+        order (dispatching a new one for each) until ``buffer_size`` uploads are buffered,
+        then apply them. Checkpoints fall on these steps, when the buffer is empty."""
+        t0 = time.perf_counter()
+        r = self.round + 1
+        start_time = self.sim_time
+        popped: list[int] = []
+        final: dict[int, ClientResult] = {}
+        download: dict[int, int] = {}
+        client_extra: dict[int, dict[str, float]] = {}
+        buffer: list[AsyncUpdate] = []
+        shapes = {k: v.shape for k, v in self.global_state.items()}
+        restarts_before = self.pool.restarts
+        while len(buffer) < self.policy.buffer_size:
+            self._dispatch(set(popped))
+            d = self._next_event()
+            res, finish = self.done.pop(d)
+            f = self.inflight.pop(d)
+            c = f["client"]
+            self.sim_time = max(self.sim_time, finish)
+            popped.append(c)
+            final[c], download[c] = res, f["download"]
+            staleness = self.round - f["version"]
+            client_extra[c] = {"sim_seconds": finish - f["start"], "staleness": staleness}
+            if res.ok:
+                upload = self.chain.server(res.payload.decode(), shapes)
+                if not _finite(upload):
+                    res.status, res.error = Status.REJECTED, "upload contains NaN or Inf"
+                else:
+                    buffer.append(AsyncUpdate(c, res.num_samples, upload, staleness,
+                                              self.states[f["version"]]))
+                    if res.state_version is not None:
+                        self.versions[c] = res.state_version
+        for c in popped:
+            self.totals["download_bytes"] += download[c]
+        self._charge_upload(popped, final)
+        self.global_state, policy_metrics = self.policy.aggregate_async(
+            self.global_state, buffer, r)
+        self.round = r
+        live = {f["version"] for f in self.inflight.values()}
+        self.states = {v: s for v, s in self.states.items() if v in live}
+        self.async_bcast = {v: b for v, b in self.async_bcast.items() if v in live}
+        policy_metrics["mean_staleness"] = float(np.mean([u.staleness for u in buffer]))
+        extra = {"sim_seconds": self.sim_time - start_time, "cum_sim_seconds": self.sim_time,
+                 "round_failed": 0.0}
+        evaluation = self._evaluate(r, sorted(popped))
+        row = self._log(RoundRecord(r, sorted(popped), final, dict.fromkeys(popped, 1),
+                                    download, evaluation, policy_metrics,
+                                    self.pool.restarts - restarts_before,
+                                    time.perf_counter() - t0, client_extra, extra))
+        if r % self.cfg.runtime.checkpoint_every == 0 or r == self.cfg.rounds:
+            self.checkpoint()
+        return row
+
+    def _charge_download(self, sampled: list[int], attempts: dict[int, int],
+                         bcast: dict[str, tuple]) -> dict[int, int]:
+        """The download side of the byte ledger: each sampled client's tier broadcast once
+        per attempt, plus the pretrained base at its first round, added to the totals."""
         download = {}
         for c in sampled:
-            d = bcast[self.tier_of[c]][2] * attempts[c]
+            d = bcast[self.tier_of(c)][2] * attempts[c]
             if self.base_bytes and c not in self.has_base:
                 d += self.base_bytes
                 self.has_base.add(c)
             download[c] = d
             self.totals["download_bytes"] += d
+        return download
+
+    def _charge_upload(self, sampled: list[int], final: dict[int, ClientResult]) -> None:
+        """The upload side: every completed upload's exact bytes; failures and rejections
+        counted."""
+        for c in sampled:
             self.totals["upload_bytes"] += final[c].upload_bytes
             self.totals["failures"] += final[c].status is Status.ERROR
             self.totals["rejected"] += final[c].status is Status.REJECTED
-        return download
 
     # ------------------------------------------------------------------ evaluation
 
@@ -259,7 +517,7 @@ class Driver:
             return Evaluation()
         who = {"all": list(range(self.num_clients)), "sampled": sampled, "none": []}[ev.clients]
         names = [t.name for t in self.cfg.runtime.tiers]
-        tiers = {self.tier_of[c] for c in who} | (set(names) if ev.global_test else set())
+        tiers = {self.tier_of(c) for c in who} | (set(names) if ev.global_test else set())
         bcast = self._broadcasts(r, tiers, "eval")
         jobs = self._jobs("evaluate_clients", who, bcast, r)
         scored: dict[str, str] = {}  # broadcast key -> tier whose executor scores it
@@ -289,7 +547,7 @@ class Driver:
         client_rows = []
         per_tier: dict[str, float] = {}
         for c in sorted(set(rec.sampled) | set(evaluated.clients)):
-            tier = self.tier_of[c]
+            tier = self.tier_of(c)
             row: dict[str, Any] = {"round": rec.round, "client_id": c, "tier": tier,
                                    "sampled": c in rec.final}
             if c in rec.final:
@@ -304,6 +562,7 @@ class Driver:
                 if res.state_version is not None:
                     row["state_bytes"] = float(res.state_bytes)
             row.update({k: float(v) for k, v in per_client.get(c, {}).items()})
+            row.update(rec.client_extra.get(c, {}))
             ev = evaluated.clients.get(c)
             if ev is not None:
                 row.update(eval_loss=ev.loss, eval_accuracy=ev.accuracy, eval_samples=ev.n)
@@ -330,6 +589,9 @@ class Driver:
             "round": rec.round, "sampled": len(rec.sampled), "ok": len(ok),
             "failed": sum(rec.final[c].status is Status.ERROR for c in rec.sampled),
             "rejected": sum(rec.final[c].status is Status.REJECTED for c in rec.sampled),
+            **{s.value: sum(rec.final[c].status is s for c in rec.sampled)
+               for s in (Status.DROPPED, Status.LATE, Status.SURPLUS)},
+            **rec.extra,
             "train_loss": float(np.average(losses, weights=n_ok)) if ok else math.nan,
             "personalized_accuracy": float(accs.mean()) if accs.size else math.nan,
             "personalized_accuracy_std": float(accs.std()) if accs.size else math.nan,
@@ -356,10 +618,17 @@ class Driver:
         ck = {"round": self.round, "global_state": self.global_state,
               "policy_state": self.policy.state_dict(), "versions": dict(self.versions),
               "totals": dict(self.totals), "restarts": self.pool.restarts,
-              "has_base": sorted(self.has_base)}
+              "has_base": sorted(self.has_base), "sim_time": self.sim_time,
+              "failed_rounds": self.failed_rounds}
+        if self.asynchronous:  # the buffer is empty here; what is in flight is recomputed
+            ck["async"] = {"dispatched": self.dispatched,
+                           "inflight": [[d, f["client"], f["version"], f["start"],
+                                         f["download"]] for d, f in self.inflight.items()],
+                           "states": {f"v{v}": s for v, s in self.states.items()}}
         self.storage.write_checkpoint(self.round, ck, keep=KEEP_CHECKPOINTS)
-        ClientStateStore(self.storage).prune(self.versions, self.kept_versions)
+        ClientStateStore(self.storage).prune(self.touched, self.versions, self.kept_versions)
         self.kept_versions = dict(self.versions)
+        self.touched = set()
 
     # ------------------------------------------------------------------ queries
 
@@ -375,7 +644,8 @@ class Driver:
     def finish(self) -> dict:
         self.metrics.consolidate()
         return {"round": self.round, "totals": dict(self.totals),
-                "executor_restarts": self.pool.restarts}
+                "executor_restarts": self.pool.restarts, "sim_seconds": self.sim_time,
+                "failed_rounds": self.failed_rounds}
 
     def shutdown(self) -> None:
         self.pool.shutdown()

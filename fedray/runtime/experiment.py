@@ -147,6 +147,8 @@ class Experiment:
             self.storage.write_bytes("config.yaml", yaml.safe_dump(
                 cfg.to_dict(), sort_keys=False).encode())
             self.storage.write_bytes("data.json", json.dumps(self.data.summary()).encode())
+            if hasattr(self.data, "partition_table"):  # the partition, computed once
+                self.storage.write_parquet("partition.parquet", self.data.partition_table())
         self.driver: Any = None
         self.pool: Any = None
         self.started_ray = False
@@ -303,6 +305,8 @@ def _summary(cfg: ExperimentConfig, run_dir: str, rows: list[dict], finish: dict
         "client_failures": finish["totals"]["failures"],
         "rejected_uploads": finish["totals"]["rejected"],
         "executor_restarts": finish["executor_restarts"],
+        "simulated_hours": round(finish.get("sim_seconds", 0.0) / 3600, 6),
+        "failed_rounds": finish.get("failed_rounds", 0),
         "final_train_loss": clean(last.get("train_loss", math.nan)),
         "wall_seconds": round(seconds, 3),
         "rounds_this_session": len(rows),

@@ -71,5 +71,4 @@ class Orders(FedAvg):
         return out
 
     def make_policy(self) -> OrdersPolicy:
-        tier_of = [self.cfg.tier_of(c) for c in range(self.cfg.clients.num_clients)]
-        return OrdersPolicy(self.params, self.cfg.seed, tier_of)
+        return OrdersPolicy(self.params, self.cfg.seed, self.cfg.tier_of)

@@ -66,6 +66,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -327,7 +328,8 @@ def skewness(x: np.ndarray) -> float:
 class OrdersPolicy(AggregationPolicy):
     """:func:`orders_step` over fedray's named-tensor states."""
 
-    def __init__(self, params: OrdersParams, seed: int, tier_of: list[str] | None = None):
+    def __init__(self, params: OrdersParams, seed: int,
+                 tier_of: Callable[[int], str] | None = None):
         self.p, self.seed, self.tier_of = params, seed, tier_of
         self.state = OrdersState()
 
@@ -344,7 +346,7 @@ class OrdersPolicy(AggregationPolicy):
             [decode_norm(r) for r in reported], dtype=np.float64)
         if norms is not None and not np.isfinite(norms).all():
             norms = None  # a corrupt report (the bits bypass the NaN check): recompute here
-        tiers = np.array([self.tier_of[c] for c in ids]) if self.tier_of else None
+        tiers = np.array([self.tier_of(c) for c in ids]) if self.tier_of else None
         mask = None
         if self.p.norm == "key_layer":
             mask = key_layer_mask({k: global_state[k] for k in names}, self.p.key_layers)

@@ -1,0 +1,458 @@
+"""The fleet: each client's device speed, network link and availability, and the virtual
+clock that turns bytes and samples into simulated seconds.
+
+A client's simulated time in a round (the model of FedScale, Lai et al., ICML 2022)::
+
+    t = download_bytes / bw_down + latency + samples x epochs x cost x ms_per_sample / 1000
+        + upload_bytes / bw_up
+
+with the bytes taken from the run's exact byte ledger, ``samples x epochs`` capped by
+``local.max_steps x local.batch_size``, and ``cost`` the tier's ``capacity`` (the share of
+the full model's FLOPs a sub-model holds: sliced sub-models train faster). Nothing here
+reads a wall clock: results never depend on which executor finished first.
+
+**Profiles** come from a trace file or are drawn per client from (seed, client):
+
+- drawn: ``ms_per_sample = fleet.compute_ms_per_sample / tier_speed[tier] x exp(σ_c z)``,
+  ``bw = fleet.{down,up}_kbps x exp(σ_b z')`` (log-normal around the stated medians, z and z'
+  standard normal from the client's own seed), ``latency = fleet.latency_ms``;
+- trace (``fleet.trace``, CSV or Parquet), one row per client, columns ``client_id``
+  (0..N-1), ``compute_ms_per_sample`` (> 0), ``down_kbps`` (> 0), ``up_kbps`` (> 0) and
+  optionally ``latency_ms`` (>= 0). This is FedScale's ``client_device_capacity``
+  (``computation`` = ms per sample, ``communication`` = kbps, one link speed for both
+  directions) in a columnar form: ``fedray fleet import-fedscale`` converts one. Clients
+  absent from the trace draw their profile as above.
+
+**Availability** (``fleet.availability``, CSV or Parquet): rows ``client_id, start_s,
+end_s``, the client online during [start_s, end_s); per client the intervals are ordered
+and do not overlap. With ``fleet.availability_period_s`` the trace repeats with that period
+(FedScale's behaviour trace wraps at ``finish_time``). Clients absent from the file are
+always online. A client is sampled only when online at the round's start and drops out when
+it goes offline before it finishes.
+
+Every check of a trace fails with one :class:`ConfigError` naming the file, the row and the
+column, before any Ray work.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedray.seeding import rng, uniform
+from fedray.spec import ConfigError
+
+TRACE_COLUMNS = ("client_id", "compute_ms_per_sample", "down_kbps", "up_kbps")
+AVAILABILITY_COLUMNS = ("client_id", "start_s", "end_s")
+
+
+def read_table(path: str, field: str, columns: tuple[str, ...],
+               optional: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """The named columns of a CSV or Parquet trace file as numpy arrays (rows in file
+    order); a missing file, an unreadable one, a missing column or a non-numeric or
+    non-finite value is a :class:`ConfigError` naming the file, row and column."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    if not os.path.isfile(path):
+        raise ConfigError(field, path, "an existing CSV or Parquet file")
+    try:
+        if path.endswith(".parquet"):
+            table = pq.read_table(path)
+        else:
+            table = pacsv.read_csv(path)
+    except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as e:
+        reason = " ".join(str(e).split())[:160]
+        raise ConfigError(field, path, f"a readable CSV or Parquet file ({reason})") from None
+    out = {}
+    for col in columns + optional:
+        if col not in table.column_names:
+            if col in optional:
+                continue
+            raise ConfigError(f"{field} ({path})", f"columns {table.column_names}",
+                              f"a column named {col!r} (required: {', '.join(columns)})")
+        arr = table.column(col)
+        if not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)):
+            raise ConfigError(f"{field} ({path}) column {col}", str(arr.type),
+                              "numbers in every row")
+        values = arr.to_numpy(zero_copy_only=False)
+        bad = np.flatnonzero(~np.isfinite(values.astype(np.float64)))
+        if bad.size:
+            raise ConfigError(f"{field} ({path}) row {bad[0] + 1} column {col}",
+                              values[bad[0]], "a finite number")
+        out[col] = values
+    return out
+
+
+def _check(field: str, path: str, col: str, values: np.ndarray, ok: np.ndarray,
+           rule: str) -> None:
+    bad = np.flatnonzero(~ok)
+    if bad.size:
+        raise ConfigError(f"{field} ({path}) row {bad[0] + 1} column {col}",
+                          values[bad[0]].item(), rule)
+
+
+def _client_ids(field: str, path: str, ids: np.ndarray, num_clients: int) -> np.ndarray:
+    if ids.dtype.kind == "f":
+        _check(field, path, "client_id", ids, ids == np.floor(ids), "an integer client id")
+    ids = ids.astype(np.int64)
+    _check(field, path, "client_id", ids, (ids >= 0) & (ids < num_clients),
+           f"a client id in 0..{num_clients - 1} (clients.num_clients = {num_clients})")
+    return ids
+
+
+@dataclass
+class Trace:
+    """Device profiles read from a trace file, indexed by client id (``known`` marks the
+    clients the file lists)."""
+
+    known: np.ndarray  # bool per client
+    compute_ms: np.ndarray
+    down_kbps: np.ndarray
+    up_kbps: np.ndarray
+    latency_ms: np.ndarray
+
+
+def read_trace(path: str, num_clients: int, field: str = "fleet.trace") -> Trace:
+    """A device-capacity trace (columns :data:`TRACE_COLUMNS`, optional ``latency_ms``),
+    checked: ids in the population and unique, speeds and bandwidths > 0, latency >= 0."""
+    cols = read_table(path, field, TRACE_COLUMNS, ("latency_ms",))
+    ids = _client_ids(field, path, cols["client_id"], num_clients)
+    order = np.argsort(ids, kind="stable")
+    dup = np.flatnonzero(np.diff(ids[order]) == 0)
+    if dup.size:
+        row = int(order[dup[0] + 1])
+        raise ConfigError(f"{field} ({path}) row {row + 1} column client_id", int(ids[row]),
+                          "one row per client (this id appears twice)")
+    for col in TRACE_COLUMNS[1:]:
+        _check(field, path, col, cols[col], cols[col] > 0, "a number > 0")
+    lat = cols.get("latency_ms")
+    if lat is not None:
+        _check(field, path, "latency_ms", lat, lat >= 0, "a number >= 0")
+    known = np.zeros(num_clients, dtype=bool)
+    known[ids] = True
+
+    def spread(v: np.ndarray | None) -> np.ndarray:
+        out = np.full(num_clients, np.nan)
+        if v is not None:
+            out[ids] = v
+        return out
+
+    return Trace(known, spread(cols["compute_ms_per_sample"]), spread(cols["down_kbps"]),
+                 spread(cols["up_kbps"]), spread(lat))
+
+
+@dataclass
+class Availability:
+    """Online intervals per client in CSR form: client c's intervals are
+    ``start[offsets[c]:offsets[c+1]]`` / ``end[...]``, ordered; an empty segment means always
+    online; ``period`` wraps time (None: no wrap, offline after the last interval)."""
+
+    offsets: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    period: float | None = None
+
+    def _find(self, ids: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per client: (has intervals, index of the last interval starting at or before t)."""
+        lo, hi = self.offsets[ids].copy(), self.offsets[ids + 1].copy()
+        has = hi > lo
+        # vectorised binary search for the last start <= t within each segment
+        left, right = lo, hi
+        while True:
+            active = left < right
+            if not active.any():
+                break
+            mid = (left + right) // 2
+            go_right = active & (self.start[np.minimum(mid, len(self.start) - 1)] <= t)
+            left = np.where(go_right, mid + 1, left)
+            right = np.where(active & ~go_right, mid, right)
+        return has, left - 1
+
+    def _local(self, t: float | np.ndarray) -> np.ndarray:
+        t = np.asarray(t, dtype=np.float64)
+        return np.mod(t, self.period) if self.period else t
+
+    def online(self, ids: np.ndarray, t: float) -> np.ndarray:
+        """Whether each client of ``ids`` is online at simulated time ``t``."""
+        ids = np.asarray(ids, dtype=np.int64)
+        local = np.broadcast_to(self._local(t), ids.shape)
+        has, k = self._find(ids, local)
+        found = has & (k >= self.offsets[ids])
+        kk = np.clip(k, 0, max(len(self.end) - 1, 0))
+        inside = found & (local < self.end[kk]) if len(self.end) else found
+        return ~has | inside
+
+    def online_until(self, ids: np.ndarray, t: float) -> np.ndarray:
+        """For clients online at ``t``: when they go offline (inf: never)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        local = np.broadcast_to(self._local(t), ids.shape)
+        has, k = self._find(ids, local)
+        kk = np.clip(k, 0, max(len(self.end) - 1, 0))
+        end = self.end[kk] - local + float(t) if len(self.end) else np.full(ids.shape, np.inf)
+        return np.where(has, end, np.inf)
+
+
+def read_availability(path: str, num_clients: int, period: float | None = None,
+                      field: str = "fleet.availability") -> Availability:
+    """An availability trace (columns :data:`AVAILABILITY_COLUMNS`), checked: ids in the
+    population, 0 <= start < end (<= period when wrapping), each client's rows in time
+    order and not overlapping."""
+    cols = read_table(path, field, AVAILABILITY_COLUMNS)
+    ids = _client_ids(field, path, cols["client_id"], num_clients)
+    start = cols["start_s"].astype(np.float64)
+    end = cols["end_s"].astype(np.float64)
+    _check(field, path, "start_s", start, start >= 0, "a time >= 0 s")
+    _check(field, path, "end_s", end, end > start, "an end after the row's start_s")
+    if period is not None:
+        _check(field, path, "end_s", end, end <= period,
+               f"at most fleet.availability_period_s = {period}")
+    order = np.argsort(ids, kind="stable")
+    ids_s, start_s, end_s = ids[order], start[order], end[order]
+    same = ids_s[1:] == ids_s[:-1]
+    bad = same & (start_s[1:] < end_s[:-1])
+    if bad.any():
+        row = int(order[np.flatnonzero(bad)[0] + 1])
+        raise ConfigError(f"{field} ({path}) row {row + 1} column start_s", float(start[row]),
+                          f"intervals of client {int(ids[row])} in time order, each starting "
+                          f"at or after the previous one's end_s")
+    offsets = np.zeros(num_clients + 1, dtype=np.int64)
+    np.add.at(offsets, ids_s + 1, 1)
+    return Availability(np.cumsum(offsets), start_s, end_s, period)
+
+
+@dataclass
+class Profiles:
+    """Device profiles of some clients (arrays aligned with the ids asked for)."""
+
+    compute_ms: np.ndarray
+    down_kbps: np.ndarray
+    up_kbps: np.ndarray
+    latency_ms: np.ndarray
+
+
+class Fleet:
+    """Profiles, availability and the time formula of a run's clients (see the module)."""
+
+    def __init__(self, fleet_cfg: Any, num_clients: int, seed: int,
+                 tier_capacity: dict[str, float], tier_names: list[str]):
+        self.cfg, self.seed, self.num_clients = fleet_cfg, seed, num_clients
+        self.capacity = tier_capacity
+        self.tier_names = tier_names
+        self.trace = read_trace(fleet_cfg.trace, num_clients) if fleet_cfg.trace else None
+        self.availability = (read_availability(fleet_cfg.availability, num_clients,
+                                               fleet_cfg.availability_period_s)
+                             if fleet_cfg.availability else None)
+
+    @classmethod
+    def of(cls, cfg: Any) -> Fleet:
+        return cls(cfg.fleet, cfg.clients.num_clients, cfg.seed,
+                   {t.name: t.capacity for t in cfg.runtime.tiers},
+                   [t.name for t in cfg.runtime.tiers])
+
+    def profiles(self, ids: np.ndarray, tiers: list[str]) -> Profiles:
+        """Profiles of ``ids`` (of the given tiers): from the trace where it lists them,
+        else drawn log-normally from (seed, client) around the configured medians."""
+        f = self.cfg
+        ids = np.asarray(ids, dtype=np.int64)
+        speed = np.array([f.tier_speed.get(t, 1.0) for t in tiers], dtype=np.float64)
+        z = _normal(self.seed, ids, "fleet-compute")
+        zd, zu = _normal(self.seed, ids, "fleet-down"), _normal(self.seed, ids, "fleet-up")
+        compute = f.compute_ms_per_sample / speed * np.exp(f.compute_sigma * z)
+        down = f.down_kbps * np.exp(f.bandwidth_sigma * zd)
+        up = f.up_kbps * np.exp(f.bandwidth_sigma * zu)
+        lat = np.full(ids.shape, float(f.latency_ms))
+        if self.trace is not None:
+            tr, known = self.trace, self.trace.known[ids]
+            compute = np.where(known, tr.compute_ms[ids], compute)
+            down = np.where(known, tr.down_kbps[ids], down)
+            up = np.where(known, tr.up_kbps[ids], up)
+            lat = np.where(known & ~np.isnan(tr.latency_ms[ids]), tr.latency_ms[ids], lat)
+        return Profiles(compute, down, up, lat)
+
+    def seconds(self, ids: np.ndarray, tiers: list[str], download: np.ndarray,
+                upload: np.ndarray, samples: np.ndarray) -> dict[str, np.ndarray]:
+        """Simulated seconds of each client's round (see the module's formula) and its
+        parts: ``down``, ``compute``, ``up``, ``total`` (``samples`` = samples x epochs
+        processed)."""
+        p = self.profiles(ids, tiers)
+        cost = np.array([self.capacity.get(t, 1.0) for t in tiers], dtype=np.float64)
+        down = np.asarray(download, dtype=np.float64) * 8 / (p.down_kbps * 1000)
+        up = np.asarray(upload, dtype=np.float64) * 8 / (p.up_kbps * 1000)
+        compute = np.asarray(samples, dtype=np.float64) * cost * p.compute_ms / 1000
+        lat = p.latency_ms / 1000
+        return {"down": down + lat, "compute": compute, "up": up,
+                "total": down + lat + compute + up}
+
+    def online(self, ids: np.ndarray, t: float) -> np.ndarray:
+        if self.availability is None:
+            return np.ones(len(ids), dtype=bool)
+        return self.availability.online(ids, t)
+
+    def online_until(self, ids: np.ndarray, t: float) -> np.ndarray:
+        if self.availability is None:
+            return np.full(len(ids), np.inf)
+        return self.availability.online_until(ids, t)
+
+    def dropped(self, round: int, ids: np.ndarray) -> np.ndarray:
+        """Which of ``ids`` drop out mid-round (probability ``fleet.dropout``, a pure function
+        of (seed, round, client))."""
+        if not self.cfg.dropout:
+            return np.zeros(len(ids), dtype=bool)
+        return uniform(self.seed, round, ids, "fleet-dropout") < self.cfg.dropout
+
+    def sample(self, round: int, k: int, t: float, exclude: set[int] = frozenset()
+               ) -> list[int]:
+        """``k`` distinct clients online at ``t`` (fewer if fewer are), drawn from (seed,
+        round): batches of uniform ids are drawn until enough online ones are found, so the
+        cost follows ``k``, not the population."""
+        gen = rng(self.seed, round, -1, "fleet-sample")
+        chosen: dict[int, None] = {}
+        tries = 0
+        while len(chosen) < k and tries < 64:
+            tries += 1
+            batch = gen.integers(0, self.num_clients, size=max(2 * k, 64))
+            ok = batch[self.online(batch, t)]
+            for c in ok.tolist():
+                if c not in chosen and c not in exclude:
+                    chosen[c] = None
+                    if len(chosen) == k:
+                        break
+        if len(chosen) < k:  # a sparse fleet: scan everyone once
+            every = np.arange(self.num_clients)
+            for c in every[self.online(every, t)][gen.permutation(
+                    int(self.online(every, t).sum()))].tolist():
+                if c not in chosen and c not in exclude:
+                    chosen[c] = None
+                    if len(chosen) == k:
+                        break
+        return sorted(chosen)
+
+
+def _normal(seed: int, ids: np.ndarray, purpose: str) -> np.ndarray:
+    """A standard normal per client (Box-Muller over two :func:`uniform` draws)."""
+    u1 = uniform(seed, -1, ids, purpose + "/1")
+    u2 = uniform(seed, -1, ids, purpose + "/2")
+    return np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2 * math.pi * u2)
+
+
+def write_example(out_dir: str, num_clients: int = 100, seed: int = 0) -> tuple[str, str]:
+    """A small heterogeneous example fleet: ``devices.csv`` (three device classes — phone,
+    tablet, laptop — with log-normal spread) and ``availability.csv`` (each client online in
+    2-4 windows of a 24-hour day). Returns the two paths."""
+    gen = rng(seed, -1, -1, "example-trace")
+    classes = np.array([[40.0, 2_000.0, 500.0, 120.0],   # ms/sample, down, up kbps, latency
+                        [15.0, 10_000.0, 2_000.0, 60.0],
+                        [5.0, 50_000.0, 10_000.0, 20.0]])
+    kind = gen.choice(3, size=num_clients, p=[0.5, 0.3, 0.2])
+    spread = np.exp(0.3 * gen.standard_normal((num_clients, 3)))
+    os.makedirs(out_dir, exist_ok=True)
+    devices = os.path.join(out_dir, "devices.csv")
+    with open(devices, "w") as f:
+        f.write("client_id,compute_ms_per_sample,down_kbps,up_kbps,latency_ms\n")
+        for c in range(num_clients):
+            ms, down, up, lat = classes[kind[c]]
+            f.write(f"{c},{ms * spread[c, 0]:.3f},{down * spread[c, 1]:.1f},"
+                    f"{up * spread[c, 2]:.1f},{lat:.1f}\n")
+    avail = os.path.join(out_dir, "availability.csv")
+    day = 86_400.0
+    with open(avail, "w") as f:
+        f.write("client_id,start_s,end_s\n")
+        for c in range(num_clients):
+            n = int(gen.integers(2, 5))
+            cuts = np.sort(gen.uniform(0, day, size=2 * n))
+            for a, b in zip(cuts[::2], cuts[1::2], strict=True):
+                f.write(f"{c},{a:.1f},{max(b, a + 600.0):.1f}\n" if b > a else "")
+    _fix_overlaps(avail)
+    return devices, avail
+
+
+def _fix_overlaps(path: str) -> None:
+    """Merge any windows the 10-minute minimum made overlap (keeps the file valid)."""
+    rows = [line.split(",") for line in open(path).read().splitlines()[1:]]
+    merged: list[list[float]] = []
+    for c, a, b in ((int(r[0]), float(r[1]), float(r[2])) for r in rows):
+        if merged and merged[-1][0] == c and a < merged[-1][2]:
+            merged[-1][2] = max(merged[-1][2], b)
+        else:
+            merged.append([c, a, b])
+    with open(path, "w") as f:
+        f.write("client_id,start_s,end_s\n")
+        for c, a, b in merged:
+            f.write(f"{int(c)},{a:.1f},{min(b, 86_400.0):.1f}\n")
+
+
+def import_fedscale(capacity_pickle: str, out_dir: str,
+                    behaviour_pickle: str | None = None) -> list[str]:
+    """Convert FedScale's pickled traces (``client_device_capacity``: {id: {'computation',
+    'communication'}}; ``client_behave_trace``: {id: {'active', 'inactive', 'finish_time'}})
+    to fedray's CSV schema. The pickles are read with an unpickler that admits only plain
+    containers and numbers (any class or function reference fails), so a planted pickle
+    cannot run code; ids are renumbered 0..N-1 in sorted order (the mapping is written to
+    ``ids.csv``)."""
+    written = []
+    cap = _safe_unpickle(capacity_pickle)
+    if not isinstance(cap, dict):
+        raise ConfigError("capacity trace", capacity_pickle, "a pickled dict {client id: "
+                                                             "{'computation', 'communication'}}")
+    keys = sorted(cap, key=lambda k: (str(type(k)), k))
+    index = {k: i for i, k in enumerate(keys)}
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "ids.csv"), "w") as f:
+        f.write("client_id,fedscale_id\n")
+        f.writelines(f"{i},{k}\n" for k, i in index.items())
+    path = os.path.join(out_dir, "devices.csv")
+    with open(path, "w") as f:
+        f.write("client_id,compute_ms_per_sample,down_kbps,up_kbps\n")
+        for k in keys:
+            d = cap[k]
+            f.write(f"{index[k]},{float(d['computation'])},{float(d['communication'])},"
+                    f"{float(d['communication'])}\n")
+    written += [path, os.path.join(out_dir, "ids.csv")]
+    if behaviour_pickle:
+        beh = _safe_unpickle(behaviour_pickle)
+        path = os.path.join(out_dir, "availability.csv")
+        with open(path, "w") as f:
+            f.write("client_id,start_s,end_s\n")
+            for k in keys:
+                if k not in beh:
+                    continue
+                b = beh[k]
+                finish = float(b.get("finish_time", max(b["active"] + b["inactive"] or [0])))
+                offs = list(b["inactive"])
+                for j, a in enumerate(b["active"]):
+                    end = next((o for o in offs if o > a), finish)
+                    if j + 1 < len(b["active"]):
+                        end = min(end, b["active"][j + 1])
+                    if end > a:
+                        f.write(f"{index[k]},{float(a)},{float(end)}\n")
+        written.append(path)
+    return written
+
+
+def _safe_unpickle(path: str) -> Any:
+    import pickle
+
+    class Plain(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            raise ConfigError("trace pickle", path, f"plain dicts, lists and numbers only (it "
+                                                    f"references {module}.{name})")
+
+    if not os.path.isfile(path):
+        raise ConfigError("trace pickle", path, "an existing file")
+    with open(path, "rb") as f:
+        try:
+            return Plain(f).load()
+        except ConfigError:
+            raise
+        except Exception as e:  # noqa: BLE001 — any malformed pickle is bad input
+            raise ConfigError("trace pickle", path, f"a readable pickle ({e})") from None
+
+
+__all__ = ["Availability", "Fleet", "Profiles", "Trace", "import_fedscale", "read_availability",
+           "read_trace", "write_example"]

@@ -1,0 +1,144 @@
+"""Asynchronous aggregation: FedBuff (Nguyen et al., AISTATS 2022) and FedAsync (Xie, Koyejo
+and Gupta, 2019). The clients are FedAvg's; these are server rules the runtime drives from
+an event queue in simulated time (:meth:`fedray.runtime.driver.Driver.run_async_step`):
+``concurrency`` clients train at once, each starting from the global state current when it
+was dispatched; uploads arrive in order of simulated finish time; a client's staleness τ is
+the number of server steps taken since it downloaded its model. One ``round`` of these
+methods is one server step.
+
+FedBuff (Algorithm 1 of the paper, with our Δ_i = θ_i − θ_start the negative of its client
+delta): buffer ``K`` uploads, then
+
+    θ ← θ + η_g · (1/K) Σ_i s(τ_i) Δ_i,    s(τ) = 1 / √(1 + τ).
+
+FedAsync (Xie et al., eq. 2 with the polynomial staleness function): every upload is
+applied at once as
+
+    θ ← (1 − α_t) θ + α_t θ_i,    α_t = α · (1 + τ)^(−a),    θ_i = θ_start + Δ_i.
+
+Both are pure numpy (float64 accumulation, arrival order), so the final state is bitwise
+the same whatever the executor count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedray.methods.base import AggregationPolicy, AsyncUpdate, State
+from fedray.methods.fedavg import FedAvg
+from fedray.registry import register_method
+from fedray.spec import ConfigError, spec
+
+
+def fedbuff_weight(staleness: int | np.ndarray) -> np.ndarray:
+    """FedBuff's staleness weight s(τ) = 1/√(1+τ)."""
+    return 1.0 / np.sqrt(1.0 + np.asarray(staleness, dtype=np.float64))
+
+
+def fedasync_mixing(alpha: float, a: float, staleness: int | np.ndarray) -> np.ndarray:
+    """FedAsync's mixing weight α_t = α (1+τ)^(−a) (polynomial staleness)."""
+    return alpha * (1.0 + np.asarray(staleness, dtype=np.float64)) ** (-a)
+
+
+def _check_sync_only(cfg: Any, name: str) -> None:
+    if cfg is None:
+        return
+    for key, value, off in (("fleet.deadline_s", cfg.fleet.deadline_s, None),
+                            ("fleet.overcommit", cfg.fleet.overcommit, 0.0),
+                            ("fleet.min_reports", cfg.fleet.min_reports, 0)):
+        if value != off:
+            raise ConfigError(key, value, f"unset for {name}: deadlines, over-commitment and "
+                                          f"report minimums are rules of synchronous rounds")
+
+
+class FedBuffPolicy(AggregationPolicy):
+    def __init__(self, concurrency: int, buffer_size: int, server_lr: float):
+        self.concurrency, self.buffer_size, self.server_lr = concurrency, buffer_size, server_lr
+
+    def aggregate_async(self, global_state: State, updates: list[AsyncUpdate], step: int
+                        ) -> tuple[State, dict[str, float]]:
+        w = fedbuff_weight([u.staleness for u in updates]) / len(updates)
+        new = dict(global_state)
+        for k in updates[0].upload:
+            acc = np.zeros(np.shape(global_state[k]), dtype=np.float64)
+            for wi, u in zip(w, updates, strict=True):
+                acc += wi * u.upload[k]
+            new[k] = (global_state[k].astype(np.float64) + self.server_lr * acc).astype(
+                global_state[k].dtype)
+        return new, {"mean_weight": float(w.sum())}
+
+
+class FedAsyncPolicy(AggregationPolicy):
+    buffer_size = 1
+
+    def __init__(self, concurrency: int, alpha: float, a: float):
+        self.concurrency, self.alpha, self.a = concurrency, alpha, a
+
+    def aggregate_async(self, global_state: State, updates: list[AsyncUpdate], step: int
+                        ) -> tuple[State, dict[str, float]]:
+        new = dict(global_state)
+        mix = 0.0
+        for u in updates:
+            mix = float(fedasync_mixing(self.alpha, self.a, u.staleness))
+            for k, d in u.upload.items():
+                local = u.base[k].astype(np.float64) + d
+                new[k] = ((1 - mix) * new[k].astype(np.float64) + mix * local).astype(
+                    global_state[k].dtype)
+        return new, {"mixing": mix}
+
+
+@dataclass
+class FedBuffParams:
+    concurrency: int = spec(10, ge=1, help="clients training at once (C)")
+    buffer_size: int = spec(5, ge=1, help="uploads per server step (K)")
+    server_lr: float = spec(1.0, gt=0, help="server learning rate η_g")
+
+    def validate(self, cfg: Any) -> None:
+        _check_sync_only(cfg, "fedbuff")
+        if cfg is not None and self.concurrency > cfg.clients.num_clients:
+            raise ConfigError("algorithm.concurrency", self.concurrency,
+                              f"at most clients.num_clients = {cfg.clients.num_clients}")
+
+
+@dataclass
+class FedAsyncParams:
+    concurrency: int = spec(10, ge=1, help="clients training at once")
+    alpha: float = spec(0.6, gt=0, le=1, help="mixing weight α")
+    staleness_exponent: float = spec(0.5, ge=0, help="a in α (1+τ)^(−a)")
+
+    def validate(self, cfg: Any) -> None:
+        _check_sync_only(cfg, "fedasync")
+        if cfg is not None and self.concurrency > cfg.clients.num_clients:
+            raise ConfigError("algorithm.concurrency", self.concurrency,
+                              f"at most clients.num_clients = {cfg.clients.num_clients}")
+
+
+@register_method
+class FedBuff(FedAvg):
+    """FedAvg clients, buffered asynchronous server with staleness weights (FedBuff)."""
+
+    name = "fedbuff"
+    Params = FedBuffParams
+
+    def make_policy(self) -> FedBuffPolicy:
+        p = self.params
+        return FedBuffPolicy(p.concurrency, p.buffer_size, p.server_lr)
+
+
+@register_method
+class FedAsync(FedAvg):
+    """FedAvg clients, every upload mixed in at once with polynomial staleness (FedAsync)."""
+
+    name = "fedasync"
+    Params = FedAsyncParams
+
+    def make_policy(self) -> FedAsyncPolicy:
+        p = self.params
+        return FedAsyncPolicy(p.concurrency, p.alpha, p.staleness_exponent)
+
+
+__all__ = ["FedAsync", "FedAsyncPolicy", "FedBuff", "FedBuffPolicy", "fedasync_mixing",
+           "fedbuff_weight"]
