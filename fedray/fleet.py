@@ -7,8 +7,9 @@ A client's simulated time in a round (the model of FedScale, Lai et al., ICML 20
         + upload_bytes / bw_up
 
 with the bytes taken from the run's exact byte ledger, ``samples x epochs`` capped by
-``local.max_steps x local.batch_size``, and ``cost`` the tier's ``capacity`` (the share of
-the full model's FLOPs a sub-model holds: sliced sub-models train faster). Nothing here
+``local.max_steps x local.batch_size``, and ``cost`` the method's compute cost of the tier
+(:meth:`fedray.methods.base.Algorithm.compute_cost`: the sub-model methods' budget ρ, so
+sliced sub-models train faster; 1 for full-model methods). Nothing here
 reads a wall clock: results never depend on which executor finished first.
 
 **Profiles** come from a trace file or are drawn per client from (seed, client):
@@ -250,9 +251,9 @@ class Fleet:
                              if fleet_cfg.availability else None)
 
     @classmethod
-    def of(cls, cfg: Any) -> Fleet:
-        return cls(cfg.fleet, cfg.clients.num_clients, cfg.seed,
-                   {t.name: t.capacity for t in cfg.runtime.tiers},
+    def of(cls, cfg: Any, cost: dict[str, float] | None = None) -> Fleet:
+        """The fleet of ``cfg``; ``cost`` is the compute cost per tier (default 1)."""
+        return cls(cfg.fleet, cfg.clients.num_clients, cfg.seed, cost or {},
                    [t.name for t in cfg.runtime.tiers])
 
     def profiles(self, ids: np.ndarray, tiers: list[str]) -> Profiles:

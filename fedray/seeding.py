@@ -54,11 +54,17 @@ def torch_seeded(seed: int, round: int = -1, client: int = -1, purpose: str = ""
                  ) -> Iterator[None]:
     """Run the body with torch's global CPU generator seeded from ``(seed, round, client,
     purpose)`` and restore it afterwards: the one way fedray seeds torch's global draws
-    (initialisations, dropout masks). Draws made on the CPU are the same on any device."""
+    (initialisations, dropout masks). Draws made on the CPU are the same on any device.
+    CUDA generators are seeded too once CUDA is up (as ``torch.manual_seed`` would), but not
+    queued for a lazy start: that queueing records a stack trace per call, most of a small
+    client's update on a CPU executor."""
     import torch
 
+    s = derive_seed(seed, round, client, purpose)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed(seed, round, client, purpose))
+        torch.default_generator.manual_seed(s)
+        if torch.cuda.is_initialized():
+            torch.cuda.manual_seed_all(s)
         yield
 
 

@@ -47,16 +47,29 @@ def test_simulated_time_is_the_formula_for_a_three_client_trace(trace3):
 def test_tier_capacity_scales_compute_and_drawn_profiles_are_per_client():
     cfg = load_config(None, ["clients.num_clients=100", "runtime.tiers=[{name: full}, "
                              "{name: half, capacity: 0.5}]", "fleet.tier_speed={full: 2}"])
-    fleet = Fleet.of(cfg)
+    fleet = Fleet.of(cfg, {"full": 1.0, "half": 0.5})
     ids = np.arange(100)
     tiers = [cfg.tier_of(c) for c in ids]
     a = fleet.profiles(ids, tiers)
-    b = Fleet.of(cfg).profiles(ids[::-1], tiers[::-1])
+    b = Fleet.of(cfg, {"full": 1.0, "half": 0.5}).profiles(ids[::-1], tiers[::-1])
     assert np.array_equal(a.compute_ms, b.compute_ms[::-1])  # a function of the client alone
     assert np.median(a.compute_ms[0::2]) < np.median(a.compute_ms[1::2])  # full is 2x faster
     t = fleet.seconds(np.array([1, 1]), ["half", "full"], np.zeros(2), np.zeros(2),
                       np.array([10, 10]))
-    assert t["compute"][0] * 2 == pytest.approx(t["compute"][1] * 2 * 0.5 * 2)
+    # the same device: the half sub-model costs half, the full tier's speed 2 halves again
+    assert t["compute"][0] == pytest.approx(t["compute"][1] * 0.5 * 2)
+
+
+def test_sub_model_methods_charge_their_budget_full_model_methods_do_not():
+    from fedray.registry import make_method, method
+
+    cfg = load_config(None, ["runtime.tiers=[{name: a}, {name: b, capacity: 0.25}]"])
+    tier = cfg.runtime.tiers[1]
+    assert make_method(method("fedavg"), cfg).compute_cost(tier) == 1.0
+    cfg = load_config(None, ["runtime.tiers=[{name: a}, {name: b, capacity: 0.25}]",
+                             "algorithm.name=heterofl", "model.name=sliceable_resnet18",
+                             "model.width=8"])
+    assert make_method(method("heterofl"), cfg).compute_cost(cfg.runtime.tiers[1]) == 0.25
 
 
 def test_availability_intervals_period_and_sampling(tmp_path):

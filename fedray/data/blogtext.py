@@ -63,15 +63,18 @@ def read_blogtext(path: str | os.PathLike) -> dict[int, dict]:
         raise ConfigError("data.root", str(path), f"{rule}; it lacks {missing}")
     if table.num_rows == 0:
         raise ConfigError("data.root", str(path), f"{rule} with at least one post")
-    out: dict[int, dict] = {}
+    from fedray.data.population import group_by_id
+
     cols = {c: table.column(c).to_pylist() for c in COLUMNS}
-    for i, a in enumerate(cols["id"]):
-        rec = out.setdefault(int(a), {"topic": cols["topic"][i], "gender": cols["gender"][i],
-                                      "age": cols["age"][i], "sign": cols["sign"][i],
-                                      "posts": []})
-        text = (cols["text"][i] or "").strip()
-        if text:
-            rec["posts"].append(" ".join(text.split()))
+    natural, offsets, order = group_by_id(np.asarray(cols["id"], dtype=np.int64))
+    out: dict[int, dict] = {}
+    for g in np.argsort(order[offsets[:-1]], kind="stable"):  # authors in file order
+        rows = order[offsets[g]:offsets[g + 1]]
+        i = int(rows[0])
+        texts = ((cols["text"][j] or "").strip() for j in rows.tolist())
+        out[int(natural[g])] = {"topic": cols["topic"][i], "gender": cols["gender"][i],
+                                "age": cols["age"][i], "sign": cols["sign"][i],
+                                "posts": [" ".join(t.split()) for t in texts if t]}
     return out
 
 

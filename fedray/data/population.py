@@ -48,6 +48,16 @@ def build_client_data(cfg: ExperimentConfig, dataset: Any = None) -> Any:
     return build_federated(d, n, cfg.seed, dataset)
 
 
+def group_by_id(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The natural-id grouping every table-backed population uses (Parquet, HF, BlogText):
+    ``(unique ids in sorted order, offsets, order)`` with group ``g``'s rows
+    ``order[offsets[g]:offsets[g + 1]]`` in file order — a CSR index, no list per id."""
+    natural, code = np.unique(np.asarray(ids), return_inverse=True)
+    order = np.argsort(code, kind="stable")
+    offsets = np.r_[0, np.cumsum(np.bincount(code, minlength=len(natural)))].astype(np.int64)
+    return natural, offsets, order
+
+
 def local_test_mask(client: np.ndarray, labels: np.ndarray, test_fraction: float,
                     seed: int) -> np.ndarray:
     """Which rows are a client's local test rows, for all clients at once (rows grouped by
@@ -313,8 +323,10 @@ class TablePopulation:
                               f"an integer class column (it holds {labels_raw.dtype})")
         classes, labels = np.unique(labels_raw, return_inverse=True)
         ids_raw = table.column(d.client_column).to_numpy(zero_copy_only=False)
-        natural, client = np.unique(ids_raw, return_inverse=True)
-        counts = np.bincount(client, minlength=len(natural))
+        natural, id_offsets, id_order = group_by_id(ids_raw)
+        counts = np.diff(id_offsets)
+        client = np.empty(len(ids_raw), dtype=np.int64)
+        client[id_order] = np.repeat(np.arange(len(natural)), counts)
         keep = np.flatnonzero(counts >= max(2, d.min_samples))
         if len(keep) < num_clients:
             raise ConfigError("clients.num_clients", num_clients,
@@ -412,4 +424,5 @@ class TablePopulation:
                 "global_test_size": int(len(self.y_test)), **self.info}
 
 
-__all__ = ["SyntheticPopulation", "TablePopulation", "build_client_data", "local_test_mask"]
+__all__ = ["SyntheticPopulation", "TablePopulation", "build_client_data", "group_by_id",
+           "local_test_mask"]

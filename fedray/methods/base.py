@@ -243,6 +243,12 @@ class Algorithm:
         on the client's train split (nothing is uploaded or kept)."""
         raise NotImplementedError
 
+    def compute_cost(self, tier: Any) -> float:
+        """Training FLOPs per sample of a client of ``tier`` relative to the full model: the
+        fleet clock's ``cost`` (:mod:`fedray.fleet`). 1 unless the method trains
+        sub-models."""
+        return 1.0
+
     def upgrade_state(self, state: Any) -> Any:
         """A client state as this version stores it, from one an older version wrote (a run
         continued across versions); default: as it is."""

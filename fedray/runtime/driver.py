@@ -120,7 +120,8 @@ class Driver:
         self.has_base: set[int] = set()
         self.num_clients = cfg.clients.num_clients
         self._tiers: dict[int, str] = {}
-        self.fleet = Fleet.of(cfg)
+        self.fleet = Fleet.of(cfg, {t.name: self.algorithm.compute_cost(t)
+                                    for t in cfg.runtime.tiers})
         self.sim_time = 0.0
         self.touched: set[int] = set()  # clients that ran since the last checkpoint
         self.failed_rounds = 0

@@ -169,6 +169,11 @@ class Hetero(Algorithm):
     Params = HeteroParams
     supports_continual = True
 
+    def compute_cost(self, tier: Any) -> float:
+        """The tier's budget ρ (its sub-model's share of the full model's parameters or
+        FLOPs, ``algorithm.match``): the fleet clock's compute cost per sample."""
+        return float(tier.capacity)
+
     @classmethod
     def build_data(cls, cfg: Any, dataset: Any = None) -> Any:
         """With ``continual.tasks``: the class-incremental task stream; else the static
