@@ -57,7 +57,9 @@ def _summary_text(s: dict) -> str:
             f"{s['rounds']} rounds in {s['wall_seconds']:.1f}s\n{acc}\n"
             f"bytes up {s['total_upload_bytes']:,} · down {s['total_download_bytes']:,} · "
             f"client failures {s['client_failures']} · "
-            f"executor restarts {s['executor_restarts']}")
+            f"executor restarts {s['executor_restarts']}\n"
+            f"simulated time {s.get('simulated_hours', 0.0) * 60:.2f} min (fleet clock) · "
+            f"failed rounds {s.get('failed_rounds', 0)}")
 
 
 @app.command()

@@ -51,6 +51,7 @@ else:  # pragma: no cover
 
 
 DEFAULT_METHOD = "fedavg"  # the method of a config that names none
+EVAL_ALL_MAX = 100_000  # eval.clients=all beyond this is refused (every client, every round)
 
 # ----------------------------------------------------------------------------- sections
 
@@ -248,13 +249,19 @@ class FleetConfig:
                               f"at most the {cfg.clients.sampled_count()} clients per round")
         from fedray.fleet import Fleet
 
+        for key in ("trace", "availability"):  # the driver actor may run elsewhere
+            if getattr(self, key):
+                setattr(self, key, os.path.abspath(getattr(self, key)))
         fleet = Fleet.of(cfg)  # reads and checks the trace files
-        if self.deadline_s is not None and fleet.trace is not None:
-            fastest = np.nanmin(fleet.trace.compute_ms)
-            if fleet.trace.known.all() and fastest * 2 / 1000 > self.deadline_s:
+        tr = fleet.trace
+        if self.deadline_s is not None and tr is not None and tr.known.all():
+            latency = np.where(np.isnan(tr.latency_ms), self.latency_ms, tr.latency_ms)
+            fastest = float(np.min(latency + tr.compute_ms)) / 1000  # one sample, no bytes
+            if fastest > self.deadline_s:
                 raise ConfigError("fleet.deadline_s", self.deadline_s,
-                                  f"a deadline some client can meet (the fastest device "
-                                  f"needs {fastest * 2 / 1000:g} s for 2 samples alone)")
+                                  f"a deadline some client can meet (the fastest device in "
+                                  f"{self.trace} needs {fastest:g} s for its latency and one "
+                                  f"sample alone)")
 
 
 @dataclass
@@ -311,21 +318,27 @@ class ExperimentConfig:
         return out
 
     def tier_of(self, client_id: int) -> str:
-        """The tier of a client: ``clients.tiers[c]``, else by ``clients.tier_fractions``
-        (a uniform draw from (seed, client) against the cumulative shares), else
+        """The tier of a client (:meth:`tiers_of`)."""
+        return self.tiers_of([client_id])[0]
+
+    def tiers_of(self, clients: Any) -> list[str]:
+        """The tiers of ``clients``: ``clients.tiers[c]``, else by ``clients.tier_fractions``
+        (a uniform draw from (seed, client) against the cumulative shares, vectorised), else
         round-robin over ``runtime.tiers``."""
+        ids = np.asarray(clients, dtype=np.int64)
         if self.clients.tiers is not None:
-            return self.clients.tiers[client_id]
-        tiers = self.runtime.tiers
+            return [self.clients.tiers[c] for c in ids.tolist()]
+        names = [t.name for t in self.runtime.tiers]
         fractions = self.clients.tier_fractions
         if fractions is not None:
             from fedray.seeding import uniform
 
-            u = float(uniform(self.seed, -1, client_id, "tier")[()])
             edges = np.cumsum(fractions) / float(np.sum(fractions))
-            return tiers[min(int(np.searchsorted(edges, u, side="right")),
-                             len(tiers) - 1)].name
-        return tiers[client_id % len(tiers)].name
+            idx = np.minimum(np.searchsorted(edges, uniform(self.seed, -1, ids, "tier"),
+                                             side="right"), len(names) - 1)
+        else:
+            idx = ids % len(names)
+        return [names[i] for i in idx.tolist()]
 
 
 # ----------------------------------------------------------------------------- loading
@@ -523,6 +536,10 @@ def validate(cfg: ExperimentConfig) -> None:
                           f"a round in 1..rounds = {cfg.rounds}")
 
     _validate_population(cfg)
+    if cfg.eval.clients == "all" and c.num_clients > EVAL_ALL_MAX:
+        raise ConfigError("eval.clients", "all", f"sampled or none above {EVAL_ALL_MAX:,} "
+                          f"clients (all evaluates every one of the {c.num_clients:,} clients "
+                          f"every round)")
     for section in [cfg.fleet, *cfg.sections.values()]:
         if hasattr(section, "validate"):
             section.validate(cfg)

@@ -158,6 +158,7 @@ class Availability:
     start: np.ndarray
     end: np.ndarray
     period: float | None = None
+    _sorted: np.ndarray | None = None
 
     def _find(self, ids: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per client: (has intervals, index of the last interval starting at or before t)."""
@@ -189,13 +190,33 @@ class Availability:
         inside = found & (local < self.end[kk]) if len(self.end) else found
         return ~has | inside
 
+    def next_start(self, t: float) -> float:
+        """The earliest time after ``t`` at which a listed client comes online (inf: never
+        again)."""
+        if not len(self.start):
+            return math.inf
+        if self._sorted is None:
+            self._sorted = np.sort(self.start)
+        starts = self._sorted
+        local = t % self.period if self.period else t
+        i = int(np.searchsorted(starts, local, side="right"))
+        if i < len(starts):
+            return t - local + float(starts[i])
+        return t - local + self.period + float(starts[0]) if self.period else math.inf
+
     def online_until(self, ids: np.ndarray, t: float) -> np.ndarray:
         """For clients online at ``t``: when they go offline (inf: never)."""
         ids = np.asarray(ids, dtype=np.int64)
         local = np.broadcast_to(self._local(t), ids.shape)
         has, k = self._find(ids, local)
         kk = np.clip(k, 0, max(len(self.end) - 1, 0))
-        end = self.end[kk] - local + float(t) if len(self.end) else np.full(ids.shape, np.inf)
+        if not len(self.end):
+            return np.full(ids.shape, np.inf)
+        end = self.end[kk] - local + float(t)
+        if self.period:  # a session running through the wrap: [x, P) then [0, y)
+            first = np.clip(self.offsets[ids], 0, len(self.start) - 1)
+            wraps = (self.end[kk] >= self.period) & (self.start[first] <= 0) & (kk != first)
+            end = np.where(wraps, end + self.end[first], end)
         return np.where(has, end, np.inf)
 
 
@@ -222,6 +243,10 @@ def read_availability(path: str, num_clients: int, period: float | None = None,
         raise ConfigError(f"{field} ({path}) row {row + 1} column start_s", float(start[row]),
                           f"intervals of client {int(ids[row])} in time order, each starting "
                           f"at or after the previous one's end_s")
+    touching = np.r_[False, same & (start_s[1:] == end_s[:-1])]  # one session, two rows
+    if touching.any():  # merged: [a, b) + [b, c) = [a, c)
+        last = np.r_[np.flatnonzero(~touching)[1:] - 1, len(ids_s) - 1]
+        ids_s, start_s, end_s = ids_s[~touching], start_s[~touching], end_s[last]
     offsets = np.zeros(num_clients + 1, dtype=np.int64)
     np.add.at(offsets, ids_s + 1, 1)
     return Availability(np.cumsum(offsets), start_s, end_s, period)
@@ -300,6 +325,11 @@ class Fleet:
             return np.full(len(ids), np.inf)
         return self.availability.online_until(ids, t)
 
+    def next_online(self, t: float) -> float:
+        """When the next client comes online after ``t`` (the clock jumps there when no
+        one is online); inf when no one ever will."""
+        return math.inf if self.availability is None else self.availability.next_start(t)
+
     def dropped(self, round: int, ids: np.ndarray) -> np.ndarray:
         """Which of ``ids`` drop out mid-round (probability ``fleet.dropout``, a pure function
         of (seed, round, client))."""
@@ -325,9 +355,8 @@ class Fleet:
                     if len(chosen) == k:
                         break
         if len(chosen) < k:  # a sparse fleet: scan everyone once
-            every = np.arange(self.num_clients)
-            for c in every[self.online(every, t)][gen.permutation(
-                    int(self.online(every, t).sum()))].tolist():
+            every = np.flatnonzero(self.online(np.arange(self.num_clients), t))
+            for c in every[gen.permutation(len(every))].tolist():
                 if c not in chosen and c not in exclude:
                     chosen[c] = None
                     if len(chosen) == k:
@@ -344,8 +373,10 @@ def _normal(seed: int, ids: np.ndarray, purpose: str) -> np.ndarray:
 
 def write_example(out_dir: str, num_clients: int = 100, seed: int = 0) -> tuple[str, str]:
     """A small heterogeneous example fleet: ``devices.csv`` (three device classes — phone,
-    tablet, laptop — with log-normal spread) and ``availability.csv`` (each client online in
-    2-4 windows of a 24-hour day). Returns the two paths."""
+    tablet, laptop, half / 30 % / 20 % of the clients — with log-normal spread) and
+    ``availability.csv`` (each client alternates online sessions of 2-30 minutes with
+    offline gaps of 5-60 minutes over a 24-hour day, from a random phase: about a third of
+    the fleet online at any time). Returns the two paths."""
     gen = rng(seed, -1, -1, "example-trace")
     classes = np.array([[40.0, 2_000.0, 500.0, 120.0],   # ms/sample, down, up kbps, latency
                         [15.0, 10_000.0, 2_000.0, 60.0],
@@ -365,27 +396,14 @@ def write_example(out_dir: str, num_clients: int = 100, seed: int = 0) -> tuple[
     with open(avail, "w") as f:
         f.write("client_id,start_s,end_s\n")
         for c in range(num_clients):
-            n = int(gen.integers(2, 5))
-            cuts = np.sort(gen.uniform(0, day, size=2 * n))
-            for a, b in zip(cuts[::2], cuts[1::2], strict=True):
-                f.write(f"{c},{a:.1f},{max(b, a + 600.0):.1f}\n" if b > a else "")
-    _fix_overlaps(avail)
+            t = -gen.uniform(0, 3_600.0)  # a random phase
+            while t < day:
+                on = gen.uniform(120.0, 1_800.0)
+                a, b = max(t, 0.0), min(t + on, day)
+                if b > a:
+                    f.write(f"{c},{a:.1f},{b:.1f}\n")
+                t += on + gen.uniform(300.0, 3_600.0)
     return devices, avail
-
-
-def _fix_overlaps(path: str) -> None:
-    """Merge any windows the 10-minute minimum made overlap (keeps the file valid)."""
-    rows = [line.split(",") for line in open(path).read().splitlines()[1:]]
-    merged: list[list[float]] = []
-    for c, a, b in ((int(r[0]), float(r[1]), float(r[2])) for r in rows):
-        if merged and merged[-1][0] == c and a < merged[-1][2]:
-            merged[-1][2] = max(merged[-1][2], b)
-        else:
-            merged.append([c, a, b])
-    with open(path, "w") as f:
-        f.write("client_id,start_s,end_s\n")
-        for c, a, b in merged:
-            f.write(f"{int(c)},{a:.1f},{min(b, 86_400.0):.1f}\n")
 
 
 def import_fedscale(capacity_pickle: str, out_dir: str,
@@ -395,7 +413,21 @@ def import_fedscale(capacity_pickle: str, out_dir: str,
     to fedray's CSV schema. The pickles are read with an unpickler that admits only plain
     containers and numbers (any class or function reference fails), so a planted pickle
     cannot run code; ids are renumbered 0..N-1 in sorted order (the mapping is written to
-    ``ids.csv``)."""
+    ``ids.csv``). ``computation`` is taken as ms per sample as it is; FedScale's own
+    simulator multiplies it by an augmentation factor of 3 (forward plus backward) — scale
+    ``compute_ms_per_sample`` yourself to match it. Its per-client ``finish_time`` becomes
+    one period for everyone (``fleet.availability_period_s``)."""
+    try:
+        return _import_fedscale(capacity_pickle, out_dir, behaviour_pickle)
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError("trace pickle", capacity_pickle, f"FedScale's trace layout "
+                          f"({type(e).__name__}: {e})") from None
+
+
+def _import_fedscale(capacity_pickle: str, out_dir: str,
+                     behaviour_pickle: str | None) -> list[str]:
     written = []
     cap = _safe_unpickle(capacity_pickle)
     if not isinstance(cap, dict):
@@ -404,9 +436,12 @@ def import_fedscale(capacity_pickle: str, out_dir: str,
     keys = sorted(cap, key=lambda k: (str(type(k)), k))
     index = {k: i for i, k in enumerate(keys)}
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "ids.csv"), "w") as f:
-        f.write("client_id,fedscale_id\n")
-        f.writelines(f"{i},{k}\n" for k, i in index.items())
+    import csv
+
+    with open(os.path.join(out_dir, "ids.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["client_id", "fedscale_id"])
+        w.writerows([i, k] for k, i in index.items())
     path = os.path.join(out_dir, "devices.csv")
     with open(path, "w") as f:
         f.write("client_id,compute_ms_per_sample,down_kbps,up_kbps\n")

@@ -8,6 +8,7 @@ a client" (e.g. the data partition, the model's initial weights).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 from collections.abc import Iterator
 
@@ -78,12 +79,17 @@ def _splitmix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+@functools.lru_cache(maxsize=1024)
+def _uniform_key(seed: int, round: int, purpose: str) -> int:
+    return derive_seed(seed, round, -1, purpose)
+
+
 def uniform(seed: int, round: int, clients: np.ndarray | int, purpose: str) -> np.ndarray:
     """One uniform draw in [0, 1) per client of ``clients``, a pure function of (seed,
     round, client, purpose) computed without a generator per client (SplitMix64 of a key
     from :func:`derive_seed`): used where a draw per member of a million-client population
     is needed at once (tier by fractions, availability, dropout)."""
-    key = np.uint64(derive_seed(seed, round, -1, purpose))
+    key = np.uint64(_uniform_key(seed, round, purpose))
     ids = np.asarray(clients, dtype=np.int64).astype(np.uint64)
     with np.errstate(over="ignore"):
         bits = _splitmix(_splitmix(ids ^ key) + key)

@@ -85,6 +85,13 @@ def test_availability_intervals_period_and_sampling(tmp_path):
     assert wrapped.online(np.array([0]), 45.0).tolist() == [True]
     assert wrapped.online_until(np.array([0]), 45.0).tolist() == [50.0]
     cfg = load_config(None, ["clients.num_clients=4", f"fleet.availability={path}"])
+    assert av.next_start(0.0) == 5.0 and av.next_start(10.0) == 20.0
+    # touching rows are one session; a session through the wrap continues after it
+    joined = read_availability(write(tmp_path / "j.csv", "client_id,start_s,end_s\n"
+                                     "0,0,10\n0,50,60\n0,60,100\n"), 1, period=100.0)
+    assert joined.start.tolist() == [0, 50] and joined.end.tolist() == [10, 100]
+    assert joined.online_until(np.array([0]), 55.0).tolist() == [110.0]
+    assert math.isinf(av.next_start(25.0)) and wrapped.next_start(25.0) == 40.0
     fleet = Fleet.of(cfg)
     for r in range(1, 20):
         got = fleet.sample(r, 2, 15.0)
@@ -186,6 +193,24 @@ def test_bad_trace_files(tmp_path, key, content, where, rule):
     assert "\n" not in text
 
 
+def test_a_bad_trace_on_the_command_line_is_one_json_error_and_no_run_dir(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from fedray.cli import app
+
+    bad = write(tmp_path / "t.csv", "client_id,compute_ms_per_sample,down_kbps,up_kbps\n"
+                                    "0,5,1,1\n2,-5,1,1\n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("clients: {num_clients: 4}\n")
+    res = CliRunner().invoke(app, ["run", str(cfg), "-s", f"fleet.trace={bad}", "-o",
+                                   str(tmp_path / "run"), "--json"])
+    out = json.loads(res.stdout)
+    assert res.exit_code != 0 and "row 2 column compute_ms_per_sample" in out["error"]
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_deadline_no_client_can_meet(trace3):
     with pytest.raises(ConfigError, match="fleet.deadline_s.*a deadline some client can meet"):
         load_config(None, ["clients.num_clients=3", f"fleet.trace={trace3}",
@@ -203,7 +228,10 @@ def test_bad_fleet_and_population_settings():
              (["data.dataset=parquet", "data.root=/nonexistent"], "data.root"),
              (["algorithm.name=fedbuff", "fleet.deadline_s=10"], "fleet.deadline_s"),
              (["algorithm.name=fedbuff", "clients.num_clients=4",
-               "algorithm.concurrency=5"], "algorithm.concurrency")]
+               "algorithm.concurrency=5"], "algorithm.concurrency"),
+             (["algorithm.name=fedbuff", "clients.num_clients=4", "algorithm.concurrency=2",
+               "algorithm.buffer_size=5"], "algorithm.buffer_size"),
+             (["clients.num_clients=200000"], "eval.clients")]
     for overrides, field in cases:
         with pytest.raises(ConfigError) as err:
             load_config(None, overrides)
@@ -257,15 +285,16 @@ def test_deadline_overcommit_and_min_reports_in_a_run(ray_session, tmp_path, tra
     assert all(r["upload_bytes"] == 0 for r in clients if r["status"] != "ok")
     assert summary["total_upload_bytes"] == 2 * 3 * clients[0]["upload_bytes"]
 
-    # no client meets a 0.1 s deadline: every round fails, logged, the model never moves
+    # no client meets a 0.06 s deadline (16 samples at >= 1 ms + 50 ms latency): every round
+    # fails, logged, the model never moves
     cfg = load_config(None, POP + ["clients.num_clients=6", "clients.per_round=3",
-                                   f"fleet.trace={devices}", "fleet.deadline_s=0.05",
+                                   f"fleet.trace={devices}", "fleet.deadline_s=0.06",
                                    "rounds=2", "fleet.min_reports=1", "eval.every=1"])
     run_experiment(cfg, str(tmp_path / "failing"), progress=False)
     rounds = _rows(tmp_path / "failing")
     assert [r["round_failed"] for r in rounds] == [1.0, 1.0]
     assert rounds[0]["global_accuracy"] == rounds[1]["global_accuracy"]
-    assert [r["sim_seconds"] for r in rounds] == [0.05, 0.05]
+    assert [r["sim_seconds"] for r in rounds] == [0.06, 0.06]
 
 
 @pytest.mark.ray
@@ -288,6 +317,16 @@ def test_availability_and_dropout_in_a_run(ray_session, tmp_path):
         if r["status"] == "dropped" and r["client_id"] % 2:
             assert fleet.dropped(r["round"], np.array([r["client_id"]]))[0]
 
+    # no one online at the start: the first round is idle and the clock jumps to 3600 s
+    late = write(tmp_path / "late.csv", "client_id,start_s,end_s\n"
+                 + "".join(f"{c},3600,7200\n" for c in range(4)))
+    cfg = load_config(None, POP + ["clients.num_clients=4", "clients.per_round=2", "rounds=2",
+                                   f"fleet.availability={late}", "eval.every=1"])
+    run_experiment(cfg, str(tmp_path / "idle"), progress=False)
+    rounds = _rows(tmp_path / "idle")
+    assert [r["round_failed"] for r in rounds] == [1.0, 0.0]
+    assert rounds[0]["cum_sim_seconds"] == pytest.approx(3600.0) and rounds[1]["ok"] == 2
+
 
 @pytest.mark.ray
 def test_fedbuff_is_bitwise_the_same_with_one_two_or_three_executors(ray_session, tmp_path):
@@ -295,7 +334,10 @@ def test_fedbuff_is_bitwise_the_same_with_one_two_or_three_executors(ray_session
 
     base = [o for o in POP if not o.startswith("runtime.tiers")] + [
         "algorithm.name=fedbuff", "algorithm.concurrency=5", "algorithm.buffer_size=3",
-        "clients.num_clients=30", "rounds=4", "fleet.dropout=0.1"]
+        "clients.num_clients=30", "rounds=4", "fleet.dropout=0.1",
+        # client state (momentum kept between a client's rounds) across early computes,
+        # checkpoints and the resume
+        "local.momentum=0.9", "local.keep_optimizer_state=true"]
     states = []
     for n in (1, 2, 3):
         cfg = load_config(None, base + [f"runtime.tiers=[{{name: default, executors: {n}, "

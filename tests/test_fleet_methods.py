@@ -40,6 +40,11 @@ def test_fedavg_family_and_orders_under_the_fleet(ray_session, tiny_cfg, tmp_pat
     summary = run_experiment(cfg, str(tmp_path / "run"), progress=False)
     check(tmp_path / "run", 4, 3)
     assert summary["simulated_hours"] > 0
+    import pyarrow.parquet as pq
+
+    part = pq.read_table(tmp_path / "run" / "partition.parquet").to_pydict()  # once, stored
+    seen = sorted(i for row in part["train_idx"] + part["test_idx"] for i in row)
+    assert part["client_id"] == list(range(8)) and seen == sorted(set(seen))
 
 
 @pytest.mark.ray

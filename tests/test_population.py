@@ -17,7 +17,8 @@ from fedray.data.population import (
     local_test_mask,
 )
 
-SYN = ["data.dataset=synthetic", "data.synthetic_per_client=20", "data.synthetic_features=16"]
+SYN = ["data.dataset=synthetic", "data.synthetic_per_client=20", "data.synthetic_features=16",
+       "eval.clients=none"]
 
 
 def _no_per_client_objects(data, num_clients: int) -> None:

@@ -109,6 +109,19 @@ class FederatedData:
         """No per-client side data (see :class:`fedray.methods.base.ClientData`)."""
         return None
 
+    def partition_table(self) -> Any:
+        """The partition as one Parquet-ready table (``partition.parquet``): per client its
+        train and local-test sample indices, as list columns over one offsets array each."""
+        import pyarrow as pa
+
+        def csr(idx: list[np.ndarray]) -> Any:
+            offsets = np.r_[0, np.cumsum([len(i) for i in idx])].astype(np.int32)
+            values = np.concatenate(idx) if idx else np.zeros(0, np.int64)
+            return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+
+        return pa.table({"client_id": np.arange(self.num_clients),
+                         "train_idx": csr(self.train_idx), "test_idx": csr(self.test_idx)})
+
     def summary(self) -> dict[str, Any]:
         """Per-client sizes, class counts and skew parameters as plain JSON types."""
 

@@ -8,7 +8,8 @@ Two kinds of client data that never hold a Python object per client:
 - :class:`TablePopulation` (``data.dataset=parquet`` or ``hf``): a table with a natural
   client column (author, writer, device) split one client per id. The rows are reordered
   once, client by client, train rows before test rows, into an uncompressed Arrow IPC file
-  (the layout Hugging Face ``datasets`` memory-maps) kept in a content-addressed cache; a
+  (the layout Hugging Face ``datasets`` memory-maps) kept in a cache keyed by the source
+  files (path, size, modification time) and the split settings (seed included); a
   client is then a contiguous slice, located by a CSR index (one offsets array), and every
   executor memory-maps the file from its path (what crosses Ray is the path and the
   offsets, never the rows). The partition is written to the run directory as
@@ -358,10 +359,11 @@ class TablePopulation:
                 "ids_total": int(len(natural)), "ids_too_small": int(len(natural) - len(
                     np.flatnonzero(counts >= max(2, d.min_samples)))),
                 "classes": [str(v) for v in classes.tolist()]}
-        np.savez(index_path + ".tmp.npz", offsets=offsets, split=split,
+        tmp_index = f"{index_path}.tmp{os.getpid()}.npz"
+        np.savez(tmp_index, offsets=offsets, split=split,
                  natural_ids=natural[keep].astype(str), x_test=x[pick], y_test=y[pick],
                  info=np.array(json.dumps(info)))
-        os.replace(index_path + ".tmp.npz", index_path)
+        os.replace(tmp_index, index_path)
         os.replace(tmp, path)
         return cls._from_cache(path, index_path)
 

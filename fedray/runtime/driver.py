@@ -132,14 +132,25 @@ class Driver:
         self.states: dict[int, dict[str, np.ndarray]] = {}
         self.done: dict[int, tuple[ClientResult, float]] = {}
         self.async_bcast: dict[int, dict[str, tuple]] = {}
+        self._data: Any = None
 
     def tier_of(self, client: int) -> str:
         """A client's tier (:meth:`ExperimentConfig.tier_of`), remembered for the clients seen:
         no list over the population."""
         t = self._tiers.get(client)
         if t is None:
+            if len(self._tiers) >= 1_000_000:  # bounded, whatever the population
+                self._tiers.clear()
             t = self._tiers[client] = self.cfg.tier_of(client)
         return t
+
+    def _remember_tiers(self, clients: list[int]) -> None:
+        """Look up the tiers of a round's clients at once (vectorised)."""
+        new = [c for c in clients if c not in self._tiers]
+        if new:
+            if len(self._tiers) + len(new) > 1_000_000:
+                self._tiers.clear()
+            self._tiers.update(zip(new, self.cfg.tiers_of(new), strict=True))
 
     # ------------------------------------------------------------------ setup / resume
 
@@ -221,7 +232,10 @@ class Driver:
             sampled = sample_clients(cfg.seed, r, self.num_clients, want)
         else:
             sampled = self.fleet.sample(r, want, self.sim_time)
+            if not sampled:
+                return self._idle_round(r, t0)
         self.touched.update(sampled)
+        self._remember_tiers(sampled)
         drop = self.fleet.dropped(r, np.array(sampled, dtype=np.int64))
         dropped = [c for c, d in zip(sampled, drop, strict=True) if d]
         bcast = self._broadcasts(r, {self.tier_of(c) for c in sampled}, "train")
@@ -296,6 +310,27 @@ class Driver:
             self.checkpoint()
         return row
 
+    def _idle_round(self, r: int, t0: float) -> dict:
+        """A round in which no client is online: the clock jumps to the next time one comes
+        online; the round is logged as failed and the model is unchanged."""
+        later = self.fleet.next_online(self.sim_time)
+        if math.isinf(later):
+            raise RoundFailedError(r, 0, max(1, self.cfg.fleet.min_reports), [
+                (-1, "offline", f"no client is online at {self.sim_time:.1f} s of simulated "
+                                f"time and none comes online later (fleet.availability)")])
+        later = float(np.nextafter(later, math.inf))  # not one ulp before the start
+        duration = later - self.sim_time
+        self.sim_time = later
+        self.failed_rounds += 1
+        self.round = r
+        row = self._log(RoundRecord(r, [], {}, {}, {}, self._evaluate(r, []), {}, 0,
+                                    time.perf_counter() - t0, {},
+                                    {"sim_seconds": duration, "cum_sim_seconds": self.sim_time,
+                                     "round_failed": 1.0}))
+        if r % self.cfg.runtime.checkpoint_every == 0 or r == self.cfg.rounds:
+            self.checkpoint()
+        return row
+
     def _samples_seen(self, num_samples: int) -> int:
         """Samples a client's local training processes: epochs over its data, capped by
         ``local.max_steps`` batches."""
@@ -361,11 +396,21 @@ class Driver:
         not in flight, drawn from (seed, dispatch number) at the current simulated time,
         starting from the current global state."""
         self.states.setdefault(self.round, self.global_state)
+        waits = 0
         while len(self.inflight) < self.policy.concurrency:
             d = self.dispatched + 1
             busy = exclude | {f["client"] for f in self.inflight.values()}
             picked = self.fleet.sample(d, 1, self.sim_time, exclude=busy)
             if not picked:
+                if not self.inflight:  # no one online: wait for the next one
+                    later = self.fleet.next_online(self.sim_time)
+                    waits += 1
+                    if math.isinf(later) or waits > 100_000:
+                        raise RoundFailedError(self.round + 1, 0, 1, [
+                            (-1, "offline", "no client is online now or later "
+                                            "(fleet.availability)")])
+                    self.sim_time = later
+                    continue
                 return
             self.dispatched = d
             c = picked[0]
@@ -374,15 +419,27 @@ class Driver:
             if self.base_bytes and c not in self.has_base:
                 nbytes += self.base_bytes
                 self.has_base.add(c)
+            self.totals["download_bytes"] += nbytes  # charged when it happens
             self.inflight[d] = {"client": c, "version": self.round, "start": self.sim_time,
                                 "download": nbytes}
 
     def _lower_bound(self, d: int) -> float:
+        """The earliest a dispatch can finish before it is computed: its download, latency
+        and (when the client data knows its size) its compute; only the upload is unknown.
+        The tighter this is, the more dispatches are computed together."""
         f = self.inflight[d]
         c = f["client"]
-        return f["start"] + float(self.fleet.seconds(
-            np.array([c]), [self.tier_of(c)], np.array([f["download"]]), np.zeros(1),
-            np.zeros(1))["down"][0])
+        n = self.data_sizes(c)
+        t = self.fleet.seconds(np.array([c]), [self.tier_of(c)], np.array([f["download"]]),
+                               np.zeros(1), np.array([self._samples_seen(n)]))
+        return f["start"] + float(t["down"][0] + t["compute"][0])
+
+    def data_sizes(self, client: int) -> int:
+        """A client's train-sample count from the client data (0 when it does not say)."""
+        if self._data is None:
+            self._data = ray.get(self.pool.data_ref)
+        sizes = getattr(self._data, "num_samples", None)
+        return int(sizes(client)) if sizes is not None else 0
 
     def _compute(self, pending: list[int]) -> None:
         """Run the in-flight dispatches not computed yet (in parallel on the pool) and
@@ -446,6 +503,7 @@ class Driver:
         buffer: list[AsyncUpdate] = []
         shapes = {k: v.shape for k, v in self.global_state.items()}
         restarts_before = self.pool.restarts
+        misses = 0  # uploads in a row that were not buffered
         while len(buffer) < self.policy.buffer_size:
             self._dispatch(set(popped))
             d = self._next_event()
@@ -453,6 +511,7 @@ class Driver:
             f = self.inflight.pop(d)
             c = f["client"]
             self.sim_time = max(self.sim_time, finish)
+            self.touched.add(c)
             popped.append(c)
             final[c], download[c] = res, f["download"]
             staleness = self.round - f["version"]
@@ -466,8 +525,10 @@ class Driver:
                                               self.states[f["version"]]))
                     if res.state_version is not None:
                         self.versions[c] = res.state_version
-        for c in popped:
-            self.totals["download_bytes"] += download[c]
+            misses = 0 if final[c].ok else misses + 1
+            if misses > 10 * max(self.policy.concurrency, self.policy.buffer_size):
+                raise RoundFailedError(r, len(buffer), self.policy.buffer_size, [
+                    (c2, str(final[c2].status), final[c2].error) for c2 in popped[-3:]])
         self._charge_upload(popped, final)
         self.global_state, policy_metrics = self.policy.aggregate_async(
             self.global_state, buffer, r)
@@ -627,7 +688,10 @@ class Driver:
                                          f["download"]] for d, f in self.inflight.items()],
                            "states": {f"v{v}": s for v, s in self.states.items()}}
         self.storage.write_checkpoint(self.round, ck, keep=KEEP_CHECKPOINTS)
-        ClientStateStore(self.storage).prune(self.touched, self.versions, self.kept_versions)
+        if self.algorithm.uses_client_state or self.chain.stateful:
+            inflight = {f["client"]: d for d, f in self.inflight.items()}  # computed early
+            ClientStateStore(self.storage).prune(self.touched, self.versions,
+                                                 self.kept_versions, inflight)
         self.kept_versions = dict(self.versions)
         self.touched = set()
 

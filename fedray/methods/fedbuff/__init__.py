@@ -11,8 +11,9 @@ delta): buffer ``K`` uploads, then
 
     θ ← θ + η_g · (1/K) Σ_i s(τ_i) Δ_i,    s(τ) = 1 / √(1 + τ).
 
-FedAsync (Xie et al., eq. 2 with the polynomial staleness function): every upload is
-applied at once as
+FedAsync (Xie et al., eq. 2 with the polynomial staleness function; the clients run plain
+local SGD, i.e. without the paper's optional proximal term ρ): every upload is applied at
+once as
 
     θ ← (1 − α_t) θ + α_t θ_i,    α_t = α · (1 + τ)^(−a),    θ_i = θ_start + Δ_i.
 
@@ -101,6 +102,10 @@ class FedBuffParams:
         if cfg is not None and self.concurrency > cfg.clients.num_clients:
             raise ConfigError("algorithm.concurrency", self.concurrency,
                               f"at most clients.num_clients = {cfg.clients.num_clients}")
+        if cfg is not None and self.buffer_size > cfg.clients.num_clients:
+            raise ConfigError("algorithm.buffer_size", self.buffer_size,
+                              f"at most clients.num_clients = {cfg.clients.num_clients} (a "
+                              f"server step takes each client's upload at most once)")
 
 
 @dataclass
