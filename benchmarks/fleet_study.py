@@ -9,6 +9,9 @@ windows a day, the trace repeating every 24 h), MLP 64-64-10, 1 local epoch. Arm
   aggregated, clients past ``--deadline`` s dropped, rounds with < 5 reports failed.
 - **FedBuff**: concurrency 13, buffer 10, staleness weight 1/√(1+τ), η_g = 1.
 
+The MLP and the digits shards are small, so a round lasts seconds of simulated time; the
+tables report simulated seconds.
+
 Each arm runs ``--rounds`` server updates, 3 seeds. Reported per arm (mean ± sd over
 seeds): simulated hours and total bytes until the global test accuracy first reaches
 ``--target``, and the final accuracy.
@@ -16,8 +19,9 @@ seeds): simulated hours and total bytes until the global test accuracy first rea
 Part B — the DROD fleet of ``configs/drod_split_digits.yaml`` (10 clients, tiers ρ = 1 /
 0.251 / 0.064, Split-digits under ER) with device speeds proportional to tier capacity
 (``fleet.tier_speed = {t100: 1, t025: 0.251, t006: 0.064}``; compute cost = the tier's
-sub-model share), DROD θ = 0.5 against width-only Ordered Dropout (FjORD) and HeteroFL:
-simulated hours of the run, bytes, final fleet accuracy.
+sub-model share), DROD θ = 0.5 against width-only Ordered Dropout (FjORD) and HeteroFL, and the same
+devices all training the full model (HeteroFL with ρ = 1 everywhere, i.e. FedAvg):
+simulated seconds of the run, bytes, final fleet accuracy.
 
     .venv/bin/python benchmarks/fleet_study.py --seeds 0 1 2
 
@@ -51,7 +55,9 @@ FLEET_ARMS = {
 }
 DROD_ARMS = {"DROD θ=0.5": {"name": "drod", "theta": 0.5},
              "Width × FjORD": {"name": "fjord"},
-             "Width × FedAvg (HeteroFL)": {"name": "heterofl"}}
+             "Width × FedAvg (HeteroFL)": {"name": "heterofl"},
+             "Full model everywhere (FedAvg, ρ = 1 on every device)": {"name": "heterofl"}}
+FULL = "Full model everywhere (FedAvg, ρ = 1 on every device)"
 
 
 def fleet_config(arm: str, seed: int, args) -> dict:
@@ -77,6 +83,10 @@ def drod_config(arm: str, seed: int) -> dict:
     cfg["name"], cfg["seed"] = f"drod-fleet-{DROD_ARMS[arm]['name']}-s{seed}", seed
     cfg["algorithm"] = {**DROD_ARMS[arm], "match": "params"}
     cfg["fleet"] = {"tier_speed": {"t100": 1.0, "t025": 0.251, "t006": 0.064}}
+    if arm == FULL:  # the same devices, each training the whole model
+        cfg["name"] = f"drod-fleet-full-s{seed}"
+        for tier in cfg["runtime"]["tiers"]:
+            tier["capacity"] = 1.0
     return cfg
 
 
@@ -145,8 +155,8 @@ def main() -> None:
 
     lines = [f"### A: time to {args.target:.0%} global accuracy under the example trace "
              f"({len(args.seeds)} seeds, {args.rounds} server updates)", "",
-             "| arm | simulated hours to target | bytes to target (MB) | final accuracy | "
-             "simulated hours, whole run | failed rounds |", "|---|---|---|---|---|---|"]
+             "| arm | simulated s to target | bytes to target (MB) | final accuracy | "
+             "simulated s, whole run | failed rounds |", "|---|---|---|---|---|---|"]
     for arm in FLEET_ARMS:
         rows = [v for k, v in raw.items() if v["part"] == "fleet" and v["arm"] == arm
                 and k.endswith(f"|{args.rounds}|{args.deadline}")]
@@ -154,21 +164,22 @@ def main() -> None:
             continue
         reach = [first_reach(r["rounds"], args.target) for r in rows]
         lines.append(
-            f"| {arm} | {stat([h for h, _ in reach])} | "
+            f"| {arm} | {stat([h * 3600 for h, _ in reach], '{:.1f}')} | "
             f"{stat([b / 1e6 for _, b in reach], '{:.2f}')} | "
             f"{stat([r['summary']['final_global_accuracy'] for r in rows])} | "
-            f"{stat([r['summary']['simulated_hours'] for r in rows])} | "
+            f"{stat([r['summary']['simulated_hours'] * 3600 for r in rows], '{:.1f}')} | "
             f"{sum(r['summary']['failed_rounds'] for r in rows)} |")
     drod = [v for v in raw.values() if v["part"] == "drod"]
     if drod:
         lines += ["", "### B: the DROD fleet, device speed proportional to tier capacity", "",
-                  "| arm | simulated hours | total bytes (MB) | final fleet accuracy |",
+                  "| arm | simulated s | total bytes (MB) | final fleet accuracy |",
                   "|---|---|---|---|"]
         for arm in DROD_ARMS:
             rows = [v for v in drod if v["arm"] == arm]
             if rows:
                 lines.append(
-                    f"| {arm} | {stat([r['summary']['simulated_hours'] for r in rows])} | "
+                    f"| {arm} | "
+                    f"{stat([r['summary']['simulated_hours'] * 3600 for r in rows], '{:.1f}')} | "
                     f"{stat([(r['summary']['total_upload_bytes'] + r['summary']['total_download_bytes']) / 1e6 for r in rows], '{:.2f}')} | "  # noqa: E501
                     f"{stat([r['summary']['final_global_accuracy'] for r in rows])} |")
     text = "\n".join(lines) + "\n"

@@ -161,9 +161,10 @@ def test_overwrite_replaces_only_when_asked(tmp_path):
     d.mkdir()
     (d / "stale.txt").write_text("x")
     exp = Experiment(load_config(None, TINY), str(d), overwrite=True)
-    assert sorted(os.listdir(d)) == [".lock", "config.yaml", "data.json"] and exp.round == 0
+    assert sorted(os.listdir(d)) == [".lock", "config.yaml", "data.json",
+                                     "partition.parquet"] and exp.round == 0
     exp.release()
-    assert sorted(os.listdir(d)) == ["config.yaml", "data.json"]
+    assert sorted(os.listdir(d)) == ["config.yaml", "data.json", "partition.parquet"]
 
 
 def test_two_runs_never_write_one_directory(tmp_path):

@@ -577,7 +577,8 @@ class Driver:
         due = (ev.every and r % ev.every == 0) or r == self.cfg.rounds
         if not due:
             return Evaluation()
-        who = {"all": list(range(self.num_clients)), "sampled": sampled, "none": []}[ev.clients]
+        who = (list(range(self.num_clients)) if ev.clients == "all"
+               else sampled if ev.clients == "sampled" else [])
         names = [t.name for t in self.cfg.runtime.tiers]
         tiers = {self.tier_of(c) for c in who} | (set(names) if ev.global_test else set())
         bcast = self._broadcasts(r, tiers, "eval")

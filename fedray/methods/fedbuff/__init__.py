@@ -44,9 +44,14 @@ def fedasync_mixing(alpha: float, a: float, staleness: int | np.ndarray) -> np.n
     return alpha * (1.0 + np.asarray(staleness, dtype=np.float64)) ** (-a)
 
 
-def _check_sync_only(cfg: Any, name: str) -> None:
+def _check(cfg: Any, name: str, concurrency: int) -> None:
+    """What an asynchronous rule needs of the config: no synchronous-round fleet rules, and
+    no more clients in flight than the population."""
     if cfg is None:
         return
+    if concurrency > cfg.clients.num_clients:
+        raise ConfigError("algorithm.concurrency", concurrency,
+                          f"at most clients.num_clients = {cfg.clients.num_clients}")
     for key, value, off in (("fleet.deadline_s", cfg.fleet.deadline_s, None),
                             ("fleet.overcommit", cfg.fleet.overcommit, 0.0),
                             ("fleet.min_reports", cfg.fleet.min_reports, 0)):
@@ -98,10 +103,7 @@ class FedBuffParams:
     server_lr: float = spec(1.0, gt=0, help="server learning rate η_g")
 
     def validate(self, cfg: Any) -> None:
-        _check_sync_only(cfg, "fedbuff")
-        if cfg is not None and self.concurrency > cfg.clients.num_clients:
-            raise ConfigError("algorithm.concurrency", self.concurrency,
-                              f"at most clients.num_clients = {cfg.clients.num_clients}")
+        _check(cfg, "fedbuff", self.concurrency)
         if cfg is not None and self.buffer_size > cfg.clients.num_clients:
             raise ConfigError("algorithm.buffer_size", self.buffer_size,
                               f"at most clients.num_clients = {cfg.clients.num_clients} (a "
@@ -115,10 +117,7 @@ class FedAsyncParams:
     staleness_exponent: float = spec(0.5, ge=0, help="a in α (1+τ)^(−a)")
 
     def validate(self, cfg: Any) -> None:
-        _check_sync_only(cfg, "fedasync")
-        if cfg is not None and self.concurrency > cfg.clients.num_clients:
-            raise ConfigError("algorithm.concurrency", self.concurrency,
-                              f"at most clients.num_clients = {cfg.clients.num_clients}")
+        _check(cfg, "fedasync", self.concurrency)
 
 
 @register_method
