@@ -80,17 +80,20 @@ def _accuracy_plots(runs: list[dict], out_dir: str) -> list[str]:
 
     timed = [run for run in runs if "cum_sim_seconds" in run["rounds"]]
     if timed:  # the virtual clock (fedray.fleet): what a deployment would wait for
+        longest = max(float(run["rounds"]["cum_sim_seconds"].max()) for run in timed)
+        unit, scale = (("seconds", 1.0) if longest < 120 else
+                       ("minutes", 60.0) if longest < 7200 else ("hours", 3600.0))
         fig, ax = plt.subplots(figsize=(6, 4))
         for run in timed:
             r = run["rounds"]
             ev = r[~r["global_accuracy"].isna()]
-            ax.plot(ev["cum_sim_seconds"] / 3600, ev["global_accuracy"], marker=".",
+            ax.plot(ev["cum_sim_seconds"] / scale, ev["global_accuracy"], marker=".",
                     label=run["label"])
-        ax.set(title="Accuracy vs simulated time", xlabel="simulated hours (fleet clock)",
+        ax.set(title="Accuracy vs simulated time", xlabel=f"simulated {unit} (fleet clock)",
                ylabel="global test accuracy (↑ better)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        paths.append(save(fig, out_dir, "accuracy_vs_sim_hours.png"))
+        paths.append(save(fig, out_dir, "accuracy_vs_sim_time.png"))
 
     tiered = [run for run in runs if run["clients"] is not None
               and "eval_accuracy" in run["clients"] and run["clients"]["tier"].nunique() > 1]

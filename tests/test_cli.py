@@ -80,7 +80,7 @@ def test_run_report_compare(ray_session, tmp_path):
     cmp = one_json(runner.invoke(app, ["compare", *runs, "--out", str(tmp_path / "cmp"),
                                        "--json"]))
     assert len(cmp["metrics"]) == 2 and [os.path.basename(p) for p in cmp["plots"]] == [
-        "accuracy_vs_round.png", "accuracy_vs_bytes.png", "accuracy_vs_sim_hours.png"]
+        "accuracy_vs_round.png", "accuracy_vs_bytes.png", "accuracy_vs_sim_time.png"]
 
 
 def _env(ray_session) -> dict:
