@@ -146,6 +146,12 @@ class FederatedData:
         }
 
 
+def local_test_count(n: int, test_fraction: float) -> int:
+    """How many of a client's ``n`` samples are its local test split: ``round(f n)``
+    clipped to ``1..n - 1`` (both splits non-empty)."""
+    return int(np.clip(round(test_fraction * n), 1, n - 1))
+
+
 def local_split(shard: np.ndarray, labels: np.ndarray, test_fraction: float,
                 gen: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Split one client's shard into sorted (train, test) indices, stratified by label.
@@ -156,7 +162,7 @@ def local_split(shard: np.ndarray, labels: np.ndarray, test_fraction: float,
     n = len(shard)
     if n < 2:
         raise ValueError(f"a shard needs at least 2 samples to split, got {n}")
-    n_test = int(np.clip(round(test_fraction * n), 1, n - 1))
+    n_test = local_test_count(n, test_fraction)
     perm = shard[gen.permutation(n)]
     perm = perm[np.argsort(labels[perm], kind="stable")]
     _, starts, class_n = np.unique(labels[perm], return_index=True, return_counts=True)

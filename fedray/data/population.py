@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from fedray.config import DataConfig, ExperimentConfig
+from fedray.data.federated import local_test_count
 from fedray.seeding import rng
 from fedray.spec import ConfigError, redact
 
@@ -144,8 +145,7 @@ class SyntheticPopulation:
         if self._last is None or self._last[0] != cid:
             x, y = self._draw(rng(self.seed, -1, cid, "population-client"), self.per_client,
                               self.alpha)
-            n = self.per_client
-            n_test = int(np.clip(round(self.test_fraction * n), 1, n - 1))
+            n, n_test = self.per_client, self._n_test
             self._last = (cid, (x[:n - n_test], y[:n - n_test], x[n - n_test:], y[n - n_test:]))
         return self._last[1]
 
@@ -157,10 +157,12 @@ class SyntheticPopulation:
     def client_extra(self, cid: int, round: int) -> dict[str, Any] | None:
         return None
 
+    @property
+    def _n_test(self) -> int:
+        return local_test_count(self.per_client, self.test_fraction)
+
     def num_samples(self, cid: int, split: str = "train") -> int:
-        n_test = int(np.clip(round(self.test_fraction * self.per_client), 1,
-                             self.per_client - 1))
-        return self.per_client - n_test if split == "train" else n_test
+        return self.per_client - self._n_test if split == "train" else self._n_test
 
     def summary(self) -> dict[str, Any]:
         return {"kind": "synthetic-population", "num_clients": self.num_clients,
@@ -328,12 +330,12 @@ class TablePopulation:
         counts = np.diff(id_offsets)
         client = np.empty(len(ids_raw), dtype=np.int64)
         client[id_order] = np.repeat(np.arange(len(natural)), counts)
-        keep = np.flatnonzero(counts >= max(2, d.min_samples))
-        if len(keep) < num_clients:
+        eligible = np.flatnonzero(counts >= max(2, d.min_samples))
+        if len(eligible) < num_clients:
             raise ConfigError("clients.num_clients", num_clients,
-                              f"at most the {len(keep)} ids of {d.client_column!r} with >= "
-                              f"{max(2, d.min_samples)} rows (data.min_samples)")
-        keep = keep[:num_clients]  # the first ids in sorted natural-id order
+                              f"at most the {len(eligible)} ids of {d.client_column!r} with "
+                              f">= {max(2, d.min_samples)} rows (data.min_samples)")
+        keep = eligible[:num_clients]  # the first ids in sorted natural-id order
         code = np.full(len(natural), -1, dtype=np.int64)
         code[keep] = np.arange(num_clients)
         rows = np.flatnonzero(code[client] >= 0)
@@ -356,8 +358,8 @@ class TablePopulation:
         pick = np.sort(rng(seed, -1, -1, "population-global-test").choice(
             test_rows, min(GLOBAL_TEST_MAX, len(test_rows)), replace=False))
         info = {"source": redact(d.root), "dataset": d.dataset, "rows": int(len(y)),
-                "ids_total": int(len(natural)), "ids_too_small": int(len(natural) - len(
-                    np.flatnonzero(counts >= max(2, d.min_samples)))),
+                "ids_total": int(len(natural)),
+                "ids_too_small": int(len(natural) - len(eligible)),
                 "classes": [str(v) for v in classes.tolist()]}
         tmp_index = f"{index_path}.tmp{os.getpid()}.npz"
         np.savez(tmp_index, offsets=offsets, split=split,

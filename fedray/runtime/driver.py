@@ -133,19 +133,20 @@ class Driver:
         self.done: dict[int, tuple[ClientResult, float]] = {}
         self.async_bcast: dict[int, dict[str, tuple]] = {}
         self._data: Any = None
+        self.bounds: dict[int, float] = {}  # dispatch -> earliest finish (derived, not saved)
 
     def tier_of(self, client: int) -> str:
         """A client's tier (:meth:`ExperimentConfig.tier_of`), remembered for the clients seen:
         no list over the population."""
         t = self._tiers.get(client)
         if t is None:
-            if len(self._tiers) >= 1_000_000:  # bounded, whatever the population
-                self._tiers.clear()
-            t = self._tiers[client] = self.cfg.tier_of(client)
+            self._remember_tiers([client])
+            t = self._tiers[client]
         return t
 
     def _remember_tiers(self, clients: list[int]) -> None:
-        """Look up the tiers of a round's clients at once (vectorised)."""
+        """Look up the tiers of clients not seen yet, at once (vectorised); the cache is
+        bounded whatever the population."""
         new = [c for c in clients if c not in self._tiers]
         if new:
             if len(self._tiers) + len(new) > 1_000_000:
@@ -306,19 +307,27 @@ class Driver:
         row = self._log(RoundRecord(r, sampled, final, attempts, download, evaluation,
                                     policy_metrics, restarts, time.perf_counter() - t0,
                                     client_extra, extra))
-        if r % cfg.runtime.checkpoint_every == 0 or r == cfg.rounds:
-            self.checkpoint()
+        self._checkpoint_if_due(r)
         return row
 
-    def _idle_round(self, r: int, t0: float) -> dict:
-        """A round in which no client is online: the clock jumps to the next time one comes
-        online; the round is logged as failed and the model is unchanged."""
+    def _checkpoint_if_due(self, r: int) -> None:
+        if r % self.cfg.runtime.checkpoint_every == 0 or r == self.cfg.rounds:
+            self.checkpoint()
+
+    def _next_online(self, r: int) -> float:
+        """When the clock jumps to while no client is online: the next session start (not
+        one ulp before it); a :class:`RoundFailedError` when no one ever comes online."""
         later = self.fleet.next_online(self.sim_time)
         if math.isinf(later):
             raise RoundFailedError(r, 0, max(1, self.cfg.fleet.min_reports), [
                 (-1, "offline", f"no client is online at {self.sim_time:.1f} s of simulated "
                                 f"time and none comes online later (fleet.availability)")])
-        later = float(np.nextafter(later, math.inf))  # not one ulp before the start
+        return float(np.nextafter(later, math.inf))
+
+    def _idle_round(self, r: int, t0: float) -> dict:
+        """A round in which no client is online: the clock jumps to the next time one comes
+        online; the round is logged as failed and the model is unchanged."""
+        later = self._next_online(r)
         duration = later - self.sim_time
         self.sim_time = later
         self.failed_rounds += 1
@@ -327,8 +336,7 @@ class Driver:
                                     time.perf_counter() - t0, {},
                                     {"sim_seconds": duration, "cum_sim_seconds": self.sim_time,
                                      "round_failed": 1.0}))
-        if r % self.cfg.runtime.checkpoint_every == 0 or r == self.cfg.rounds:
-            self.checkpoint()
+        self._checkpoint_if_due(r)
         return row
 
     def _samples_seen(self, num_samples: int) -> int:
@@ -403,23 +411,18 @@ class Driver:
             picked = self.fleet.sample(d, 1, self.sim_time, exclude=busy)
             if not picked:
                 if not self.inflight:  # no one online: wait for the next one
-                    later = self.fleet.next_online(self.sim_time)
                     waits += 1
-                    if math.isinf(later) or waits > 100_000:
+                    if waits > 100_000:
                         raise RoundFailedError(self.round + 1, 0, 1, [
-                            (-1, "offline", "no client is online now or later "
-                                            "(fleet.availability)")])
-                    self.sim_time = later
+                            (-1, "offline", "no client not already in this step comes "
+                                            "online (fleet.availability)")])
+                    self.sim_time = self._next_online(self.round + 1)
                     continue
                 return
             self.dispatched = d
             c = picked[0]
             self.touched.add(c)
-            nbytes = self._async_broadcast(self.round, self.tier_of(c))[2]
-            if self.base_bytes and c not in self.has_base:
-                nbytes += self.base_bytes
-                self.has_base.add(c)
-            self.totals["download_bytes"] += nbytes  # charged when it happens
+            nbytes = self._charge(c, self._async_broadcast(self.round, self.tier_of(c))[2])
             self.inflight[d] = {"client": c, "version": self.round, "start": self.sim_time,
                                 "download": nbytes}
 
@@ -427,14 +430,16 @@ class Driver:
         """The earliest a dispatch can finish before it is computed: its download, latency
         and (when the client data knows its size) its compute; only the upload is unknown.
         The tighter this is, the more dispatches are computed together."""
-        f = self.inflight[d]
-        c = f["client"]
-        n = self.data_sizes(c)
-        t = self.fleet.seconds(np.array([c]), [self.tier_of(c)], np.array([f["download"]]),
-                               np.zeros(1), np.array([self._samples_seen(n)]))
-        return f["start"] + float(t["down"][0] + t["compute"][0])
+        bound = self.bounds.get(d)
+        if bound is None:
+            f = self.inflight[d]
+            c = f["client"]
+            t = self.fleet.seconds(np.array([c]), [self.tier_of(c)], np.array([f["download"]]),
+                                   np.zeros(1), np.array([self._samples_seen(self._size(c))]))
+            bound = self.bounds[d] = f["start"] + float(t["down"][0] + t["compute"][0])
+        return bound
 
-    def data_sizes(self, client: int) -> int:
+    def _size(self, client: int) -> int:
         """A client's train-sample count from the client data (0 when it does not say)."""
         if self._data is None:
             self._data = ray.get(self.pool.data_ref)
@@ -509,6 +514,7 @@ class Driver:
             d = self._next_event()
             res, finish = self.done.pop(d)
             f = self.inflight.pop(d)
+            self.bounds.pop(d, None)
             c = f["client"]
             self.sim_time = max(self.sim_time, finish)
             self.touched.add(c)
@@ -544,23 +550,24 @@ class Driver:
                                     download, evaluation, policy_metrics,
                                     self.pool.restarts - restarts_before,
                                     time.perf_counter() - t0, client_extra, extra))
-        if r % self.cfg.runtime.checkpoint_every == 0 or r == self.cfg.rounds:
-            self.checkpoint()
+        self._checkpoint_if_due(r)
         return row
 
     def _charge_download(self, sampled: list[int], attempts: dict[int, int],
                          bcast: dict[str, tuple]) -> dict[int, int]:
         """The download side of the byte ledger: each sampled client's tier broadcast once
         per attempt, plus the pretrained base at its first round, added to the totals."""
-        download = {}
-        for c in sampled:
-            d = bcast[self.tier_of(c)][2] * attempts[c]
-            if self.base_bytes and c not in self.has_base:
-                d += self.base_bytes
-                self.has_base.add(c)
-            download[c] = d
-            self.totals["download_bytes"] += d
-        return download
+        return {c: self._charge(c, bcast[self.tier_of(c)][2] * attempts[c]) for c in sampled}
+
+    def _charge(self, client: int, broadcast_bytes: int) -> int:
+        """One client's download, charged when it happens: the broadcast bytes, plus the
+        pretrained base the first time the client downloads anything."""
+        nbytes = broadcast_bytes
+        if self.base_bytes and client not in self.has_base:
+            nbytes += self.base_bytes
+            self.has_base.add(client)
+        self.totals["download_bytes"] += nbytes
+        return nbytes
 
     def _charge_upload(self, sampled: list[int], final: dict[int, ClientResult]) -> None:
         """The upload side: every completed upload's exact bytes; failures and rejections
