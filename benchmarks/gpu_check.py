@@ -1,7 +1,13 @@
 """The CUDA paths of fedray in one short run: what a GPU machine must show before a cluster
-is trusted with FAVoR on fractional GPUs.
+is trusted with FAVoR, DROD and FLITE on fractional GPUs. One GPU, sized for at most 8
+minutes (not yet timed on a GPU: ``env.step_seconds`` of the output says), nothing
+downloaded (the shell script sets HF_HUB_OFFLINE).
 
-Checks (each one JSON line on stdout; all of them in OUT/gpu_check.json and GPU_CHECK.md):
+    bash benchmarks/gpu_check.sh --out runs/gpu_check           # on a GPU machine
+    bash benchmarks/gpu_check.sh --dry-run --out /tmp/gpu_check # anywhere (the test suite)
+
+Checks (each one JSON line on stdout; all of them in OUT/gpu_check.json and GPU_CHECK.md;
+the last stdout line is {"ok": ..., "failed": [...], "out": ...}; exit 0 when all pass):
 
 - ``favor_bf16``: a FAVoR client round (shared stage, private stage with ASCE alignment) on a
   tiny Qwen2 saved in bf16 — 4-bit NF4 with bf16 compute on CUDA (the alignment head used to
@@ -19,22 +25,36 @@ Checks (each one JSON line on stdout; all of them in OUT/gpu_check.json and GPU_
   device, granted GPU ids and CUDA_VISIBLE_DEVICES; plus one executor that takes no GPU.
 - ``fatal_error``: a client that triggers a device-side assert; its executor must exit, be
   replaced and the round finish with every client accepted.
+- ``favor_qlora_fleet``: FAVoR on the embedded LM in 4-bit NF4 (QLoRA), 8 executors at
+  0.125 GPU each, 8 clients x 2 rounds.
+- ``drod_fleet_gpu``: DROD's capacity tiers (1.0 / 0.251 / 0.064 of a sliceable
+  ResNet-18) with executors at 0.5 / 0.25 / 0.125 GPU, deterministic when Ray names the GPU.
+- ``flite_resnet18``: FLITE on a ResNet-18 at CIFAR's 3x32x32 (digits upsampled), from a
+  base pretrained here, int4 uploads (648 B of latents each).
 
-``--dry-run`` runs the same code on the CPU with small shapes (and GPUs declared to Ray), as
-the test suite does: it proves the script, not the GPU.
+The three fleet checks run an experiment on Ray and then the same config on the CPU
+(``runtime.device=cpu``), and report per executor the share Ray granted and the peak GPU
+memory (``torch.cuda.max_memory_allocated`` inside it), per tier samples/s, and what equals
+the CPU run: sampled clients, tiers, samples and bytes exactly; round-1 losses within 5%
+(DROD, FLITE; FAVoR's NF4 against fp32 only reported).
 
-    bash benchmarks/gpu_check.sh --out runs/gpu_check           # on a GPU machine
-    bash benchmarks/gpu_check.sh --dry-run --out /tmp/gpu_check # anywhere
+``--dry-run`` runs the same code on the CPU with small shapes, GPUs declared to Ray (the
+test suite's Ray declares one): it proves the script, not the GPU. There the fleets are
+smaller (FAVoR: 2 executors, not 8, on a 2-core machine; 1 round), 4-bit quantization is
+off (bitsandbytes' 4-bit layers need CUDA; the row says so), peak GPU memory is null with
+the executor's peak RSS as a stand-in, and the CPU reference must match bit for bit.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -254,68 +274,474 @@ class CrashOnceFedAvg(FedAvg):
         return super().client_update(ctx, broadcast)
 
 
-def check_ray(dry: bool, tmp: str) -> list[dict[str, Any]]:
+@contextlib.contextmanager
+def connected_ray(dry: bool) -> Iterator[None]:
+    """Join ``RAY_ADDRESS`` or start a local Ray for the checks that run on Ray; on a CPU
+    machine (``--dry-run``) the local Ray declares one GPU, so that fractional-GPU placement
+    is exercised without one. Shuts down only a Ray it started."""
+    import ray
+
     from fedray.config import load_config
-    from fedray.runtime import Experiment, init_ray, run_experiment
+    from fedray.runtime import init_ray
+
+    if dry and not os.environ.get("RAY_ADDRESS"):
+        ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False,
+                 log_to_driver=False, logging_level="ERROR")
+        started = True
+    else:
+        started = init_ray(load_config(None, []))
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def check_ray(dry: bool, tmp: str) -> list[dict[str, Any]]:
+    """``ray_tiers`` and ``fatal_error`` on the connected Ray (:func:`connected_ray`)."""
+    from fedray.config import load_config
+    from fedray.runtime import Experiment, run_experiment
 
     base = ["clients.num_clients=8", "rounds=2", "model.hidden=[32]", "local.batch_size=16",
             "runtime.placement_timeout_s=600"]
     tiers = ("runtime.tiers=[{name: gpu, executors: 4, num_cpus: 0.25, num_gpus: 0.25},"
              " {name: cpu, executors: 1, num_cpus: 0.25}]")
     cfg = load_config(None, base + [tiers])
-    if dry and not os.environ.get("RAY_ADDRESS"):  # a CPU machine: declare one GPU to Ray
-        import ray
-
-        ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False,
-                 log_to_driver=False, logging_level="ERROR")
-        started = True
-    else:
-        started = init_ray(cfg)
     rows = []
+    exp = Experiment(cfg, os.path.join(tmp, "tiers"))
+    info = exp.start()
     try:
-        exp = Experiment(cfg, os.path.join(tmp, "tiers"))
-        info = exp.start()
-        try:
-            while not exp.done:
-                exp.step()
-            exp.close()
-        finally:
-            exp.release()
-        for e in info["executors"]:
-            gpu = e["tier"] == "gpu"
-            want = ("cuda" if e["cuda_available"] else "cpu") if gpu else "cpu"
-            if not dry and gpu:
-                want = "cuda"
-            rows.append({"check": "ray_tiers", "executor": f"{e['tier']}/{e['index']}",
-                         "device": e["device"], "gpu_ids": e["gpu_ids"],
-                         "cuda_visible_devices": e["cuda_visible_devices"],
-                         "ok": e["device"] == want and bool(e["gpu_ids"]) == gpu
-                         and (e["cuda_visible_devices"] != "") == gpu})
-        CrashOnceFedAvg.marker = os.path.join(tmp, "crashed")
-        crash = load_config(None, base + ["rounds=1", "runtime.max_client_retries=1",
-                                          "runtime.tiers=[{name: gpu, executors: 2, "
-                                          "num_cpus: 0.25, num_gpus: 0.25}]"])
-        s = run_experiment(crash, os.path.join(tmp, "crash"), progress=False,
-                           algorithm_cls=CrashOnceFedAvg)
-        rows.append({"check": "fatal_error", "executor_restarts": s["executor_restarts"],
-                     "client_failures": s["client_failures"],
-                     "ok": s["executor_restarts"] == 1 and s["client_failures"] == 0
-                     and os.path.exists(CrashOnceFedAvg.marker)})
+        while not exp.done:
+            exp.step()
+        exp.close()
     finally:
-        if started:
-            import ray
-
-            ray.shutdown()
+        exp.release()
+    for e in info["executors"]:
+        gpu = e["tier"] == "gpu"
+        want = ("cuda" if e["cuda_available"] else "cpu") if gpu else "cpu"
+        if not dry and gpu:
+            want = "cuda"
+        rows.append({"check": "ray_tiers", "executor": f"{e['tier']}/{e['index']}",
+                     "device": e["device"], "gpu_ids": e["gpu_ids"],
+                     "cuda_visible_devices": e["cuda_visible_devices"],
+                     "ok": e["device"] == want and bool(e["gpu_ids"]) == gpu
+                     and (e["cuda_visible_devices"] != "") == gpu})
+    CrashOnceFedAvg.marker = os.path.join(tmp, "crashed")
+    crash = load_config(None, base + ["rounds=1", "runtime.max_client_retries=1",
+                                      "runtime.tiers=[{name: gpu, executors: 2, "
+                                      "num_cpus: 0.25, num_gpus: 0.25}]"])
+    s = run_experiment(crash, os.path.join(tmp, "crash"), progress=False,
+                       algorithm_cls=CrashOnceFedAvg)
+    rows.append({"check": "fatal_error", "executor_restarts": s["executor_restarts"],
+                 "client_failures": s["client_failures"],
+                 "ok": s["executor_restarts"] == 1 and s["client_failures"] == 0
+                 and os.path.exists(CrashOnceFedAvg.marker)})
     return rows
 
 
+# ------------------------------------------------------------------ fleets on Ray
+#
+# favor_qlora_fleet, drod_fleet_gpu and flite_resnet18 each run a short experiment on the
+# connected Ray with every tier on a GPU share, then the same config with runtime.device=cpu
+# (one executor per tier) as the CPU reference. The method class is wrapped by measured():
+# each client's metrics also carry its executor's peak memory, the GPU share Ray granted the
+# executor and its count of 4-bit layers, so the clients table of the run holds them.
+
+MIB = 2**20
+# what must be identical between the GPU run and the CPU run, per (round, client): which
+# clients were sampled, their tier (the slice of the model they train), how many samples
+# they hold and the bytes sent each way (shapes and codec only; no float result decides them)
+EQUAL_FIELDS = ("sampled", "tier", "status", "num_samples", "upload_bytes", "download_bytes")
+
+
+def peak_memory(device: str) -> dict[str, float]:
+    """This process's peak memory so far: ``torch.cuda.max_memory_allocated`` on CUDA
+    (never reset in an executor: its peak from loading the model to now); on every device
+    also the peak resident set size (``ru_maxrss``), the CPU stand-in of a dry run."""
+    import resource
+
+    out = {"peak_rss_bytes": float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)}
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+        out["peak_gpu_bytes"] = float(torch.cuda.max_memory_allocated())
+    return out
+
+
+def _linear4bit_modules(resident: Any) -> int:
+    model = resident.get("model") if isinstance(resident, dict) else resident
+    if not isinstance(model, torch.nn.Module):
+        return 0
+    return sum("4bit" in type(m).__name__ for m in model.modules())
+
+
+def measured(cls: type) -> type:
+    """``cls`` whose client updates also report, as client metrics: the executor's peak
+    memory (:func:`peak_memory`), the GPU share Ray granted it (``ray_gpu_share``: what its
+    placement holds, not what the config asked for) and how many 4-bit layers its resident
+    model has. The method itself is untouched (same name, data and results)."""
+
+    def client_update(self, ctx, broadcast):
+        import ray
+
+        out = cls.client_update(self, ctx, broadcast)
+        share = ray.get_runtime_context().get_assigned_resources().get("GPU", 0.0)
+        out.metrics = {**out.metrics, **peak_memory(ctx.device), "ray_gpu_share": share,
+                       "linear4bit_modules": _linear4bit_modules(ctx.resident)}
+        return out
+
+    return type(f"Measured{cls.__name__}", (cls,), {
+        "client_update": client_update, "__module__": __name__,
+        "__doc__": f"{cls.__name__} reporting its executor's peak memory (gpu_check)."})
+
+
+def tiers_override(tiers: list[dict[str, Any]]) -> str:
+    return "runtime.tiers=" + json.dumps(tiers)
+
+
+def run_fleet(cfg: Any, run_dir: str, algorithm_cls: type, data: Any = None
+              ) -> tuple[list[dict], list[dict], dict]:
+    """Run ``cfg`` on the connected Ray with ``measured(algorithm_cls)``; returns the
+    executors' ready reports, the clients table's rows and the summary."""
+    from fedray.metrics import read_metrics
+    from fedray.runtime import Experiment
+
+    exp = Experiment(cfg, run_dir, algorithm_cls=measured(algorithm_cls), data=data)
+    try:
+        info = exp.start()
+        while not exp.done:
+            exp.step()
+        summary = exp.close()
+    finally:
+        exp.release()
+    return info["executors"], read_metrics(run_dir, "clients").to_pylist(), summary
+
+
+def fleet_report(cfg: Any, executors: list[dict], rows: list[dict],
+                 trained: Callable[[int], int]) -> dict[str, Any]:
+    """Per executor: device, granted GPU ids and share, clients run, peak GPU memory (MiB;
+    null off CUDA) and peak RSS (MiB); per tier: the declared ``num_gpus``, the shares Ray
+    granted, and samples/s = Σ samples trained / Σ seconds of its clients' updates, where
+    ``trained(num_samples)`` is what one client update trains on (its passes and caps)."""
+    done = [r for r in rows if r.get("sampled") and r.get("status") == "ok"]
+    per_exec = []
+    for e in sorted(executors, key=lambda e: (e["tier"], e["index"])):
+        name = f"{e['tier']}/{e['index']}"
+        mine = [r for r in done if r.get("executor") == name]
+        gpu = [r["peak_gpu_bytes"] for r in mine if r.get("peak_gpu_bytes") is not None]
+        rss = [r["peak_rss_bytes"] for r in mine if r.get("peak_rss_bytes") is not None]
+        per_exec.append({
+            "executor": name, "device": e["device"], "gpu_ids": e["gpu_ids"],
+            "ray_gpu_share": mine[0]["ray_gpu_share"] if mine else None,
+            "clients": len(mine),
+            "peak_gpu_mib": round(max(gpu) / MIB, 1) if gpu else None,
+            "peak_rss_mib": round(max(rss) / MIB, 1) if rss else None})
+    tiers = {}
+    for t in cfg.runtime.tiers:
+        mine = [r for r in done if r["tier"] == t.name]
+        seconds = sum(r["seconds"] for r in mine)
+        tiers[t.name] = {
+            "num_gpus": t.num_gpus, "capacity": t.capacity,
+            "ray_gpu_shares": sorted({x["ray_gpu_share"] for x in per_exec
+                                      if x["executor"].startswith(t.name + "/")
+                                      and x["ray_gpu_share"] is not None}),
+            "clients": len(mine), "samples_trained": sum(trained(r["num_samples"]) for r in mine),
+            "samples_per_s": round(sum(trained(r["num_samples"]) for r in mine) / seconds, 1)
+            if seconds else None}
+    return {"executors": per_exec, "tiers": tiers}
+
+
+def compare_to_cpu(rows: list[dict], ref: list[dict], tolerance: float | None,
+                   loss: str = "train_loss") -> dict[str, Any]:
+    """The GPU run's client rows against the CPU run's: :data:`EQUAL_FIELDS` must be
+    identical for every (round, client); round 1's per-client ``loss`` metric (both runs
+    start from the same global state, so it differs only by the arithmetic: TF32/bf16 GPU
+    kernels, 4-bit weights, summation order) is compared as the largest relative
+    difference, within ``tolerance`` (None: reported only, e.g. NF4 against fp32)."""
+    key = lambda r: (r["round"], r["client_id"])  # noqa: E731
+    a, b = {key(r): r for r in rows}, {key(r): r for r in ref}
+    differ = sorted({f for k in a.keys() | b.keys() for f in EQUAL_FIELDS
+                     if a.get(k, {}).get(f) != b.get(k, {}).get(f)})
+    rel = [abs(a[k][loss] - b[k][loss]) / max(abs(b[k][loss]), 1e-12)
+           for k in a.keys() & b.keys()
+           if k[0] == 1 and a[k].get(loss) is not None and b[k].get(loss) is not None]
+    worst = max(rel) if rel else None
+    finite = worst is not None and bool(np.isfinite(worst))
+    return {"equal": [f for f in EQUAL_FIELDS if f not in differ], "different": differ,
+            "upload_bytes": sum(r.get("upload_bytes") or 0 for r in rows),
+            "cpu_upload_bytes": sum(r.get("upload_bytes") or 0 for r in ref),
+            "loss": loss, "round1_loss_rel_diff": worst, "loss_tolerance": tolerance,
+            "ok": not differ and finite and (tolerance is None or worst <= tolerance)}
+
+
+def local_samples(cfg: Any) -> Callable[[int], int]:
+    """Samples one client update of a ``local.*`` method trains on (as the driver counts
+    them): its epochs over its data, capped at ``local.max_steps`` batches."""
+    loc = cfg.local
+    cap = loc.max_steps * loc.batch_size if loc.max_steps else None
+    return lambda n: min(n * loc.epochs, cap) if cap else n * loc.epochs
+
+
+def fleet_check(name: str, cfg: Any, ref_cfg: Any, run_dir: str, tolerance: float | None,
+                dry: bool, data: Any = None, trained: Callable[[int], int] | None = None,
+                loss: str = "train_loss") -> tuple[dict[str, Any], list[dict]]:
+    """Run ``cfg`` (GPU tiers) and ``ref_cfg`` (its CPU reference) into RUN_DIR/gpu and
+    RUN_DIR/cpu; returns the row of ``name`` and the GPU run's client rows. ``ok``: every
+    executor holds its tier's declared GPU share in Ray, runs on CUDA (the CPU in a dry
+    run; then without a GPU memory figure) and ran a client; every tier reports samples/s
+    (``trained``: default :func:`local_samples`); :func:`compare_to_cpu` holds on ``loss``
+    (in a dry run with tolerance 0). The callers add their method's own conditions."""
+    from fedray import registry
+
+    algorithm_cls = registry.method(cfg.algorithm["name"])
+    t0 = time.perf_counter()
+    executors, rows, _ = run_fleet(cfg, os.path.join(run_dir, "gpu"), algorithm_cls, data)
+    t1 = time.perf_counter()
+    _, ref, _ = run_fleet(ref_cfg, os.path.join(run_dir, "cpu"), algorithm_cls, data)
+    report = fleet_report(cfg, executors, rows, trained or local_samples(cfg))
+    declared = {t.name: t.num_gpus for t in cfg.runtime.tiers}
+    placed = all(e["ray_gpu_share"] == declared[e["executor"].split("/")[0]]
+                 and e["clients"] > 0 and bool(e["gpu_ids"]) == (e["ray_gpu_share"] > 0)
+                 and e["device"] == ("cpu" if dry else "cuda")
+                 and (dry or e["peak_gpu_mib"] is not None) for e in report["executors"])
+    fast = all(t["samples_per_s"] for t in report["tiers"].values())
+    # a dry run's two runs do the same arithmetic on the same CPU, one thread per
+    # executor, whichever executor a client lands on: the losses must agree bit for bit
+    equal = compare_to_cpu(rows, ref, 0.0 if dry else tolerance, loss)
+    row = {"check": name, "device": "cpu" if dry else "cuda", "rounds": cfg.rounds,
+           "clients_per_round": cfg.clients.sampled_count(), **report,
+           "cpu_reference": equal, "run_seconds": round(t1 - t0, 1),
+           "cpu_run_seconds": round(time.perf_counter() - t1, 1),
+           "ok": placed and fast and equal["ok"]}
+    if dry:
+        row["peak_gpu"] = "cpu (dry run): peak_gpu_mib null, peak_rss_mib is a stand-in"
+    return row, rows
+
+
+def prepare_favor(work_dir: str, clients: int, lm: Any) -> dict[str, str]:
+    """The embedded default's inputs (what ``prepare_embedded`` makes), the quick way: a
+    synthetic roster in BlogText's schema, the tiny Qwen2 LM pretrained on disjoint authors
+    (``pretrain_tiny``), and as ASCE the shipped MiniLM with an *untrained* projection,
+    saved by ``save_asce`` in the format FAVoR loads — the check needs style targets of the
+    right shape, not good ones, and training ASCE takes most of a minute on 2 cores."""
+    from fedray.data.authors import generate_corpus
+    from fedray.data.blogtext import load_authors
+    from fedray.methods.favor.asce import StyleEncoder, load_backbone, save_asce
+    from fedray.methods.favor.lm import pretrain_tiny
+
+    csv = generate_corpus(os.path.join(work_dir, "authors.csv"), clients, 0, posts=(10, 12))
+    pre = generate_corpus(os.path.join(work_dir, "pretrain.csv"), 2, 0, posts=(30, 40),
+                          first_author=100_000)
+    texts = [t for a in load_authors(pre, lambda t: 1, min_tokens=1, seed=0) for t in a.train]
+    base = pretrain_tiny(texts, os.path.join(work_dir, "base_lm"), lm)
+    torch.manual_seed(0)
+    backbone, tokenizer = load_backbone()
+    asce = os.path.join(work_dir, "asce")
+    save_asce(StyleEncoder(backbone), tokenizer, asce, {"trained": False})
+    return {"csv": str(csv), "base": base, "asce": asce}
+
+
+def check_favor_fleet(dry: bool, tmp: str) -> list[dict[str, Any]]:
+    """``favor_qlora_fleet``: FAVoR on the embedded default (synthetic BlogText authors, the
+    tiny Qwen2 LM pretrained here, ASCE on the shipped MiniLM: :func:`prepare_favor`) with
+    every executor at 0.125 GPU: 8 executors, 8 clients a round, 2 rounds, the LM in 4-bit
+    NF4 with bf16 compute (QLoRA). A dry run: 2 executors at 0.125 of the declared GPU,
+    4 clients, 1 round, and the same code on the CPU in fp32 — bitsandbytes' 4-bit layers
+    need CUDA, so the row says quantization is off. Against the CPU run: sampling, tiers,
+    samples and bytes identical; the loss difference is reported only (NF4 is not fp32)."""
+    from fedray.config import load_config
+    from fedray.data import build_data
+    from fedray.methods.favor.lm import TinyLM
+    from fedray.methods.favor.prepare import embedded_overrides
+
+    if dry:  # about the size of jobs/favor_blogtext.py --smoke
+        lm = TinyLM(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                    steps=5, batch_size=8, max_length=64)
+        executors, clients, rounds, cpus = 2, 4, 1, 0.5
+    else:  # the embedded default's shape, pretrained briefly (the check needs no good LM)
+        lm = TinyLM(steps=50)
+        executors, clients, rounds, cpus = 8, 8, 2, 1
+    prep = prepare_favor(os.path.join(tmp, "favor-embedded"), clients, lm)
+    common = embedded_overrides(prep) + [
+        f"clients.num_clients={clients}", f"rounds={rounds}", "algorithm.private_epochs=1",
+        "algorithm.eval_prompts=1", "eval.clients=none", "eval.every=0",
+        "runtime.placement_timeout_s=600"]
+    tier = {"name": "lm", "executors": executors, "num_cpus": cpus, "num_gpus": 0.125}
+    cfg = load_config(None, common + [tiers_override([tier])])
+    ref_cfg = load_config(None, common + ["runtime.device=cpu", tiers_override(
+        [{**tier, "executors": 1 if dry else 2, "num_cpus": cpus}])])
+    data = build_data(cfg)  # the same corpus for both runs
+    passes = cfg.algorithm["shared_epochs"] + cfg.algorithm["private_epochs"]
+    row, rows = fleet_check("favor_qlora_fleet", cfg, ref_cfg,
+                            os.path.join(tmp, "favor-fleet"), None, dry, data,
+                            trained=lambda n: n * passes, loss="shared_loss")
+    row["quantization"] = ("off: CPU dry run (bitsandbytes 4-bit needs CUDA), fp32" if dry
+                           else "nf4 4-bit, double quant, bf16 compute")
+    # the fewest 4-bit layers any executor's resident LM had (0 on the CPU)
+    row["linear4bit_layers"] = int(min(r["linear4bit_modules"] for r in rows if r["sampled"]))
+    row["ok"] = (row["ok"] and (row["linear4bit_layers"] > 0) != dry
+                 and len(row["executors"]) == executors)
+    return [row]
+
+
+def check_drod_fleet(dry: bool, tmp: str) -> list[dict[str, Any]]:
+    """``drod_fleet_gpu``: DROD's capacity tiers (budgets 1.0 / 0.251 / 0.064 of a
+    sliceable ResNet-18, as in configs/drod_split_digits.yaml) with one executor per tier at
+    0.5 / 0.25 / 0.125 GPU — 0.875 of one GPU (the job's 2 executors per tier would ask
+    1.75) — on digits upsampled to CIFAR's 3×32×32, 9 clients, 2 rounds. On GPU with
+    ``runtime.deterministic`` (pinned to the GPU type Ray reports) when Ray reports one.
+    Against the CPU run: sampling, tiers, samples and bytes identical (a tier's slice of the
+    model fixes its bytes); round-1 losses within 5% (TF32 convolutions, other summation
+    order). A dry run: width 4, 16×16, 6 clients, 1 round, on the CPU; there every loss is
+    the CPU run's."""
+    import ray
+
+    from fedray.config import load_config
+
+    accel = sorted(k.split(":", 1)[1] for k in ray.cluster_resources()
+                   if k.startswith("accelerator_type:"))
+    deterministic = not dry and len(accel) == 1
+    size, width, clients, rounds = (16, 4, 6, 1) if dry else (32, 32, 9, 2)
+    common = ["name=gpu-check-drod", "algorithm.name=drod", "algorithm.theta=0.5",
+              "model.name=sliceable_resnet18", f"model.width={width}", "data.dataset=digits",
+              f"data.image_size={size}", "data.channels=3", "data.partition=dirichlet",
+              "data.alpha=0.5", f"clients.num_clients={clients}", f"rounds={rounds}",
+              "local.epochs=1", "local.batch_size=16", "local.max_steps=4", "local.lr=0.1",
+              "eval.every=0", "eval.clients=none", "runtime.placement_timeout_s=600"]
+    shares = {"t100": (1.0, 0.5), "t025": (0.251, 0.25), "t006": (0.064, 0.125)}
+    tiers = [{"name": n, "executors": 1, "num_cpus": 0.25 if dry else 1, "num_gpus": g,
+              "capacity": c} | ({"accelerator_type": accel[0]} if deterministic else {})
+             for n, (c, g) in shares.items()]
+    cfg = load_config(None, common + [tiers_override(tiers),
+                                      f"runtime.deterministic={str(deterministic).lower()}"])
+    ref_threads = 1 if dry else 4
+    ref_tiers = [{k: v for k, v in t.items() if k != "accelerator_type"}
+                 | {"num_cpus": 0.25 if dry else ref_threads} for t in tiers]
+    ref_cfg = load_config(None, common + ["runtime.device=cpu", tiers_override(ref_tiers),
+                                          f"runtime.threads_per_executor={ref_threads}"])
+    row, _ = fleet_check("drod_fleet_gpu", cfg, ref_cfg, os.path.join(tmp, "drod-fleet"),
+                         0.05, dry)
+    row["deterministic"] = deterministic
+    row["accelerator_type"] = accel[0] if deterministic else None
+    return [row]
+
+
+def check_flite_fleet(dry: bool, tmp: str) -> list[dict[str, Any]]:
+    """``flite_resnet18``: FLITE on a ResNet-18 (``resnet18``, full width 64) at CIFAR's
+    3×32×32 and 10 classes — digits upsampled, so nothing is downloaded — from a base
+    pretrained here for one epoch (on the GPU when there is one), d = 64, r = 32, int4
+    uploads; 4 clients, 2 executors at 0.25 GPU, 2 rounds of 4 local steps. Against the CPU
+    run: sampling, samples and the bytes of every upload identical; round-1 losses within
+    5%. A dry run: width 4, the same shapes, 1 round, on the CPU."""
+    from fedray.config import load_config
+    from fedray.pretrain import pretrain
+
+    width, rounds = (4, 1) if dry else (64, 2)
+    data = ["data.dataset=digits", "data.image_size=32", "data.channels=3",
+            "data.partition=iid", "model.name=resnet18", f"model.width={width}", "seed=0"]
+    base = os.path.join(tmp, "flite-base")
+    pretrain(load_config(None, data + ["pretrain.epochs=1", "pretrain.batch_size=64",
+                                       "pretrain.warmup_epochs=0", "pretrain.fraction=0.3",
+                                       "pretrain.head=orthogonal"]), base, progress=False)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the executors get the GPU's memory, not this process
+    common = data + ["name=gpu-check-flite", "algorithm.name=flite", f"algorithm.base={base}",
+                     "algorithm.d=64", "algorithm.r=32", "payload.upload=int4",
+                     "clients.num_clients=4", f"rounds={rounds}", "local.epochs=1",
+                     "local.batch_size=32", "local.max_steps=4", "eval.every=0",
+                     "eval.clients=none", "runtime.placement_timeout_s=600"]
+    tier = {"name": "gpu", "executors": 2, "num_cpus": 0.5 if dry else 2, "num_gpus": 0.25}
+    cfg = load_config(None, common + [tiers_override([tier])])
+    threads = 1 if dry else 8
+    ref_cfg = load_config(None, common + [
+        "runtime.device=cpu", f"runtime.threads_per_executor={threads}",
+        tiers_override([{**tier, "executors": 1, "num_cpus": 0.5 if dry else threads}])])
+    row, rows = fleet_check("flite_resnet18", cfg, ref_cfg, os.path.join(tmp, "flite"),
+                            0.05, dry)
+    # every upload: z, D = 64 latents per conv weight (20 in a ResNet-18), at int4 — 648 B
+    # of codes, scale and zero-point (FLITE's figure) plus the payload's header
+    from fedray.models import build_model
+    from fedray.payload import Payload
+
+    convs = sum(isinstance(m, torch.nn.Conv2d)
+                for m in build_model("resnet18", (3, 32, 32), 10, width=width).modules())
+    want = Payload.encode({"z": np.zeros(64 * convs, np.float32)}, "int4")
+    sent = {r["upload_bytes"] for r in rows if r["sampled"]}
+    row.update(mapped_layers=convs, latents=64 * convs,
+               latent_bytes=sum(int(b.nbytes) for b in want.buffers),
+               header_bytes=len(want.header), upload_bytes_per_client=sorted(sent))
+    row["ok"] = row["ok"] and sent == {want.nbytes} and convs == 20
+    return [row]
+
+
+FLEET_KEYS = ("executors", "tiers", "cpu_reference")  # a fleet row's tables, not its details
+
+
 def markdown(rows: list[dict[str, Any]], env: dict[str, Any]) -> str:
+    """GPU_CHECK.md: the environment, one line per row, then each fleet's executors (peak
+    memory), tiers (samples/s) and CPU comparison as tables."""
     lines = ["# GPU check", "", "```", json.dumps(env, indent=1), "```", "",
              "| check | ok | details |", "|---|---|---|"]
     for r in rows:
-        detail = ", ".join(f"{k}={v}" for k, v in r.items() if k not in ("check", "ok"))
+        detail = ", ".join(f"{k}={v}" for k, v in r.items()
+                           if k not in ("check", "ok", *FLEET_KEYS))
         lines.append(f"| {r['check']} | {'yes' if r['ok'] else '**NO**'} | {detail} |")
+    for r in rows:
+        if "executors" not in r:
+            continue
+        lines += ["", f"## {r['check']}", "",
+                  "| executor | device | GPU ids | Ray GPU share | clients | peak GPU MiB | "
+                  "peak RSS MiB |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {e['executor']} | {e['device']} | {','.join(e['gpu_ids']) or '–'} | "
+                  f"{e['ray_gpu_share']} | {e['clients']} | {e['peak_gpu_mib'] or 'cpu'} | "
+                  f"{e['peak_rss_mib']} |" for e in r["executors"]]
+        lines += ["", "| tier | num_gpus | capacity | Ray GPU shares | clients | "
+                      "samples trained | samples/s |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {name} | {t['num_gpus']} | {t['capacity']} | {t['ray_gpu_shares']} | "
+                  f"{t['clients']} | {t['samples_trained']} | {t['samples_per_s']} |"
+                  for name, t in r["tiers"].items()]
+        c = r["cpu_reference"]
+        lines += ["", f"Against the CPU run: identical {', '.join(c['equal']) or 'nothing'}"
+                      f"{'; DIFFERENT ' + ', '.join(c['different']) if c['different'] else ''}"
+                      f"; upload bytes {c['upload_bytes']} vs {c['cpu_upload_bytes']}; "
+                      f"round-1 {c['loss']} relative difference {c['round1_loss_rel_diff']} "
+                      f"(tolerance {c['loss_tolerance']})."]
     return "\n".join(lines) + "\n"
+
+
+# the checks, in the order they run: (device, dry run, temporary directory) -> rows
+LOCAL_STEPS = {
+    "favor": lambda device, dry, tmp: check_favor(device, dry, tmp),
+    "flite": lambda device, dry, tmp: check_flite(device, dry),
+    "drod": lambda device, dry, tmp: [check_drod(device, dry)],
+}
+RAY_STEPS = {  # on one Ray (connected_ray), after the local ones
+    "ray": lambda device, dry, tmp: check_ray(dry, tmp),
+    "favor_qlora_fleet": lambda device, dry, tmp: check_favor_fleet(dry, tmp),
+    "drod_fleet_gpu": lambda device, dry, tmp: check_drod_fleet(dry, tmp),
+    "flite_resnet18": lambda device, dry, tmp: check_flite_fleet(dry, tmp),
+}
+
+
+def failed_row(name: str, e: Exception) -> dict[str, Any]:
+    return {"check": name, "ok": False, "error": f"{type(e).__name__}: {e}"}
+
+
+def run_steps(steps: dict, device: str, dry: bool, tmp: str, seconds: dict[str, float]
+              ) -> list[dict[str, Any]]:
+    """Each step's rows, printed as they come, and its wall time into ``seconds``; a step
+    that raises is one failed row (one failed check must not hide the rest)."""
+    rows = []
+    for name, step in steps.items():
+        t0 = time.perf_counter()
+        try:
+            new = step(device, dry, tmp)
+        except Exception as e:  # noqa: BLE001
+            new = [failed_row(name, e)]
+        seconds[name] = round(time.perf_counter() - t0, 1)
+        for r in new:
+            print(json.dumps(r), flush=True)
+        rows += new
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -324,8 +750,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true",
                    help="CPU, small shapes, GPUs declared to Ray: checks the script only")
     p.add_argument("--out", default="runs/gpu_check", help="where the results are written")
-    p.add_argument("--skip", nargs="*", default=[],
-                   choices=["favor", "flite", "drod", "ray"], help="checks to leave out")
+    p.add_argument("--skip", nargs="*", default=[], choices=[*LOCAL_STEPS, *RAY_STEPS],
+                   help="checks to leave out")
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available()
     if not cuda and not args.dry_run:
@@ -335,24 +761,24 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if cuda and not args.dry_run else "cpu"
     env = {"device": device, "torch": torch.__version__,
            "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
-           "dry_run": args.dry_run}
+           "dry_run": args.dry_run, "step_seconds": {}}
     rows: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
     os.makedirs(args.out, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        steps = [("favor", lambda: check_favor(device, args.dry_run, tmp)),
-                 ("flite", lambda: check_flite(device, args.dry_run)),
-                 ("drod", lambda: [check_drod(device, args.dry_run)]),
-                 ("ray", lambda: check_ray(args.dry_run, tmp))]
-        for name, step in steps:
-            if name in args.skip:
-                continue
+        rows += run_steps({k: v for k, v in LOCAL_STEPS.items() if k not in args.skip},
+                          device, args.dry_run, tmp, env["step_seconds"])
+        ray_steps = {k: v for k, v in RAY_STEPS.items() if k not in args.skip}
+        if ray_steps:
+            if device == "cuda":
+                torch.cuda.empty_cache()  # the executors get the GPU, not this process's cache
             try:
-                new = step()
-            except Exception as e:  # noqa: BLE001 — one failed check must not hide the rest
-                new = [{"check": name, "ok": False, "error": f"{type(e).__name__}: {e}"}]
-            for r in new:
-                print(json.dumps(r), flush=True)
-            rows += new
+                with connected_ray(args.dry_run):
+                    rows += run_steps(ray_steps, device, args.dry_run, tmp,
+                                      env["step_seconds"])
+            except Exception as e:  # noqa: BLE001 — Ray did not start: say so in the table
+                rows.append(failed_row("ray", e))
+    env["seconds"] = round(time.perf_counter() - t0, 1)
     with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
         json.dump({"env": env, "rows": rows}, f, indent=1)
     with open(os.path.join(args.out, "GPU_CHECK.md"), "w") as f:

@@ -125,6 +125,12 @@ class LocalConfig:
     keep_optimizer_state: bool = spec(
         False, help="keep each client's momentum buffer between rounds (client state store)")
     bf16: bool = spec(False, help="autocast forward passes to bfloat16 (fp32 master weights)")
+    dp_noise_multiplier: float | None = spec(
+        None, ge=0, help="local DP-SGD with Opacus (per-sample clipping, Gaussian noise of this "
+                         "multiplier on each batch's gradient sum); None: off")
+    dp_max_grad_norm: float = spec(1.0, gt=0, help="local DP-SGD: per-sample gradient clip norm")
+    dp_delta: float = spec(1e-5, gt=0, lt=1, help="local DP-SGD: δ of the per-client ε "
+                                                  "reported by Opacus' RDP accountant")
 
 
 @dataclass
@@ -265,6 +271,60 @@ class FleetConfig:
 
 
 @dataclass
+class DPConfig:
+    """Central, client-level differential privacy: DP-FedAvg (McMahan et al., ICLR 2018) with
+    an accountant from Google's ``dp-accounting`` (:mod:`fedray.privacy`)."""
+
+    enabled: bool = spec(False, help="clip every client's update and add Gaussian noise to "
+                                     "their sum (needs noise_multiplier or target_epsilon)")
+    clip_norm: float = spec(1.0, gt=0, help="C: L2 bound of one client's update (the initial "
+                                            "bound with adaptive_clip)")
+    noise_multiplier: float | None = spec(None, ge=0, help="σ: the noise on the sum has std "
+                                                           "σ·C")
+    target_epsilon: float | None = spec(None, gt=0, help="calibrate σ before the run so that "
+                                                         "ε after all rounds is at most this")
+    delta: float | None = spec(None, gt=0, lt=1, help="δ of the reported ε (default "
+                                                      "1/N^1.1 for N clients)")
+    accountant: Literal["rdp", "pld"] = spec("rdp", help="privacy accountant (dp-accounting): "
+                                                         "Rényi DP or privacy loss "
+                                                         "distributions")
+    sampling: Literal["fixed", "poisson"] = spec(
+        "fixed", help="fixed: clients.per_round drawn without replacement; poisson: every "
+                      "client joins with q = per_round / N")
+    adaptive_clip: bool = spec(False, help="adapt C to a quantile of the update norms "
+                                           "(Andrew et al., NeurIPS 2021)")
+    target_quantile: float = spec(0.5, gt=0, lt=1, help="adaptive_clip: γ, the share of "
+                                                        "updates C should bound")
+    clip_lr: float = spec(0.2, gt=0, help="adaptive_clip: η_C of C ← C·exp(−η_C (b̄ − γ))")
+    count_noise: float | None = spec(None, gt=0, help="adaptive_clip: σ_b, std of the noise on "
+                                                      "the clipped count (default K/20)")
+
+    def validate(self, cfg: Any) -> None:
+        if not self.enabled:
+            return
+        from fedray.privacy import check_config
+
+        check_config(cfg)
+
+
+@dataclass
+class TrackingConfig:
+    """Experiment tracking through the libraries themselves (:mod:`fedray.tracking`)."""
+
+    tensorboard: bool = spec(False, help="write every round's metrics and the config with "
+                                         "TensorBoard's SummaryWriter to RUN_DIR/tensorboard")
+    mlflow: str | None = spec(None, help="log to MLflow at this tracking URI (a local path or "
+                                         "file: URI is a file store: no server needed)")
+    mlflow_experiment: str | None = spec(None, help="MLflow experiment name (default: the "
+                                                    "config's name)")
+
+    def validate(self, cfg: Any) -> None:
+        from fedray.tracking import check_config
+
+        check_config(cfg)
+
+
+@dataclass
 class PretrainConfig:
     """Central pretraining of a shared base (``fedray pretrain``); the FLITE paper's recipe:
     SGD momentum 0.9, lr 0.05 with a 3-epoch linear warmup then cosine decay, weight decay
@@ -297,6 +357,8 @@ class ExperimentConfig:
     eval: EvalConfig = spec(default_factory=EvalConfig)
     runtime: RuntimeConfig = spec(default_factory=RuntimeConfig)
     fleet: FleetConfig = spec(default_factory=FleetConfig)
+    dp: DPConfig = spec(default_factory=DPConfig)
+    tracking: TrackingConfig = spec(default_factory=TrackingConfig)
     pretrain: PretrainConfig = spec(default_factory=PretrainConfig)
     sections: dict[str, Any] = field(default_factory=lambda: default_sections(), repr=False,
                                      metadata={"internal": True})
@@ -540,7 +602,7 @@ def validate(cfg: ExperimentConfig) -> None:
         raise ConfigError("eval.clients", "all", f"sampled or none above {EVAL_ALL_MAX:,} "
                           f"clients (all evaluates every one of the {c.num_clients:,} clients "
                           f"every round)")
-    for section in [cfg.fleet, *cfg.sections.values()]:
+    for section in [cfg.fleet, cfg.dp, cfg.tracking, *cfg.sections.values()]:
         if hasattr(section, "validate"):
             section.validate(cfg)
 
@@ -558,6 +620,18 @@ def validate(cfg: ExperimentConfig) -> None:
     if hasattr(params, "validate"):
         params.validate(cfg)
     cfg.algorithm = {"name": aname, **dataclasses.asdict(params)}
+    if cfg.local.dp_noise_multiplier is not None:
+        if not getattr(method_cls, "supports_dp_sgd", False):
+            allowed = sorted(m for m, c in registry.methods().items()
+                             if getattr(c, "supports_dp_sgd", False))
+            raise ConfigError("local.dp_noise_multiplier", cfg.local.dp_noise_multiplier,
+                              f"unset for {aname}; local DP-SGD runs with {', '.join(allowed)}")
+        try:
+            shape = dataset_shape(cfg.data)
+        except ConfigError:  # a table read at run time: the executor checks the model then
+            shape = None
+        if shape is not None:
+            method_cls.check_dp_sgd(cfg, *shape)
 
 
 def _validate_population(cfg: ExperimentConfig) -> None:

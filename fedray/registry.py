@@ -27,7 +27,7 @@ COMMANDS: dict[str, Any] = {}
 PLUGIN_GROUP = "fedray.plugins"
 RESERVED_SECTIONS = {"name", "seed", "rounds", "run_dir", "data", "clients", "model",
                      "algorithm", "local", "payload", "eval", "runtime", "pretrain", "sections",
-                     "sweep"}
+                     "sweep", "fleet", "dp", "tracking"}
 BUILTIN = ("fedray.models",)
 _discovered = False
 

@@ -21,16 +21,24 @@ def gpu_check(*args: str, env: dict | None = None) -> subprocess.CompletedProces
                           capture_output=True, text=True, timeout=600)
 
 
-def test_dry_run_exercises_every_check(ray_session, tmp_path):
-    res = gpu_check("--dry-run", "--out", str(tmp_path),
+@pytest.fixture(scope="module")
+def dry_run(ray_session, tmp_path_factory):
+    """One dry run of every check (a minute or two): (completed process, report, out dir)."""
+    out = tmp_path_factory.mktemp("gpu_check")
+    res = gpu_check("--dry-run", "--out", str(out),
                     env={"RAY_ADDRESS": ray_session.get_runtime_context().gcs_address})
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    return res, json.loads((out / "gpu_check.json").read_text()), out
+
+
+def test_dry_run_exercises_every_check(dry_run):
+    res, report, tmp_path = dry_run
     rows = report["rows"]
     assert report["env"]["dry_run"] and report["env"]["device"] == "cpu"
     assert {r["check"] for r in rows} == {"favor_bf16", "favor_memory", "favor_memory_model",
-                                          "flite_bf16",
-                                          "drod_deterministic", "ray_tiers", "fatal_error"}
+                                          "flite_bf16", "drod_deterministic", "ray_tiers",
+                                          "fatal_error", "favor_qlora_fleet",
+                                          "drod_fleet_gpu", "flite_resnet18"}
     assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
     (bf16,) = [r for r in rows if r["check"] == "favor_bf16"]
     assert bf16["param_dtype"] == "torch.bfloat16"  # the alignment ran on bf16 hidden states
@@ -39,9 +47,54 @@ def test_dry_run_exercises_every_check(ray_session, tmp_path):
     assert len(tiers) == 5 and sum(bool(r["gpu_ids"]) for r in tiers) == 4
     (fatal,) = [r for r in rows if r["check"] == "fatal_error"]
     assert fatal["executor_restarts"] == 1
-    assert "| fatal_error | yes |" in (tmp_path / "GPU_CHECK.md").read_text()
+    md = (tmp_path / "GPU_CHECK.md").read_text()
+    assert "| fatal_error | yes |" in md and "| drod_fleet_gpu | yes |" in md
     last = json.loads(res.stdout.strip().splitlines()[-1])
     assert last == {"ok": True, "failed": [], "out": str(tmp_path)}
+
+
+def fleet(rows: list[dict], check: str, shares: dict[str, float]) -> dict:
+    """The row of a fleet check, after checking what every fleet row must show in a dry
+    run: each tier's executors placed by Ray with the declared GPU share (on the declared
+    GPU, computing on the CPU), each of them ran clients and reports a peak RSS but no GPU
+    peak, each tier trained samples at a positive rate, and the CPU reference run sampled
+    the same clients and sent the same bytes, with the same losses bit for bit."""
+    (row,) = [r for r in rows if r["check"] == check]
+    assert {t: v["num_gpus"] for t, v in row["tiers"].items()} == shares
+    for tier, v in row["tiers"].items():
+        assert v["ray_gpu_shares"] == [shares[tier]]
+        assert v["clients"] > 0 and v["samples_trained"] > 0 and v["samples_per_s"] > 0
+    for e in row["executors"]:
+        assert e["ray_gpu_share"] == shares[e["executor"].split("/")[0]]
+        assert e["device"] == "cpu" and e["gpu_ids"] and e["clients"] > 0
+        assert e["peak_gpu_mib"] is None and e["peak_rss_mib"] > 0
+    ref = row["cpu_reference"]
+    assert ref["different"] == [] and set(ref["equal"]) >= {"sampled", "tier",
+                                                            "upload_bytes", "num_samples"}
+    assert ref["upload_bytes"] == ref["cpu_upload_bytes"] > 0
+    assert ref["round1_loss_rel_diff"] == 0.0
+    return row
+
+
+def test_dry_run_fleets_on_fractional_gpus(dry_run):
+    """The three fleets of issue #15 in the dry run: FAVoR's QLoRA fleet (quantization off
+    on the CPU, said so), DROD's tiers at 0.5 / 0.25 / 0.125 GPU, FLITE on a ResNet-18 at
+    CIFAR's shape."""
+    rows = dry_run[1]["rows"]
+    favor = fleet(rows, "favor_qlora_fleet", {"lm": 0.125})
+    assert len(favor["executors"]) == 2  # the GPU run's 8, scaled to a 2-core machine
+    assert favor["linear4bit_layers"] == 0 and favor["quantization"].startswith("off")
+    drod = fleet(rows, "drod_fleet_gpu", {"t100": 0.5, "t025": 0.25, "t006": 0.125})
+    assert [drod["tiers"][t]["capacity"] for t in ("t100", "t025", "t006")] == [
+        1.0, 0.251, 0.064]
+    assert not drod["deterministic"]  # no GPU type to pin in a dry run
+    flite = fleet(rows, "flite_resnet18", {"gpu": 0.25})
+    assert flite["mapped_layers"] == 20 and flite["latents"] == 1280
+    assert flite["latent_bytes"] == 648  # int4: 640 B of codes + scale and zero-point
+    (sent,) = flite["upload_bytes_per_client"]  # every upload the same: z and its header
+    assert sent == 648 + flite["header_bytes"]
+    assert flite["cpu_reference"]["upload_bytes"] == (
+        sent * flite["clients_per_round"] * flite["rounds"])
 
 
 def test_without_cuda_it_refuses_and_says_why(tmp_path):
@@ -53,3 +106,6 @@ def test_without_cuda_it_refuses_and_says_why(tmp_path):
     assert res.returncode == 2
     assert "no CUDA device" in res.stderr and "--dry-run" in res.stderr
     assert not (tmp_path / "gpu_check.json").exists()
+    helped = gpu_check("--help")  # says how to run it on a GPU machine
+    assert helped.returncode == 0
+    assert "bash benchmarks/gpu_check.sh --out runs/gpu_check" in helped.stdout

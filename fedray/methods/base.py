@@ -210,6 +210,10 @@ class Algorithm:
     supports_continual: ClassVar[bool] = False
     # the upload has the broadcast's tensor shapes: update transforms (top-k, int8, ...) apply
     supports_transforms: ClassVar[bool] = False
+    # every client's update has one shape: central DP (fedray.privacy) clips and noises it
+    supports_dp: ClassVar[bool] = False
+    # its clients train with fedray.training.train_local's SGD: local DP-SGD (Opacus) applies
+    supports_dp_sgd: ClassVar[bool] = False
 
     def __init__(self, cfg: Any, params: Any):
         self.cfg = cfg
@@ -248,6 +252,17 @@ class Algorithm:
         fleet clock's ``cost`` (:mod:`fedray.fleet`). 1 unless the method trains
         sub-models."""
         return 1.0
+
+    def to_delta(self, global_state: State, upload: State) -> State:
+        """The update central DP clips, from a decoded upload (default: the upload's tensors
+        named in the global state — the FedAvg family uploads Δ itself; anything else, such
+        as a client's own norm, is dropped)."""
+        return {k: v for k, v in upload.items() if k in global_state}
+
+    def from_delta(self, global_state: State, delta: State) -> State:
+        """An upload standing for the (privatized) update ``delta`` (inverse of
+        :meth:`to_delta`)."""
+        return delta
 
     def upgrade_state(self, state: Any) -> Any:
         """A client state as this version stores it, from one an older version wrote (a run

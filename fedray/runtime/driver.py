@@ -19,6 +19,7 @@ queue in simulated time (:meth:`Driver.run_async_step`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from fedray.fleet import Fleet
 from fedray.methods.base import AsyncUpdate, ClientResult, EvalResult, Status
 from fedray.metrics import MetricsWriter
 from fedray.payload import Payload
+from fedray.privacy import CentralDP, poisson_sample
 from fedray.registry import make_method
 from fedray.runtime.pool import DeadJob, ExecutorPool
 from fedray.seeding import rng
@@ -134,6 +136,8 @@ class Driver:
         self.async_bcast: dict[int, dict[str, tuple]] = {}
         self._data: Any = None
         self.bounds: dict[int, float] = {}  # dispatch -> earliest finish (derived, not saved)
+        self.privacy = (CentralDP(cfg, self.algorithm.to_delta, self.algorithm.from_delta)
+                        if cfg.dp.enabled else None)
 
     def tier_of(self, client: int) -> str:
         """A client's tier (:meth:`ExperimentConfig.tier_of`), remembered for the clients seen:
@@ -168,6 +172,8 @@ class Driver:
             self.pool.restarts = ck["restarts"]
             self.sim_time = float(ck.get("sim_time", 0.0))
             self.failed_rounds = int(ck.get("failed_rounds", 0))
+            if self.privacy is not None:
+                self.privacy.load_state_dict(ck["dp"])
             if "async" in ck:
                 a = ck["async"]
                 self.dispatched = int(a["dispatched"])
@@ -229,7 +235,11 @@ class Driver:
         cfg, fl = self.cfg, self.cfg.fleet
         k = cfg.clients.sampled_count()
         want = min(self.num_clients, math.ceil((1 + fl.overcommit) * k)) if fl.overcommit else k
-        if self.fleet.availability is None:
+        if self.privacy is not None and self.privacy.sampling == "poisson":
+            sampled = poisson_sample(cfg.seed, r, self.num_clients, k / self.num_clients)
+            if not sampled:
+                return self._idle_round(r, t0, wait=False)
+        elif self.fleet.availability is None:
             sampled = sample_clients(cfg.seed, r, self.num_clients, want)
         else:
             sampled = self.fleet.sample(r, want, self.sim_time)
@@ -291,6 +301,7 @@ class Driver:
         self.failed_rounds += failed
         extra = {"sim_seconds": duration, "cum_sim_seconds": self.sim_time,
                  "round_failed": float(failed)}
+        extra |= self._dp_row()
         client_extra = {c: {"sim_seconds": t} for c, t in times.items()}
         if len(accepted) + lost < cfg.runtime.min_accepted:
             self._log(RoundRecord(r, sampled, final, attempts, download, Evaluation(), {},
@@ -300,6 +311,7 @@ class Driver:
                                     if not final[c].ok])
         policy_metrics: dict[str, Any] = {}
         if accepted and not failed:
+            accepted = self._privatize(accepted, r, extra)
             self.global_state, policy_metrics = self.policy.aggregate(
                 self.global_state, accepted, r)
         self.round = r
@@ -309,6 +321,21 @@ class Driver:
                                     client_extra, extra))
         self._checkpoint_if_due(r)
         return row
+
+    def _dp_row(self) -> dict[str, float]:
+        """ε so far, in every round row of a DP run (a release updates it)."""
+        return {} if self.privacy is None else {"dp_epsilon": self.privacy.epsilon()}
+
+    def _privatize(self, accepted: list[tuple[int, int, dict]], r: int, extra: dict
+                   ) -> list[tuple[int, int, dict]]:
+        """With central DP (:mod:`fedray.privacy`): every accepted update replaced by the
+        round's privatized mean, with unit weight; the DP metrics go to ``extra``."""
+        if self.privacy is None:
+            return accepted
+        mean, metrics = self.privacy.privatize(self.global_state, [u for _, _, u in accepted],
+                                               r)
+        extra.update(metrics)
+        return [(c, 1, mean) for c, _, _ in accepted]
 
     def _checkpoint_if_due(self, r: int) -> None:
         if r % self.cfg.runtime.checkpoint_every == 0 or r == self.cfg.rounds:
@@ -324,10 +351,11 @@ class Driver:
                                 f"time and none comes online later (fleet.availability)")])
         return float(np.nextafter(later, math.inf))
 
-    def _idle_round(self, r: int, t0: float) -> dict:
-        """A round in which no client is online: the clock jumps to the next time one comes
-        online; the round is logged as failed and the model is unchanged."""
-        later = self._next_online(r)
+    def _idle_round(self, r: int, t0: float, wait: bool = True) -> dict:
+        """A round in which no client is online (or a Poisson draw picked none): the clock
+        jumps to the next time one comes online (``wait``); the round is logged as failed
+        and the model is unchanged (nothing is released: no privacy spent)."""
+        later = self._next_online(r) if wait else self.sim_time
         duration = later - self.sim_time
         self.sim_time = later
         self.failed_rounds += 1
@@ -335,7 +363,7 @@ class Driver:
         row = self._log(RoundRecord(r, [], {}, {}, {}, self._evaluate(r, []), {}, 0,
                                     time.perf_counter() - t0, {},
                                     {"sim_seconds": duration, "cum_sim_seconds": self.sim_time,
-                                     "round_failed": 1.0}))
+                                     "round_failed": 1.0, **self._dp_row()}))
         self._checkpoint_if_due(r)
         return row
 
@@ -536,6 +564,11 @@ class Driver:
                 raise RoundFailedError(r, len(buffer), self.policy.buffer_size, [
                     (c2, str(final[c2].status), final[c2].error) for c2 in popped[-3:]])
         self._charge_upload(popped, final)
+        extra: dict[str, float] = {}
+        if self.privacy is not None:
+            mean = self._privatize([(u.client_id, u.num_samples, u.upload) for u in buffer],
+                                   r, extra)[0][2]
+            buffer = [dataclasses.replace(u, upload=mean, num_samples=1) for u in buffer]
         self.global_state, policy_metrics = self.policy.aggregate_async(
             self.global_state, buffer, r)
         self.round = r
@@ -543,8 +576,8 @@ class Driver:
         self.states = {v: s for v, s in self.states.items() if v in live}
         self.async_bcast = {v: b for v, b in self.async_bcast.items() if v in live}
         policy_metrics["mean_staleness"] = float(np.mean([u.staleness for u in buffer]))
-        extra = {"sim_seconds": self.sim_time - start_time, "cum_sim_seconds": self.sim_time,
-                 "round_failed": 0.0}
+        extra |= {"sim_seconds": self.sim_time - start_time, "cum_sim_seconds": self.sim_time,
+                  "round_failed": 0.0}
         evaluation = self._evaluate(r, sorted(popped))
         row = self._log(RoundRecord(r, sorted(popped), final, dict.fromkeys(popped, 1),
                                     download, evaluation, policy_metrics,
@@ -690,6 +723,8 @@ class Driver:
               "totals": dict(self.totals), "restarts": self.pool.restarts,
               "has_base": sorted(self.has_base), "sim_time": self.sim_time,
               "failed_rounds": self.failed_rounds}
+        if self.privacy is not None:
+            ck["dp"] = self.privacy.state_dict()
         if self.asynchronous:  # the buffer is empty here; what is in flight is recomputed
             ck["async"] = {"dispatched": self.dispatched,
                            "inflight": [[d, f["client"], f["version"], f["start"],
@@ -718,7 +753,8 @@ class Driver:
         self.metrics.consolidate()
         return {"round": self.round, "totals": dict(self.totals),
                 "executor_restarts": self.pool.restarts, "sim_seconds": self.sim_time,
-                "failed_rounds": self.failed_rounds}
+                "failed_rounds": self.failed_rounds,
+                "privacy": self.privacy.summary() if self.privacy is not None else None}
 
     def shutdown(self) -> None:
         self.pool.shutdown()

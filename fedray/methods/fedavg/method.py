@@ -78,6 +78,35 @@ class FedAvg(Algorithm):
     name = "fedavg"
     Params = FedAvgParams
     supports_transforms = True
+    supports_dp = True
+    supports_dp_sgd = True
+
+    @classmethod
+    def check_dp_sgd(cls, cfg: Any, input_shape: tuple[int, ...], num_classes: int) -> None:
+        """Local DP-SGD needs a model Opacus can wrap (no BatchNorm) and no kept optimizer
+        state (its optimizer is Opacus' own, rebuilt every round)."""
+        from fedray.models import build_model
+        from fedray.training import opacus_problems
+
+        loc = cfg.local
+        if loc.keep_optimizer_state:
+            raise ConfigError("local.keep_optimizer_state", True,
+                              "false with local DP-SGD (local.dp_noise_multiplier)")
+        kwargs = {k: v for k, v in cfg.model.items() if k != "name"}
+        problems = opacus_problems(build_model(cfg.model["name"], tuple(input_shape),
+                                               num_classes, **kwargs))
+        if problems:
+            raise ConfigError("model.name", cfg.model["name"],
+                              f"a model Opacus can wrap for local DP-SGD ({problems[0]})")
+
+    def dp_sgd(self) -> Any:
+        """Local DP-SGD settings (``local.dp_*``), or None when off."""
+        from fedray.training import DPSGD
+
+        loc = self.cfg.local
+        if loc.dp_noise_multiplier is None:
+            return None
+        return DPSGD(loc.dp_noise_multiplier, loc.dp_max_grad_norm, loc.dp_delta)
 
     @property
     def uses_client_state(self) -> bool:  # type: ignore[override]
@@ -140,7 +169,7 @@ class FedAvg(Algorithm):
             lr=loc.lr, momentum=loc.momentum, weight_decay=loc.weight_decay, seed=ctx.seed,
             round=ctx.round, client=ctx.client_id, max_steps=loc.max_steps, device=ctx.device,
             grad_hook=self.grad_hook(model, broadcast, ctx.device), optimizer_state=opt_state,
-            bf16=loc.bf16)
+            bf16=loc.bf16, dp_sgd=self.dp_sgd())
         metrics.update(train_metrics)
         if self.cfg.eval.local_before_after:
             metrics["acc_after"] = evaluate(model, ctx.x_test, ctx.y_test, ctx.device)["accuracy"]

@@ -114,6 +114,7 @@ class Flite(FedAvg):
     # it uploads the latent z itself, not a delta: error feedback would pile up absolute
     # values, and per-layer scopes rename it; its codec is payload.upload
     supports_transforms = False
+    supports_dp_sgd = False  # Adam on the latents, through the mapping: not Opacus-wrappable
 
     @classmethod
     def sweep_preset(cls, cfg: Any) -> dict[str, dict]:
@@ -157,6 +158,16 @@ class Flite(FedAvg):
         else:
             upload = {f"z/{m.name}": m.z.detach().cpu().numpy() for m in mapping.maps}
         return ClientOutput(upload, len(ctx.x_train), metrics)
+
+    def to_delta(self, global_state, upload):
+        """DP clips in latent space: the client's latent minus the broadcast latent z̄ (the
+        upload is z itself, or its per-layer parts in layer order)."""
+        z = upload["z"] if "z" in upload else np.concatenate(
+            [np.ravel(v) for k, v in upload.items() if k.startswith("z/")])
+        return {"z": np.asarray(z, np.float32) - global_state["z"]}
+
+    def from_delta(self, global_state, delta):
+        return {"z": (global_state["z"] + delta["z"]).astype(np.float32)}
 
     def evaluate(self, resident, broadcast, x, y, device="cpu"):
         from fedray.training import evaluate
