@@ -1,5 +1,7 @@
 """The ``fedray`` command line. Every informational command takes ``--json`` and then prints
-exactly one JSON object on stdout (progress and logs go to stderr)."""
+exactly one JSON object on stdout; without it, a human summary ending with where the files
+are. Progress (:mod:`fedray.progress`) and logs go to stderr; the libraries' own progress
+bars and known-harmless warnings only with ``fedray -v``."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import typer
 from fedray import registry
 from fedray.config import DEFAULT_METHOD, load_config
 from fedray.config import keys as config_keys
-from fedray.console import DEFAULT_SHAPES, JSON_OPT, SET_OPT, emit, fail
+from fedray.console import DEFAULT_SHAPES, JSON_OPT, SET_OPT, emit, fail, set_verbosity
 from fedray.console import parse_shape as _parse_shape
 from fedray.spec import ConfigError
 
@@ -40,12 +42,28 @@ for _name, _sub in registry.commands().items():  # the methods' own sub-commands
 DEMO_CONFIG = "fedavg_digits.yaml"
 
 
+@app.callback()
+def options(verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="Show the libraries' own progress bars and warnings "
+                                       "(hidden by default), here and in the Ray workers.")
+            ) -> None:
+    """Options of every command (before its name: `fedray -v run ...`)."""
+    set_verbosity(verbose)
+
 
 def demo_config_path() -> Path:
     return Path(str(resources.files("fedray") / "configs" / DEMO_CONFIG))
 
 
-def _summary_text(s: dict) -> str:
+# what a run directory holds, for the end of a run (written only where it applies)
+RUN_FILES = [("summary.json", "this summary"), ("rounds.parquet", "metrics per round"),
+             ("clients.parquet", "metrics per client and round"),
+             ("config.yaml", "the resolved config (`fedray run --resume` continues it)")]
+
+
+def summary_text(s: dict, report: str | None = None) -> str:
+    """A run's summary for people: what ran, how well, what it cost, where its files are
+    (``report``: its report, when drawn)."""
     def pct(v: Any) -> str:
         return "–" if v is None else f"{100 * v:.2f}%"
 
@@ -59,7 +77,26 @@ def _summary_text(s: dict) -> str:
             f"client failures {s['client_failures']} · "
             f"executor restarts {s['executor_restarts']}\n"
             f"simulated time {s.get('simulated_hours', 0.0) * 60:.2f} min (fleet clock) · "
-            f"failed rounds {s.get('failed_rounds', 0)}")
+            f"failed rounds {s.get('failed_rounds', 0)}" + _dp_text(s.get("dp"))
+            + "\n" + _files_text(s["run_dir"], report))
+
+
+def _files_text(run_dir: str, report: str | None) -> str:
+    local = "://" not in run_dir
+    files = [f"  {run_dir}/{name:<16} {what}" for name, what in RUN_FILES
+             if not local or os.path.exists(os.path.join(run_dir, name))]
+    return "\n".join([f"files in {run_dir}:", *files,
+                      f"report: {report}" if report else f"plots: fedray report {run_dir}"])
+
+
+def _dp_text(dp: dict | None) -> str:
+    if not dp:
+        return ""
+    eps = "∞" if dp["epsilon"] is None else f"{dp['epsilon']:.3g}"
+    return (f"\nclient-level DP: ε = {eps} at δ = {dp['delta']:.2g} ({dp['accountant']}, "
+            f"{dp['releases']} releases, noise multiplier {dp['noise_multiplier']:.4g}, "
+            f"clip {dp['clip_norm']:.4g}, {dp['sampling']} sampling q = "
+            f"{dp['sampling_rate']:.3g})")
 
 
 @app.command()
@@ -77,6 +114,11 @@ def run(config: Path | None = typer.Argument(
                                        "otherwise needs an empty or new directory)."),
         progress: bool = typer.Option(True, "--progress/--no-progress",
                                       help="Show a progress bar on stderr."),
+        target_epsilon: float | None = typer.Option(
+            None, "--target-epsilon", help="Client-level DP with the noise calibrated "
+                                           "before the run so that ε after all rounds is at "
+                                           "most this (at dp.delta; same as -s dp.enabled=true "
+                                           "-s dp.target_epsilon=X)."),
         as_json: bool = JSON_OPT) -> None:
     """Run a federated experiment (or resume one) and print its summary."""
     from fedray.runtime import resume_config, run_experiment
@@ -84,6 +126,8 @@ def run(config: Path | None = typer.Argument(
     from fedray.runtime.pool import PlacementError
     from fedray.storage import StateFileError
 
+    if target_epsilon is not None:
+        set_ = [*(set_ or []), "dp.enabled=true", f"dp.target_epsilon={target_epsilon}"]
     try:
         if resume:
             cfg = resume_config(resume, set_ or [])
@@ -100,7 +144,7 @@ def run(config: Path | None = typer.Argument(
         fail(str(e), as_json)
     except (RoundFailedError, PlacementError) as e:
         fail(str(e), as_json, code=1)
-    emit(summary, as_json, _summary_text(summary))
+    emit(summary, as_json, summary_text(summary))
 
 
 @app.command()
@@ -120,8 +164,7 @@ def demo(rounds: int | None = typer.Option(None, help="Rounds (default: the conf
     summary = run_experiment(cfg, run_dir, progress=progress)
     if report_:
         summary["report"] = make_report(summary["run_dir"])["markdown"]
-    emit(summary, as_json, _summary_text(summary)
-         + (f"\nreport: {summary['report']}" if report_ else ""))
+    emit(summary, as_json, summary_text(summary, summary.get("report")))
 
 
 @app.command()
@@ -131,8 +174,10 @@ def report(run_dirs: list[str] = typer.Argument(..., help="One run directory, or
                                                      "several runs: compare-TIMESTAMP)."),
            as_json: bool = JSON_OPT) -> None:
     """Plot a run (accuracy vs round, accuracy vs cumulative bytes on a log axis, per tier,
-    method diagnostics) and write a Markdown summary with the payload per client per round
-    and the compression ratio; several runs are overlaid (the bandwidth/accuracy Pareto)."""
+    method diagnostics; chance level dashed) and write a Markdown summary with the payload
+    per client per round and the compression ratio, plus report.html: tables and plots in one
+    self-contained file to share. Several runs are overlaid (the bandwidth/accuracy Pareto),
+    runs differing only in seed as mean ± sd."""
     from fedray.report import compare as make_compare
     from fedray.report import report as make_report
 
@@ -146,7 +191,8 @@ def report(run_dirs: list[str] = typer.Argument(..., help="One run directory, or
             res = make_compare(run_dirs, out or f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
     except FileNotFoundError as e:
         fail(str(e), as_json)
-    emit(res, as_json, f"wrote {res['markdown']}\n" + "\n".join(res["plots"]))
+    emit(res, as_json, f"wrote {res['markdown']} and {res['html']} (one self-contained "
+                       f"file)\n" + "\n".join(res["plots"]))
 
 
 @app.command()
@@ -176,6 +222,8 @@ def tune(config: Path = typer.Argument(..., help="Experiment config; may hold a 
          name: str | None = typer.Option(None, help="Sweep name (default sweep-NAME)."),
          resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep "
                                                             "of this name (Tuner.restore)."),
+         progress: bool = typer.Option(True, "--progress/--no-progress",
+                                       help="Show the sweep's progress on stderr."),
          as_json: bool = JSON_OPT) -> None:
     """Sweep config keys with Ray Tune: each trial is one experiment (driver + executors in
     one placement group) reporting every round; ASHA stops weak trials; the table of all
@@ -187,13 +235,23 @@ def tune(config: Path = typer.Argument(..., help="Experiment config; may hold a 
         res = sweep(config, parsed, overrides=set_ or [], preset=preset, storage_path=storage,
                     name=name, resume=resume, metric=metric, mode=mode,
                     num_samples=num_samples, max_concurrent=max_concurrent,
-                    scheduler=scheduler, grace_period=grace_period)
+                    scheduler=scheduler, grace_period=grace_period, progress=progress)
     except ConfigError as e:
         fail(str(e), as_json)
     out = {"path": res.path, "best_config": res.best_config, "best_metric": res.best_metric,
            "trials": len(res.table), "parquet": res.parquet, "markdown": res.markdown}
-    emit(out, as_json, f"best {res.best_metric:.4f} with {res.best_config} "
-                       f"({len(res.table)} trials)\ntable: {res.markdown}")
+    emit(out, as_json, sweep_text(res))
+
+
+def sweep_text(res: Any) -> str:
+    """A sweep's table for people (SWEEP.md: every trial, best first) and where its files
+    are."""
+    from fedray.storage import Storage
+
+    table = Storage(res.path).read_bytes("SWEEP.md").decode().rstrip()
+    return (f"{table}\n\nfiles in {res.path}:\n  {res.markdown}  this table\n"
+            f"  {res.parquet}  the same as Parquet\n"
+            f"  {res.path}/runs/  one run directory per trial (`fedray report` draws one)")
 
 
 @app.command()
@@ -201,7 +259,8 @@ def compare(run_dirs: list[str] = typer.Argument(..., help="Two or more run dire
             out: str | None = typer.Option(None, help="Output folder "
                                                       "(default compare-TIMESTAMP)."),
             as_json: bool = JSON_OPT) -> None:
-    """Overlay several runs in the same plots and one Markdown table."""
+    """Overlay several runs in the same plots and one Markdown table (plus compare.html);
+    runs whose configs differ only in seed and name are shown as mean ± sd over the seeds."""
     report(run_dirs, out or f"compare-{time.strftime('%Y%m%d-%H%M%S')}", as_json)
 
 

@@ -1,9 +1,20 @@
-"""``fedray report`` and ``fedray compare``: PNG plots and a Markdown summary of runs.
+"""``fedray report`` and ``fedray compare``: PNG plots, a Markdown summary and one
+self-contained HTML page (tables and plots inline, nothing fetched) of runs.
 
 Plots: accuracy vs round (global test set, and personalized = mean over clients of the
-global model on each client's local test split, with its spread), accuracy vs cumulative
-bytes (log x: the communication/accuracy trade-off), and per-tier personalized accuracy
-when a run has several capacity tiers.
+global model on each client's local test split, with its spread over clients), accuracy vs
+cumulative bytes (log x: the communication/accuracy trade-off), accuracy vs simulated time
+(fleet clock) and vs privacy spent (client-level DP) when runs have them, and per-tier
+personalized accuracy when a run has several capacity tiers. Every accuracy axis is a
+fraction correct (↑ better) with the chance level drawn: 1/classes of the run's dataset
+(from ``data.json``, else the config's dataset), none for BlogText, whose accuracy is FAVoR's
+next-token accuracy (its chance depends on the vocabulary and the text, not a class count).
+
+``compare`` groups seeds: runs whose stored ``config.yaml`` is equal except for the
+top-level ``seed`` and ``name`` are one group, plotted as mean ± sd (sample sd, ddof 1) over
+their runs with error bars, and summarised in a second table; runs without a config, or
+alone in their group, are plotted as they are. ``report`` of a single run has no seeds to
+group (its personalized accuracy shows ± sd over clients instead).
 """
 
 from __future__ import annotations
@@ -11,16 +22,34 @@ from __future__ import annotations
 import json
 import math
 import os
+import textwrap
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import yaml
 
 from fedray import registry
+from fedray.config import DataConfig, dataset_shape
 from fedray.metrics import read_metrics
+from fedray.plots import (
+    FRACTION,
+    UP,
+    axis_label,
+    chance_line,
+    error_bars,
+    markdown_html,
+    mean_sd,
+    save_figure,
+)
 from fedray.plots import images as _images
 from fedray.plots import pyplot as _plt
-from fedray.plots import save
+from fedray.spec import ConfigError, build_dataclass
+
+ACCURACY = axis_label("global test accuracy", FRACTION, UP)
+# the per-run table's columns summarised over seeds in ``compare``
+GROUPED = ["final_global_accuracy", "best_global_accuracy", "final_personalized_accuracy",
+           "total_bytes"]
 
 
 def _load(run_dir: str) -> dict[str, Any]:
@@ -29,86 +58,227 @@ def _load(run_dir: str) -> dict[str, Any]:
         clients = read_metrics(run_dir, "clients").to_pandas()
     except FileNotFoundError:
         clients = None
-    summary = {}
-    path = os.path.join(run_dir, "summary.json")
-    if os.path.exists(path):
-        with open(path) as f:
-            summary = json.load(f)
+    summary = _json(os.path.join(run_dir, "summary.json"))
     config = {}
     path = os.path.join(run_dir, "config.yaml")
     if os.path.exists(path):
         with open(path) as f:
             config = yaml.safe_load(f) or {}
     label = summary.get("name") or os.path.basename(os.path.normpath(run_dir))
+    dataset = (config.get("data") or {}).get("dataset")
     return {"dir": run_dir, "rounds": rounds, "clients": clients, "summary": summary,
-            "label": label, "config": config}
+            "label": label, "config": config, "dataset": dataset,
+            "chance": _chance(config, _json(os.path.join(run_dir, "data.json")))}
 
 
-def _accuracy_plots(runs: list[dict], out_dir: str) -> list[str]:
-    plt = _plt()
-    paths = []
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for run in runs:
-        r = run["rounds"]
-        ev = r[~r["global_accuracy"].isna()]
-        axes[0].plot(ev["round"], ev["global_accuracy"], marker=".", label=run["label"])
-        pe = r[~r["personalized_accuracy"].isna()]
-        line, = axes[1].plot(pe["round"], pe["personalized_accuracy"], marker=".",
-                             label=run["label"])
-        axes[1].fill_between(pe["round"], pe["personalized_accuracy"]
-                             - pe["personalized_accuracy_std"], pe["personalized_accuracy"]
-                             + pe["personalized_accuracy_std"], color=line.get_color(),
-                             alpha=0.15)
-    axes[0].set(title="Global test accuracy", xlabel="round", ylabel="accuracy")
-    axes[1].set(title="Personalized accuracy (mean ± std over clients)", xlabel="round")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    paths.append(save(fig, out_dir, "accuracy_vs_round.png"))
+def _json(path: str) -> dict[str, Any]:
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for run in runs:
-        r = run["rounds"]
-        ev = r[~r["global_accuracy"].isna()]
-        ax.plot(ev["cum_bytes"], ev["global_accuracy"], marker=".", label=run["label"])
-    ax.set_xscale("log")
-    ax.set(title="Accuracy vs communication", xlabel="cumulative bytes (up + down)",
-           ylabel="global test accuracy")
+
+def _chance(config: dict[str, Any], data_summary: dict[str, Any]) -> float | None:
+    """The accuracy of guessing, 1/classes: the class count the run's data reported
+    (``data.json``), else the one its configured dataset has; None for BlogText (next-token
+    accuracy) and when neither is known."""
+    data = config.get("data") or {}
+    if data.get("dataset") == "blogtext":
+        return None
+    classes = data_summary.get("num_classes")
+    if not classes:
+        try:
+            classes = dataset_shape(build_dataclass(DataConfig, data, "data"))[1]
+        except (ConfigError, TypeError, ValueError):
+            return None
+    return 1.0 / classes if classes and classes > 1 else None
+
+
+# ----------------------------------------------------------------------------- groups
+
+
+def _groups(runs: list[dict], by_seed: bool) -> list[dict[str, Any]]:
+    """The plotted series: one per run, or with ``by_seed`` one per set of runs whose config
+    is equal except for ``seed`` and ``name`` (see the module docstring), in first-seen
+    order."""
+    groups: dict[str, list[dict]] = {}
+    for i, run in enumerate(runs):
+        cfg = {k: v for k, v in run["config"].items() if k not in ("seed", "name")}
+        key = json.dumps(cfg, sort_keys=True, default=str) if by_seed and cfg else f"#{i}"
+        groups.setdefault(key, []).append(run)
+    out = []
+    for members in groups.values():
+        labels = [r["label"] for r in members]
+        label = labels[0]
+        if len(members) > 1:
+            names = " + ".join(dict.fromkeys(labels))
+            if len(names) > 40:
+                names = os.path.commonprefix(labels).rstrip("-_ .") or labels[0] + " …"
+            label = f"{names} (mean ± sd, {len(members)} seeds)"
+        out.append({"label": label, "runs": members})
+    return out
+
+
+def _frame(run: dict, y: str, x: str = "round") -> pd.DataFrame:
+    """(round, x, y) of the run's rounds where ``y`` was measured."""
+    r = run["rounds"]
+    if y not in r or x not in r:
+        return pd.DataFrame(columns=["round", "x", "y"])
+    ev = r[r[y].notna()]
+    return pd.DataFrame({"round": ev["round"].to_numpy(), "x": ev[x].to_numpy(),
+                         "y": ev[y].to_numpy()})
+
+
+def _aggregate(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Per round over the runs: mean x, mean y, sample sd of y (NaN for one run), count."""
+    df = pd.concat([f for f in frames if len(f)]) if any(len(f) for f in frames) else \
+        pd.DataFrame(columns=["round", "x", "y"], dtype=float)
+    g = df.astype(float).groupby("round")
+    return pd.DataFrame({"x": g["x"].mean(), "mean": g["y"].mean(), "sd": g["y"].std(ddof=1),
+                         "n": g["y"].count()})
+
+
+def _draw(ax: Any, label: str, frames: list[pd.DataFrame]) -> tuple[Any, pd.DataFrame]:
+    """One series: a line for one run, mean ± sd error bars over several; returns its colour
+    and the aggregated curve."""
+    curve = _aggregate(frames)
+    if len(frames) > 1:
+        bars = error_bars(ax, curve["x"], curve["mean"], curve["sd"], label)
+        return bars.lines[0].get_color(), curve
+    line, = ax.plot(curve["x"], curve["mean"], marker=".", label=label)
+    return line.get_color(), curve
+
+
+def _chance_lines(ax: Any, runs: list[dict]) -> None:
+    for level in sorted({r["chance"] for r in runs if r["chance"] is not None}):
+        chance_line(ax, level, f"chance (1/{round(1 / level)} classes)")
+
+
+def _what(groups: list[dict], runs: list[dict]) -> str:
+    """What a figure compares, for its title: the run, or the series side by side, and the
+    dataset they share."""
+    labels = [g["label"] for g in groups]
+    what = " vs ".join(labels)
+    if len(what) > 90:
+        what = f"{len(labels)} series"
+    datasets = {r["dataset"] for r in runs}
+    return what + (f" on {datasets.pop()}" if len(datasets) == 1 and None not in datasets
+                   else "")
+
+
+def _title(measure: str, what: str) -> str:
+    """A plot title: what is measured, then what is compared, wrapped to the plot's width."""
+    return "\n".join(textwrap.fill(t, 70, break_on_hyphens=False) for t in (measure, what))
+
+
+def _finish(ax: Any, **labels: Any) -> None:
+    ax.set(**labels)
+    if labels.get("xlabel") == "round":
+        ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    paths.append(save(fig, out_dir, "accuracy_vs_bytes.png"))
 
-    timed = [run for run in runs if "cum_sim_seconds" in run["rounds"]]
+
+# ----------------------------------------------------------------------------- plots
+
+
+def _accuracy_plots(runs: list[dict], groups: list[dict], out_dir: str) -> list[dict]:
+    """The figures (see the module docstring); each as :func:`fedray.plots.save_figure`
+    describes it."""
+    plt = _plt()
+    figures = []
+    what = _what(groups, runs)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4), sharey=True)
+    seeded = any(len(g["runs"]) > 1 for g in groups)
+    for g in groups:
+        _draw(axes[0], g["label"], [_frame(r, "global_accuracy") for r in g["runs"]])
+        color, curve = _draw(axes[1], g["label"],
+                             [_frame(r, "personalized_accuracy") for r in g["runs"]])
+        if len(g["runs"]) == 1 and len(curve):  # one run: its spread over clients
+            sd = _frame(g["runs"][0], "personalized_accuracy_std").set_index("round")["y"]
+            sd = sd.reindex(curve.index).fillna(0).to_numpy(float)
+            axes[1].fill_between(curve["x"].to_numpy(float), curve["mean"] - sd,
+                                 curve["mean"] + sd, color=color, alpha=0.15)
+    for ax in axes:
+        _chance_lines(ax, runs)
+    spread = "bars: ± sd over seeds" if seeded else ""
+    band = "band: ± sd over clients" if any(len(g["runs"]) == 1 for g in groups) else ""
+    _finish(axes[0], title="Global model on the global test set", xlabel="round",
+            ylabel=ACCURACY)
+    _finish(axes[1], title="Personalized: global model on each client's local test split\n"
+                           f"(mean over clients; {'; '.join(p for p in (band, spread) if p)})",
+            xlabel="round", ylabel=axis_label("personalized accuracy", FRACTION, UP))
+    fig.suptitle(f"Accuracy per round: {what}")
+    figures.append(save_figure(fig, out_dir, "accuracy_vs_round.png"))
+
+    fig, ax = plt.subplots(figsize=(7, 4.6))
+    for g in groups:
+        _draw(ax, g["label"], [_frame(r, "global_accuracy", "cum_bytes") for r in g["runs"]])
+    ax.set_xscale("log")
+    _chance_lines(ax, runs)
+    _finish(ax, title=_title("Accuracy vs communication", what),
+            xlabel=axis_label("cumulative bytes sent, upload + download", "log scale",
+                              "← cheaper"), ylabel=ACCURACY)
+    figures.append(save_figure(fig, out_dir, "accuracy_vs_bytes.png"))
+
+    timed = [g for g in groups if all("cum_sim_seconds" in r["rounds"] for r in g["runs"])]
     if timed:  # the virtual clock (fedray.fleet): what a deployment would wait for
-        longest = max(float(run["rounds"]["cum_sim_seconds"].max()) for run in timed)
+        longest = max(float(r["rounds"]["cum_sim_seconds"].max()) for g in timed
+                      for r in g["runs"])
         unit, scale = (("seconds", 1.0) if longest < 120 else
                        ("minutes", 60.0) if longest < 7200 else ("hours", 3600.0))
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for run in timed:
-            r = run["rounds"]
-            ev = r[~r["global_accuracy"].isna()]
-            ax.plot(ev["cum_sim_seconds"] / scale, ev["global_accuracy"], marker=".",
-                    label=run["label"])
-        ax.set(title="Accuracy vs simulated time", xlabel=f"simulated {unit} (fleet clock)",
-               ylabel="global test accuracy (↑ better)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        paths.append(save(fig, out_dir, "accuracy_vs_sim_time.png"))
+        fig, ax = plt.subplots(figsize=(7, 4.6))
+        for g in timed:
+            frames = [_frame(r, "global_accuracy", "cum_sim_seconds") for r in g["runs"]]
+            _draw(ax, g["label"], [f.assign(x=f["x"] / scale) for f in frames])
+        _chance_lines(ax, runs)
+        _finish(ax, title=_title("Accuracy vs simulated time", what),
+                xlabel=axis_label("simulated time on the fleet clock", unit, "← faster"),
+                ylabel=ACCURACY)
+        figures.append(save_figure(fig, out_dir, "accuracy_vs_sim_time.png"))
 
-    tiered = [run for run in runs if run["clients"] is not None
-              and "eval_accuracy" in run["clients"] and run["clients"]["tier"].nunique() > 1]
+    private = [g for g in groups if all("dp_epsilon" in r["rounds"] for r in g["runs"])]
+    if private:  # client-level DP (fedray.privacy): what each accuracy cost in privacy
+        fig, ax = plt.subplots(figsize=(7, 4.6))
+        for g in private:
+            _draw(ax, g["label"], [_frame(r, "global_accuracy", "dp_epsilon")
+                                   for r in g["runs"]])
+        _chance_lines(ax, runs)
+        _finish(ax, title=_title("Accuracy vs privacy spent", what),
+                xlabel="client-level ε so far (at the run's δ; ← more private)",
+                ylabel=ACCURACY)
+        figures.append(save_figure(fig, out_dir, "accuracy_vs_epsilon.png"))
+
+    tiered = [g for g in groups if all(_tiers(r) for r in g["runs"])]
     if tiered:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for run in tiered:
-            c = run["clients"].dropna(subset=["eval_accuracy"])
-            for tier, g in c.groupby("tier"):
-                m = g.groupby("round")["eval_accuracy"].mean()
-                ax.plot(m.index, m.values, marker=".", label=f"{run['label']} · {tier}")
-        ax.set(title="Personalized accuracy per tier", xlabel="round", ylabel="accuracy")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        paths.append(save(fig, out_dir, "accuracy_per_tier.png"))
-    return paths
+        fig, ax = plt.subplots(figsize=(7, 4.6))
+        for g in tiered:
+            for tier in _tiers(g["runs"][0]):
+                _draw(ax, f"{g['label']} · {tier}", [_tier_frame(r, tier) for r in g["runs"]])
+        _chance_lines(ax, runs)
+        _finish(ax, title=_title("Personalized accuracy per capacity tier (mean over the "
+                                 "tier's evaluated clients)", what),
+                xlabel="round", ylabel=axis_label("personalized accuracy", FRACTION, UP))
+        figures.append(save_figure(fig, out_dir, "accuracy_per_tier.png"))
+    return figures
+
+
+def _tiers(run: dict) -> list[str]:
+    """The capacity tiers of a run with client evaluations on more than one tier."""
+    c = run["clients"]
+    if c is None or "eval_accuracy" not in c or c["tier"].nunique() < 2:
+        return []
+    return sorted(c["tier"].dropna().unique())
+
+
+def _tier_frame(run: dict, tier: str) -> pd.DataFrame:
+    c = run["clients"]
+    c = c[(c["tier"] == tier) & c["eval_accuracy"].notna()]
+    m = c.groupby("round")["eval_accuracy"].mean()
+    return pd.DataFrame({"round": m.index, "x": m.index, "y": m.to_numpy()})
+
+
+# ----------------------------------------------------------------------------- tables
 
 
 def _row(run: dict) -> dict[str, Any]:
@@ -116,27 +286,30 @@ def _row(run: dict) -> dict[str, Any]:
     ev = r[~r["global_accuracy"].isna()]
     last = ev.iloc[-1] if len(ev) else None
 
-    def f(v: Any) -> Any:
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return None
-        return float(v) if isinstance(v, (float, np.floating)) else int(v)
-
     return {
         "run": run["label"], "rounds": int(r["round"].max()),
-        "final_global_accuracy": f(last["global_accuracy"]) if last is not None else None,
-        "best_global_accuracy": f(ev["global_accuracy"].max()) if len(ev) else None,
-        "final_personalized_accuracy": f(last["personalized_accuracy"])
+        "final_global_accuracy": _num(last["global_accuracy"]) if last is not None else None,
+        "best_global_accuracy": _num(ev["global_accuracy"].max()) if len(ev) else None,
+        "final_personalized_accuracy": _num(last["personalized_accuracy"])
         if last is not None else None,
-        "personalized_accuracy_std": f(last["personalized_accuracy_std"])
+        "personalized_accuracy_std": _num(last["personalized_accuracy_std"])
         if last is not None else None,
-        "total_bytes": f(r["cum_bytes"].iloc[-1]),
-        "upload_bytes_per_round": f(r["upload_bytes"].mean()),
+        "total_bytes": _num(r["cum_bytes"].iloc[-1]),
+        "upload_bytes_per_round": _num(r["upload_bytes"].mean()),
         **_payload(run),
-        "mean_round_seconds": f(r["seconds"].mean()),
-        "simulated_hours": f(r["cum_sim_seconds"].iloc[-1] / 3600)
+        "mean_round_seconds": _num(r["seconds"].mean()),
+        "simulated_hours": _num(r["cum_sim_seconds"].iloc[-1] / 3600)
         if "cum_sim_seconds" in r else None,
-        "client_failures": f(r["failed"].sum() + r["rejected"].sum()),
+        "client_failures": _num(r["failed"].sum() + r["rejected"].sum()),
+        **({"dp_epsilon": _num(r["dp_epsilon"].iloc[-1])} if "dp_epsilon" in r else {}),
     }
+
+
+def _num(v: Any) -> Any:
+    """A JSON number (float or int) of a table value; None for a missing one."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    return float(v) if isinstance(v, (float, np.floating)) else int(v)
 
 
 def _payload(run: dict) -> dict[str, Any]:
@@ -151,47 +324,116 @@ def _payload(run: dict) -> dict[str, Any]:
     return {"upload_bytes_per_client_round": per, "compression_ratio": ratio}
 
 
-def _markdown(rows: list[dict], title: str, plots: list[str], out_dir: str) -> str:
-    cols = list(rows[0])
-    fmt = {"total_bytes": "{:,.0f}", "upload_bytes_per_round": "{:,.0f}",
-           "upload_bytes_per_client_round": "{:,.0f}", "compression_ratio": "{:,.1f}×"}
-    lines = [f"# {title}", "", "| " + " | ".join(cols) + " |",
-             "|" + "---|" * len(cols)]
-    for row in rows:
-        cells = []
-        for c in cols:
-            v = row[c]
-            if v is None:
-                cells.append("–")
-            elif isinstance(v, float):
-                cells.append(fmt.get(c, "{:.4f}").format(v))
-            else:
-                cells.append(f"{v:,}" if isinstance(v, int) else str(v))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\n" + _images(plots, out_dir)
+def _group_summary(group: dict, rows: dict[str, dict]) -> dict[str, Any]:
+    """A group's runs, seeds and mean / sd / n over its runs of the :data:`GROUPED`
+    columns."""
+    members = group["runs"]
+    metrics = {}
+    for col in GROUPED:
+        mean, sd, n = mean_sd(rows[r["dir"]].get(col) for r in members)
+        metrics[col] = {"mean": mean, "sd": sd, "n": n}
+    return {"label": group["label"], "runs": [r["dir"] for r in members],
+            "seeds": [r["config"].get("seed") for r in members], "n": len(members),
+            "metrics": metrics}
+
+
+FMT = {"total_bytes": "{:,.0f}", "upload_bytes_per_round": "{:,.0f}",
+       "upload_bytes_per_client_round": "{:,.0f}", "compression_ratio": "{:,.1f}×"}
+
+
+def _cell(col: str, v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return FMT.get(col, "{:.4f}").format(v)
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def _table(cols: list[str], cells: list[list[str]]) -> str:
+    # a "|" inside a cell (a run name) would split it: shown as "/" in Markdown
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in cells]
+    return "\n".join(lines) + "\n"
+
+
+def _markdown(rows: list[dict], title: str, plots: list[str], out_dir: str,
+              runs: list[dict], groups: list[dict] | None = None) -> str:
+    cols = list(dict.fromkeys(c for row in rows for c in row))
+    text = f"# {title}\n\n" + _table(cols, [[_cell(c, row.get(c)) for c in cols]
+                                           for row in rows])
+    text += "\n" + _notes(runs) + "\n"
+    if groups:
+        head = ["group", "runs", "seeds"] + [f"{c} (mean ± sd)" for c in GROUPED]
+        body = []
+        for g in groups:
+            stats = [_cell(c, m["mean"]) + ("" if m["sd"] is None else
+                                            " ± " + _cell(c, m["sd"]))
+                     for c, m in g["metrics"].items()]
+            body.append([g["label"], str(g["n"]), ", ".join(map(str, g["seeds"]))] + stats)
+        text += "\n## Over seeds\n\nRuns whose config is equal except for seed and name, " \
+                "as mean ± sample sd over their runs.\n\n" + _table(head, body)
+    return text + "\n" + _images(plots, out_dir)
+
+
+def _notes(runs: list[dict]) -> str:
+    """What the table's and the plots' numbers are, with the chance level."""
+    parts = ["Accuracies are fractions of test examples predicted correctly (↑ better); "
+             "bytes are cumulative upload + download (↓ better)."]
+    chances = {(r["dataset"], r["chance"]) for r in runs}
+    for dataset, level in sorted(chances, key=str):
+        if level is not None:
+            parts.append(f"Chance on {dataset}: 1/{round(1 / level)} classes = {level:.3f} "
+                         "(dashed line).")
+        elif dataset == "blogtext":
+            parts.append("On blogtext the accuracy is next-token accuracy: no chance level "
+                         "is drawn.")
+    return " ".join(parts) + "\n"
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def _write(out_dir: str, md_name: str, html_name: str, text: str) -> tuple[str, str]:
+    """REPORT.md-style Markdown and its self-contained HTML twin; returns both paths."""
+    md = os.path.join(out_dir, md_name)
+    with open(md, "w") as f:
+        f.write(text)
+    page = os.path.join(out_dir, html_name)
+    with open(page, "w", encoding="utf-8") as f:
+        f.write(markdown_html(text, out_dir))
+    return md, page
+
+
+def _common_chance(runs: list[dict]) -> float | None:
+    levels = {r["chance"] for r in runs}
+    return levels.pop() if len(levels) == 1 else None
 
 
 def report(run_dir: str, out_dir: str | None = None) -> dict[str, Any]:
-    """Plots and REPORT.md for one run (default into RUN_DIR/report), plus the sections its
-    method adds (:meth:`fedray.methods.base.Algorithm.report_sections`: ORDERS' norms and
-    ranks, the continual accuracy matrices, ...)."""
+    """Plots, REPORT.md and report.html for one run (default into RUN_DIR/report), plus the
+    sections its method adds (:meth:`fedray.methods.base.Algorithm.report_sections`:
+    ORDERS' norms and ranks, the continual accuracy matrices, ...). report.html holds the
+    same tables and every plot inline, so the run can be shared as one file. The result
+    names the files and has ``figures`` (what each plot shows: titles, axis labels, chance
+    levels, error bars) and ``chance_level`` (None when there is none)."""
     run = _load(run_dir)
     out_dir = out_dir or os.path.join(run_dir, "report")
     os.makedirs(out_dir, exist_ok=True)
-    plots = _accuracy_plots([run], out_dir)
+    groups = _groups([run], by_seed=False)
+    figures = _accuracy_plots([run], groups, out_dir)
+    plots = [f["path"] for f in figures]
     row = _row(run)
-    text = _markdown([row], f"fedray run: {run['label']}", plots, out_dir)
+    text = _markdown([row], f"fedray run: {run['label']}", plots, out_dir, [run])
     diagnostics: dict[str, Any] = {}
     for section in _method_sections(run, out_dir):
         diagnostics[section.key] = section.data
         plots += section.plots
         text += f"\n## {section.title}\n\n{section.markdown}\n\n" + \
             _images(section.plots, out_dir)
-    md = os.path.join(out_dir, "REPORT.md")
-    with open(md, "w") as f:
-        f.write(text)
+    md, page = _write(out_dir, "REPORT.md", "report.html", text)
     return {"run_dir": run_dir, "out_dir": out_dir, "plots": plots, "markdown": md,
-            "metrics": row, "diagnostics": diagnostics}
+            "html": page, "metrics": row, "diagnostics": diagnostics, "figures": figures,
+            "chance_level": run["chance"]}
 
 
 def _method_sections(run: dict[str, Any], out_dir: str) -> list:
@@ -206,16 +448,24 @@ def _method_sections(run: dict[str, Any], out_dir: str) -> list:
 
 
 def compare(run_dirs: list[str], out_dir: str) -> dict[str, Any]:
-    """Overlay several runs in the same plots and one table."""
+    """Overlay several runs in the same plots, one table and compare.html (tables and plots
+    inline). Runs that differ only in seed (and name) are grouped: one series of mean ± sd
+    error bars, and a second table; the result's ``groups`` has, per series, its runs, seeds
+    and the mean / sd / n of the final and best accuracies and the bytes."""
     runs = [_load(d) for d in run_dirs]
     if len({r["label"] for r in runs}) < len(runs):
         for r in runs:
             r["label"] = os.path.basename(os.path.normpath(r["dir"]))
     os.makedirs(out_dir, exist_ok=True)
-    plots = _accuracy_plots(runs, out_dir)
+    groups = _groups(runs, by_seed=True)
+    figures = _accuracy_plots(runs, groups, out_dir)
+    plots = [f["path"] for f in figures]
     rows = [_row(r) for r in runs]
-    md = os.path.join(out_dir, "COMPARE.md")
-    with open(md, "w") as f:
-        f.write(_markdown(rows, "fedray comparison", plots, out_dir))
+    by_dir = {r["dir"]: row for r, row in zip(runs, rows, strict=True)}
+    summaries = [_group_summary(g, by_dir) for g in groups]
+    seeded = [s for s in summaries if s["n"] > 1]
+    md, page = _write(out_dir, "COMPARE.md", "compare.html",
+                      _markdown(rows, "fedray comparison", plots, out_dir, runs, seeded))
     return {"runs": run_dirs, "out_dir": out_dir, "plots": plots, "markdown": md,
-            "metrics": rows}
+            "html": page, "metrics": rows, "groups": summaries, "figures": figures,
+            "chance_level": _common_chance(runs)}

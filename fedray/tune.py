@@ -9,6 +9,12 @@ from the experiment's ``seed``, so a sweep is repeatable. Each trial writes an
 ordinary fedray run directory; an interrupted sweep resumes with ``Tuner.restore`` and every
 unfinished trial continues from its own last round checkpoint. The sweep ends with a table
 (Parquet + Markdown) of every trial's config and final metrics, best first.
+
+Tracking: with ``tracking.tensorboard`` and/or ``tracking.mlflow`` in the base config, the
+sweep logs through Tune's own callbacks (``TBXLoggerCallback``: event files in each trial's
+Tune directory; ``MLflowLoggerCallback``: one MLflow run per trial, the sampled values as
+params, every report as metrics). The trials' own fedray trackers are switched off, so each
+trial is logged once, by Tune.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import yaml
 
 from fedray import registry
 from fedray.config import ExperimentConfig, load_config, read_file
+from fedray.console import library_stdout
+from fedray.progress import Progress
 from fedray.spec import ConfigError, redact
 
 KINDS = ("choice", "grid", "uniform", "loguniform", "randint")
@@ -228,10 +236,13 @@ class SweepResult:
 def sweep(config: str | os.PathLike | dict, space: dict[str, dict] | None = None, *,
           overrides: Iterable[str] = (), preset: str | None = None,
           storage_path: str = "runs/sweeps", name: str | None = None,
-          resume: bool = False, **options: Any) -> SweepResult:
+          resume: bool = False, progress: bool | Progress = True,
+          **options: Any) -> SweepResult:
     """Run (or, with ``resume``, continue) a sweep and write its result table. When this
     call starts Ray (or ``FEDRAY_CHECK_TRIAL_FITS`` is set, for a fixed-size cluster you
-    started), a trial that can never fit the cluster fails here instead of pending."""
+    started), a trial that can never fit the cluster fails here instead of pending. The
+    sweep is one stage of ``progress`` (a job's, or a display of its own when True),
+    counted in rounds over all trials (a trial stopped early counts as finished)."""
     from ray import tune
 
     from fedray.runtime import init_ray
@@ -242,33 +253,108 @@ def sweep(config: str | os.PathLike | dict, space: dict[str, dict] | None = None
     storage_path = os.path.abspath(storage_path) if "://" not in storage_path else storage_path
     path = os.path.join(storage_path, name)
     run_root = os.path.join(path, "runs")
+    callbacks = tracking_callbacks(cfg, name)  # a bad tracking.* fails here, before Ray
     started = init_ray(cfg)
     cfg = settled(cfg)  # device and placement timeout decided once, here, for every trial
     overrides = [*overrides, override("runtime.device", cfg.runtime.device),
-                 override("runtime.placement_timeout_s", cfg.runtime.placement_timeout_s)]
+                 override("runtime.placement_timeout_s", cfg.runtime.placement_timeout_s),
+                 override("tracking.tensorboard", False), override("tracking.mlflow", None)]
     if started or os.environ.get("FEDRAY_CHECK_TRIAL_FITS"):
         check_trial_fits(cfg)  # a fixed-size Ray cannot grow: fail now, not pend forever
     trainable = tune.with_resources(
         tune.with_parameters(_trial, base=base, overrides=overrides, run_root=run_root,
                              cwd=os.getcwd()),
         tune.PlacementGroupFactory(trial_bundles(cfg), strategy="PACK"))
-    if resume and tune.Tuner.can_restore(path):
-        tuner = tune.Tuner.restore(path, trainable, resume_unfinished=True,
-                                   resume_errored=True)
-    else:
-        scheduler = None
-        if spec.scheduler == "asha":
-            scheduler = tune.schedulers.ASHAScheduler(
-                time_attr="round", max_t=cfg.rounds, grace_period=spec.grace_period,
-                reduction_factor=spec.reduction_factor)
-        tuner = tune.Tuner(
-            trainable, param_space={k: to_tune(v) for k, v in spec.space.items()},
-            tune_config=tune.TuneConfig(
-                metric=spec.metric, mode=spec.mode, num_samples=spec.num_samples,
-                scheduler=scheduler, max_concurrent_trials=spec.max_concurrent,
-                search_alg=tune.search.BasicVariantGenerator(random_state=cfg.seed)),
-            run_config=tune.RunConfig(name=name, storage_path=storage_path, verbose=0))
-    return write_table(tuner.fit(), spec, path)
+    prog = progress if isinstance(progress, Progress) else Progress(1, enabled=progress)
+    with prog.stage(f"sweep {name}", unit="rounds") as stage:
+        if resume and tune.Tuner.can_restore(path):  # its callbacks are the pickled ones
+            tuner = tune.Tuner.restore(path, trainable, resume_unfinished=True,
+                                       resume_errored=True)
+        else:
+            callbacks.append(rounds_callback(stage, cfg.rounds, trial_count(spec)))
+            scheduler = None
+            if spec.scheduler == "asha":
+                scheduler = tune.schedulers.ASHAScheduler(
+                    time_attr="round", max_t=cfg.rounds, grace_period=spec.grace_period,
+                    reduction_factor=spec.reduction_factor)
+            tuner = tune.Tuner(
+                trainable, param_space={k: to_tune(v) for k, v in spec.space.items()},
+                tune_config=tune.TuneConfig(
+                    metric=spec.metric, mode=spec.mode, num_samples=spec.num_samples,
+                    scheduler=scheduler, max_concurrent_trials=spec.max_concurrent,
+                    search_alg=tune.search.BasicVariantGenerator(random_state=cfg.seed)),
+                run_config=tune.RunConfig(name=name, storage_path=storage_path, verbose=0,
+                                          callbacks=callbacks))
+        with library_stdout():  # Tune prints its experiment table even at verbose=0
+            grid = tuner.fit()
+    return write_table(grid, spec, path)
+
+
+def trial_count(spec: SweepSpec) -> int:
+    """How many trials the sweep runs: ``num_samples`` times each grid's values."""
+    return spec.num_samples * math.prod(len(v["grid"]) for v in spec.space.values()
+                                        if "grid" in v)
+
+
+def rounds_callback(stage: Any, rounds: int, n_trials: int) -> Any:
+    """A Tune callback (it runs in this process) that reports the rounds done over all
+    trials to ``stage``: a trial's latest round, all of its rounds once it ended. Tune
+    pickles it with the sweep's state: the stage stays behind (a restored sweep shows the
+    stage's start and end only)."""
+    from ray import tune
+
+    class RoundsDone(tune.Callback):
+        def __init__(self, stage: Any, rounds: int, n_trials: int) -> None:
+            self.stage, self.rounds, self.n_trials = stage, rounds, n_trials
+            self.done: dict[str, int] = {}
+
+        def __getstate__(self) -> dict:
+            return self.__dict__ | {"stage": None}
+
+        def _report(self, trial: Any, done: int) -> None:
+            if self.stage is None:
+                return
+            self.done[trial.trial_id] = done
+            ended = sum(v == self.rounds for v in self.done.values())
+            self.stage.report(sum(self.done.values()),
+                              self.rounds * max(self.n_trials, len(self.done)),
+                              note=f"{ended}/{self.n_trials} trials ended")
+
+        def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
+                            **info: Any) -> None:
+            self._report(trial, int(result.get("round", 0)))
+
+        def on_trial_complete(self, iteration: int, trials: list, trial: Any,
+                              **info: Any) -> None:
+            self._report(trial, self.rounds)
+
+        def on_trial_error(self, iteration: int, trials: list, trial: Any,
+                           **info: Any) -> None:
+            self._report(trial, self.rounds)
+
+    return RoundsDone(stage, rounds, n_trials)
+
+
+def tracking_callbacks(cfg: ExperimentConfig, name: str) -> list[Any]:
+    """Tune's own logger callbacks for the base config's ``tracking`` section: TensorBoard
+    (``TBXLoggerCallback``, which Tune also adds by itself unless
+    ``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=1``) and MLflow (``MLflowLoggerCallback`` on the
+    checked URI, experiment ``tracking.mlflow_experiment`` or the sweep's name)."""
+    from fedray.tracking import check_config, mlflow_uri
+
+    t, callbacks = cfg.tracking, []
+    check_config(cfg)
+    if t.tensorboard:
+        from ray.tune.logger import TBXLoggerCallback
+
+        callbacks.append(TBXLoggerCallback())
+    if t.mlflow is not None:
+        from ray.air.integrations.mlflow import MLflowLoggerCallback
+
+        callbacks.append(MLflowLoggerCallback(
+            tracking_uri=mlflow_uri(t.mlflow), experiment_name=t.mlflow_experiment or name,
+            tags={"fedray.sweep": name}))
+    return callbacks
 
 
 def write_table(grid: Any, spec: SweepSpec, path: str) -> SweepResult:

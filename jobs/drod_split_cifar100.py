@@ -13,8 +13,10 @@ flip; experience replay with 6,400 exemplars fleet-wide (640 per client).
 Any method of the family (``--algorithm fjord|heterofl|fedrolex|shortcut_fjord|
 depth_fedavg``) and objective (``--method er|derpp|bic|ewc|none``) runs on the same harness.
 ``--smoke`` runs the same path tiny on CPU (digits upsampled to 32×32×3 as a 5-task
-stream, a narrow network, 1 round per task): what CI runs. Prints the run summary as JSON
-(``continual`` holds class-IL / task-IL ACC and forgetting per tier and for the fleet).
+stream, a narrow network, 1 round per task): what CI runs. Shows the rounds on stderr and
+ends with the run summary, the continual table (class-IL / task-IL ACC and forgetting per
+tier and for the fleet) and where the files are; ``--json`` prints the summary as one JSON
+object instead (``continual`` holds that table).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from __future__ import annotations
 import argparse
 
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
+
+from fedray.console import add_output_args, emit, set_verbosity
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -50,10 +54,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--smoke", action="store_true", help="tiny CPU run of the same path")
     p.add_argument("-s", "--set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra config override (repeatable)")
+    add_output_args(p)
     args = p.parse_args(argv)
+    set_verbosity(args.verbose)
 
+    from fedray.cli import summary_text
     from fedray.config import load_config
-    from fedray.metrics import json_text
     from fedray.runtime import resumable, run_experiment
 
     names = ("t100", "t025", "t006")
@@ -89,9 +95,21 @@ def main(argv: list[str] | None = None) -> dict:
     rpt = 1 if args.smoke else args.rounds_per_task
     cfg = load_config(None, overrides + [f"eval.every={rpt}"] + args.set)
     resume = resumable(args.run_dir, cfg)  # the same run continues; another is refused
-    summary = run_experiment(cfg, args.run_dir, resume=resume, progress=False)
-    print(json_text(summary))
+    summary = run_experiment(cfg, args.run_dir, resume=resume, progress=not args.no_progress)
+    emit(summary, args.json, continual_text(summary.get("continual")) + summary_text(summary))
     return summary
+
+
+def continual_text(continual: dict | None) -> str:
+    """The per-tier continual-learning table (one row per tier and the fleet)."""
+    if not continual:
+        return ""
+    cols = list(next(iter(continual.values())))
+    rows = [f"{'tier':<8}" + "".join(f"{c:>18}" for c in cols)]
+    for tier, vals in continual.items():
+        rows.append(f"{tier:<8}" + "".join(
+            f"{v:>18.4f}" if isinstance(v, float) else f"{v!s:>18}" for v in vals.values()))
+    return "\n".join(rows) + "\n\n"
 
 
 if __name__ == "__main__":

@@ -9,6 +9,11 @@ SemSim), then the cold-start transfer to 10 held-out authors; the tables land in
 OUT/RESULTS.md + results.parquet (plot: style_retention.png) and OUT/COLD_START.md +
 cold_start.parquet. Measured here: 16 min on 2 cores (`time python jobs/favor_blogtext.py`).
 
+Progress goes to stderr stage by stage (corpus, base LM, ASCE, each method's federation and
+evaluation, cold start); the end prints the tables and where the files are, or with
+``--json`` one JSON object (nothing else on stdout). ``-v`` also shows the libraries' own
+progress bars and warnings.
+
     python jobs/favor_blogtext.py                               # embedded default
     ray job submit --working-dir . -- python jobs/favor_blogtext.py \\
         --data-root /data/blogtext.csv --model Qwen/Qwen2.5-3B-Instruct \\
@@ -22,10 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
+
+from fedray.console import add_output_args, emit, set_verbosity
 
 VARIANTS = ["favor", "fedavg", "ditto", "local"]
 # method -> (algorithm.variant, algorithm.align); None: the variant's default
@@ -64,7 +72,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--ks", type=int, nargs="*", default=[4, 8, 16],
                    help="cold-start shots K (none: skip the cold-start transfer)")
     p.add_argument("-s", "--set", action="append", default=[], metavar="KEY=VALUE")
+    add_output_args(p)
     args = p.parse_args(argv)
+    set_verbosity(args.verbose)
     if args.stress:
         args.authors, args.per_round, args.rounds = 100, 20, 20
 
@@ -74,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
     from fedray.methods.favor.lm import TinyLM
     from fedray.methods.favor.pooled import train_pooled
     from fedray.methods.favor.prepare import embedded_overrides, prepare_embedded
-    from fedray.metrics import json_text
+    from fedray.progress import Progress
     from fedray.registry import build_method
     from fedray.runtime import init_ray, resumable, run_experiment
     from fedray.runtime.devices import run_on_device
@@ -88,6 +98,9 @@ def main(argv: list[str] | None = None) -> dict:
                                            else os.path.join(out, "cache")))
     algo = ["algorithm.name=favor", "algorithm.gini=0.25"]
     data_seed = args.seed if args.data_seed is None else args.data_seed
+    cold_start = "favor" in args.variants and bool(args.ks)
+    progress = Progress((3 if args.data_root is None else 2) + 2 * len(args.variants)
+                        + cold_start, enabled=not args.no_progress)
     if args.data_root is None:  # the embedded default
         if args.smoke:
             args.authors, args.per_round, args.rounds = 6, 3, 2
@@ -95,10 +108,10 @@ def main(argv: list[str] | None = None) -> dict:
             lm = TinyLM(vocab_size=400, hidden_size=32, intermediate_size=64,
                         num_hidden_layers=1, steps=40, batch_size=8, max_length=64,
                         seed=data_seed)
-            prep = prepare_embedded(cache, args.authors, data_seed,
-                                    pretrain_authors=4, lm=lm, roster_posts=(12, 16))
+            prep = prepare_embedded(cache, args.authors, data_seed, pretrain_authors=4,
+                                    lm=lm, roster_posts=(12, 16), progress=progress)
         else:
-            prep = prepare_embedded(cache, args.authors, data_seed)
+            prep = prepare_embedded(cache, args.authors, data_seed, progress=progress)
         algo += embedded_overrides(prep)
         csv = prep["csv"]
         prep_holdout = prep["holdout"]
@@ -112,13 +125,17 @@ def main(argv: list[str] | None = None) -> dict:
 
         prep_holdout = None  # the authors in neither the roster nor the ASCE set
         model = args.model or "Qwen/Qwen2.5-3B-Instruct"
-        tok = AutoTokenizer.from_pretrained(model)
-        authors = load_authors(csv, lambda t: len(tok(t)["input_ids"]), 30_000, args.seed)
-        asce_authors, _ = split_roles(authors, args.authors, 50, args.seed)
-        asce = train_style_encoder([t for a in asce_authors for t in a.train],
-                                   [a.id for a in asce_authors for _ in a.train],
-                                   os.path.join(cache, "asce"),
-                                   backbone=args.asce_backbone, epochs=3, max_length=256)
+        with progress.stage("corpus"):
+            tok = AutoTokenizer.from_pretrained(model)
+            authors = load_authors(csv, lambda t: len(tok(t)["input_ids"]), 30_000,
+                                   args.seed)
+            asce_authors, _ = split_roles(authors, args.authors, 50, args.seed)
+        with progress.stage("ASCE", unit="batches") as stage:
+            asce = train_style_encoder([t for a in asce_authors for t in a.train],
+                                       [a.id for a in asce_authors for _ in a.train],
+                                       os.path.join(cache, "asce"),
+                                       backbone=args.asce_backbone, epochs=3, max_length=256,
+                                       progress=stage.report)
         algo += [f"algorithm.base={model}", f"algorithm.asce={asce}"]
     common = [f"seed={args.seed}", "data.dataset=blogtext", f"data.root={csv}",
               f"clients.num_clients={args.authors}", f"clients.per_round={args.per_round}",
@@ -129,6 +146,17 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     data = None
     started = False
+
+    def evaluate(variant: str, run_dir: str | None, params, **kw) -> dict:
+        """evaluate_style as a Ray task with the executors' GPU share, on the base the
+        adapters were trained with (NF4 on CUDA), not the entry's CPU; one stage."""
+        with progress.stage(f"evaluation {variant}", sum(len(p) for p in data.prompts),
+                            "generations") as stage:
+            style = run_on_device(evaluate_style, run_dir, data, params, args.seed,
+                                  num_gpus=args.gpus, progress=stage.relay(), **kw)
+            stage.report(style["generations"], note=style_note(style))
+        return style
+
     try:
         for variant in args.variants:
             pooled = variant == "pooled"  # centralized reference: one adapter, no federation
@@ -140,32 +168,32 @@ def main(argv: list[str] | None = None) -> dict:
             data = data or build_data(cfg)  # identical for every method: built once
             started = started or init_ray(cfg)
             params = build_method(cfg).params
-            # evaluation and pooled training: Ray tasks with the executors' GPU share, on
-            # the base the adapters were trained with (NF4 on CUDA), not the entry's CPU
-            if pooled:
-                adapter = run_on_device(train_pooled, cfg, data, num_gpus=args.gpus)
-                style = run_on_device(evaluate_style, None, data, params, args.seed,
-                                      adapter=adapter, archive=f"{out}/pooled",
-                                      num_gpus=args.gpus)
+            if pooled:  # training too is a Ray task with the executors' GPU share
+                with progress.stage("pooled training"):
+                    adapter = run_on_device(train_pooled, cfg, data, num_gpus=args.gpus)
+                style = evaluate(variant, None, params, adapter=adapter,
+                                 archive=f"{out}/pooled")
                 extra = {"upload_bytes": 0, "global_next_token_accuracy": None}
             else:
                 run_dir = f"{out}/{variant}"
                 storage, resume = Storage(run_dir), resumable(run_dir, cfg, data)
                 if resume and storage.exists("summary.json"):  # finished: only rescored
                     summary = json.loads(storage.read_bytes("summary.json"))
+                    with progress.stage(cfg.name, unit="rounds") as stage:
+                        stage.report(summary["rounds"], cfg.rounds,
+                                     note="finished before: evaluated again")
                 else:
-                    summary = run_experiment(cfg, run_dir, progress=False, data=data,
+                    summary = run_experiment(cfg, run_dir, progress=progress, data=data,
                                              resume=resume)
-                style = run_on_device(evaluate_style, run_dir, data, params, args.seed,
-                                      archive=run_dir, num_gpus=args.gpus)
+                style = evaluate(variant, run_dir, params, archive=run_dir)
                 extra = {"upload_bytes": summary["total_upload_bytes"],
                          "global_next_token_accuracy": summary["final_global_accuracy"]}
             rows.append({"method": variant, **extra, **style})
-            print(json_text({"variant": variant, **style}), flush=True)
-        write_table(rows, out)
+            write_table(rows, out)  # the table so far: each method's result lands at once
         cold = None
-        if "favor" in args.variants and args.ks:
-            cold = run_cold_start(args, out, prep_holdout, csv, args.seed)
+        if cold_start:
+            with progress.stage("cold start"):
+                cold = run_cold_start(args, out, prep_holdout, csv, args.seed)
     finally:
         if started:
             import ray
@@ -173,8 +201,40 @@ def main(argv: list[str] | None = None) -> dict:
             ray.shutdown()
     result = {"out": redact(out), "seconds": round(time.time() - t0, 1), "rows": rows,
               "cold_start": cold}
-    print(json_text(result))
+    emit(result, args.json, results_text(result, out))
     return result
+
+
+def style_note(style: dict) -> str:
+    """A method's headline style scores, for its evaluation's progress line."""
+    def num(key: str) -> str:
+        v = style.get(key)
+        return f"{v:.3f}" if isinstance(v, float) and v == v else "–"  # None, NaN: –
+
+    return (f"author accuracy {num('author_accuracy')}, gen-gen AUC {num('gen_gen_auc')}, "
+            f"SemSim {num('semsim')}, kept {style.get('kept')}/{style.get('generations')}")
+
+
+def results_text(result: dict, out: str) -> str:
+    """The end of the job for people: the RESULTS.md (and COLD_START.md) tables as written,
+    and where the files are."""
+    from fedray.storage import Storage
+
+    storage = Storage(out)
+    where = result["out"]
+    parts = [f"Style retention ({where}/RESULTS.md):",
+             storage.read_bytes("RESULTS.md").decode().rstrip()]
+    files = ["  RESULTS.md, results.parquet  the table above (all metrics in the Parquet)",
+             "  style_retention.png          its plot"]
+    if result["cold_start"]:
+        parts += ["", f"Cold start ({where}/COLD_START.md):",
+                  storage.read_bytes("COLD_START.md").decode().rstrip()]
+        files.append("  COLD_START.md, cold_start.parquet  the cold-start table")
+    files.append("  METHOD/  each method's run (generations.parquet: every generation with "
+                 "its prompt and reference)")
+    minutes, seconds = divmod(int(result["seconds"]), 60)
+    return "\n".join(parts + ["", f"files in {where}:", *files,
+                              f"finished in {minutes} min {seconds} s"])
 
 
 def run_cold_start(args, out: str, holdout_csv: str | None, csv: str, seed: int) -> list:
@@ -205,11 +265,15 @@ def run_cold_start(args, out: str, holdout_csv: str | None, csv: str, seed: int)
     return rows
 
 
-def write_table(rows: list[dict], out: str) -> None:
-    """results.parquet, RESULTS.md and style_retention.png under ``out`` (path or URI)."""
+def write_table(rows: list[dict], out: str, authors: int | None = None) -> None:
+    """results.parquet, RESULTS.md and style_retention.png under ``out`` (path or URI).
+    The plot (fedray.methods.favor.plots) draws the author-attribution chance 1/authors:
+    ``authors`` when given, else the roster size of the first stored run's config."""
     import tempfile
 
-    from fedray.plots import pyplot, save
+    import yaml
+
+    from fedray.methods.favor.plots import style_retention_plot
     from fedray.storage import Storage
 
     storage = Storage(out)
@@ -220,17 +284,22 @@ def write_table(rows: list[dict], out: str) -> None:
              "|---|" + "---|" * (len(cols) + 1)]
     for r in rows:
         lines.append(f"| {r['method']} | " + " | ".join(
-            f"{r[c]:.3f}" if isinstance(r.get(c), float) else "–" for c in cols)
+            f"{r[c]:.3f}" if isinstance(r.get(c), float) and math.isfinite(r[c]) else "–"
+            for c in cols)
             + f" | {r.get('kept')} / {r.get('generations')} |")
     storage.write_bytes("RESULTS.md", ("\n".join(lines) + "\n").encode())
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
-    for ax, col in zip(axes, ["author_accuracy", "gen_gen_auc", "semsim"], strict=True):
-        ax.bar([r["method"] for r in rows], [r.get(col) or 0 for r in rows])
-        ax.set(title=col.replace("_", " "))
+    if authors is None:  # the roster size a run stored (pooled has no run directory)
+        for method in dict.fromkeys(r["method"] for r in rows):
+            run = Storage(f"{out}/{method}")
+            if run.exists("config.yaml"):
+                config = yaml.safe_load(run.read_bytes("config.yaml").decode())
+                authors = config["clients"]["num_clients"]
+                break
     with tempfile.TemporaryDirectory() as tmp:
-        path = save(fig, tmp, "style_retention.png")
-        storage.write_bytes("style_retention.png", open(path, "rb").read())
+        path = style_retention_plot(rows, os.path.join(tmp, "style_retention.png"),
+                                    authors)["path"]
+        with open(path, "rb") as f:
+            storage.write_bytes("style_retention.png", f.read())
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 Runs locally (`python jobs/fedavg_digits.py`) or on a cluster
 (`ray job submit --working-dir . -- python jobs/fedavg_digits.py`): it joins the cluster in
 RAY_ADDRESS when set (Ray sets it for submitted jobs) and starts a local Ray otherwise.
-Writes the run directory, prints the summary as JSON on stdout, and draws the report.
+Writes the run directory and draws the report; shows the rounds on stderr and ends with the
+run's summary and where its files are (``--json``: the summary as one JSON object).
 """
 
 from __future__ import annotations
@@ -12,14 +13,10 @@ import argparse
 
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
 
+from fedray.console import add_output_args, emit, set_verbosity
+
 
 def main(argv: list[str] | None = None) -> dict:
-    from fedray.cli import demo_config_path
-    from fedray.config import load_config
-    from fedray.metrics import json_text
-    from fedray.report import report
-    from fedray.runtime import run_experiment
-
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, help="rounds (default 30)")
@@ -29,8 +26,14 @@ def main(argv: list[str] | None = None) -> dict:
                    help="3 rounds, 6 clients, small executors: proves the path in seconds")
     p.add_argument("-s", "--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override, e.g. -s local.lr=0.1 (repeatable)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_output_args(p)
     args = p.parse_args(argv)
+    set_verbosity(args.verbose)
+
+    from fedray.cli import demo_config_path, summary_text
+    from fedray.config import load_config
+    from fedray.report import report
+    from fedray.runtime import run_experiment
 
     overrides = []
     if args.smoke:
@@ -42,7 +45,7 @@ def main(argv: list[str] | None = None) -> dict:
     summary = run_experiment(cfg, args.run_dir, progress=not args.no_progress)
     if "://" not in summary["run_dir"]:
         summary["report"] = report(summary["run_dir"])["markdown"]
-    print(json_text(summary))
+    emit(summary, args.json, summary_text(summary, summary.get("report")))
     return summary
 
 

@@ -9,7 +9,9 @@ Adam 1e-2 / wd 1e-4 / clip 1.0, unweighted mean), executors pinned to fractional
         --data-root /mnt/data/cifar --run-dir s3://bucket/runs/flite-c100
 
 ``--smoke`` runs the same path tiny on CPU (digits upsampled to 32×32×3, a narrow ResNet-18,
-2 pretraining epochs, 2 rounds, 4 clients) and needs no dataset: what CI runs.
+2 pretraining epochs, 2 rounds, 4 clients) and needs no dataset: what CI runs. Shows the two
+stages (pretraining epochs, federated rounds) on stderr and ends with the federated run's
+summary and where the files are (``--json``: that summary as one JSON object).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from __future__ import annotations
 import argparse
 
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
+
+from fedray.console import add_output_args, emit, set_verbosity
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -39,13 +43,16 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--smoke", action="store_true", help="tiny CPU run of the same path")
     p.add_argument("-s", "--set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra config override (repeatable)")
+    add_output_args(p)
     args = p.parse_args(argv)
+    set_verbosity(args.verbose)
 
     import ray
 
+    from fedray.cli import summary_text
     from fedray.config import load_config
-    from fedray.metrics import json_text
     from fedray.pretrain import pretrain
+    from fedray.progress import Progress
     from fedray.runtime import init_ray, resumable, run_experiment
 
     if args.smoke:
@@ -74,19 +81,28 @@ def main(argv: list[str] | None = None) -> dict:
     init_ray(pcfg)
     from fedray.storage import Storage
 
-    if not Storage(base_dir).exists("base.npz"):
-        resume = Storage(base_dir).exists("checkpoints/LATEST")
-        task = ray.remote(num_gpus=gpus, num_cpus=1)(pretrain)
-        ray.get(task.remote(pcfg, base_dir, resume=resume, progress=False))
+    progress = Progress(2, enabled=not args.no_progress)
+    with progress.stage("pretrain base", pcfg.pretrain.epochs, "epochs") as stage:
+        if not Storage(base_dir).exists("base.npz"):
+            resume = Storage(base_dir).exists("checkpoints/LATEST")
+            task = ray.remote(num_gpus=gpus, num_cpus=1)(pretrain)
+            ray.get(task.remote(pcfg, base_dir, resume=resume, progress=False,
+                                on_epoch=epoch_reporter(stage.relay(), pcfg.pretrain.epochs)))
+        stage.report(pcfg.pretrain.epochs)
     cfg = load_config(None, common + [
         "algorithm.name=flite", f"algorithm.base={base_dir}", f"algorithm.d={args.d}",
         f"algorithm.r={args.r}", f"payload.upload={args.codec}",
         f"local.epochs={args.local_epochs}"] + args.set)
     fl_dir = f"{args.run_dir}/federated"
     resume = resumable(fl_dir, cfg)  # the same run continues; another is refused
-    summary = run_experiment(cfg, fl_dir, resume=resume, progress=False)
-    print(json_text(summary))
+    summary = run_experiment(cfg, fl_dir, resume=resume, progress=progress)
+    emit(summary, args.json, summary_text(summary) + f"\npretrained base: {base_dir}")
     return summary
+
+
+def epoch_reporter(report, epochs: int):
+    """pretrain's ``on_epoch(history row)`` as a stage's ``(done, total)`` callback."""
+    return lambda row: report(row["epoch"], epochs)
 
 
 if __name__ == "__main__":

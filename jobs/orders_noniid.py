@@ -6,7 +6,8 @@ drift) with an MLP, CNN or LSTM, against FedAvg and FedProx — personalized acc
 
 Defaults to the embedded dataset (scikit-learn's digits, 20 clients, half sampled per
 round); ``--dataset cifar10 --data-root DIR`` runs the same settings on CIFAR-10. ``--smoke``
-is a 3-round, 6-client version of the same path (CI). Prints the run summary as JSON.
+is a 3-round, 6-client version of the same path (CI). Shows the rounds on stderr and ends
+with the run summary and where the files are (``--json``: the summary as one JSON object).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import argparse
 
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
+
+from fedray.console import add_output_args, emit, set_verbosity
 
 BASE = ["rounds=20", "clients.num_clients=20", "clients.fraction=0.5", "local.epochs=2",
         "local.batch_size=16", "local.lr=0.05", "eval.every=2", "eval.finetune_epochs=1",
@@ -52,10 +55,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--smoke", action="store_true", help="3 rounds, 6 clients")
     p.add_argument("-s", "--set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra config override (repeatable)")
+    add_output_args(p)
     args = p.parse_args(argv)
+    set_verbosity(args.verbose)
 
+    from fedray.cli import summary_text
     from fedray.config import load_config
-    from fedray.metrics import json_text
     from fedray.runtime import run_experiment
 
     data = [f"data.dataset={args.dataset}"]
@@ -72,8 +77,8 @@ def main(argv: list[str] | None = None) -> dict:
                       + METHODS[args.method] + smoke
                       + [f"seed={args.seed}", f"name=orders-noniid-{args.method}-"
                          f"{args.skew}-{args.model}"] + args.set)
-    summary = run_experiment(cfg, args.run_dir, progress=False)
-    print(json_text(summary))
+    summary = run_experiment(cfg, args.run_dir, progress=not args.no_progress)
+    emit(summary, args.json, summary_text(summary))
     return summary
 
 

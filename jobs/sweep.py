@@ -7,7 +7,9 @@
 Each trial is one experiment whose driver and executors share one placement group; ASHA
 stops weak trials after ``--grace-period`` rounds; ``--resume`` continues an interrupted
 sweep of the same ``--name``. The per-method jobs (``sweep_drod.py``, ``sweep_orders.py``,
-``sweep_flite.py``) call :func:`main` with their paper setting and ready-made space.
+``sweep_flite.py``) call :func:`main` with their paper setting and ready-made space. Shows
+the rounds over all trials on stderr and ends with the table of trials and where the files
+are (``--json``: one JSON object).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import argparse
 
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
+
+from fedray.console import add_output_args, emit, set_verbosity
 
 
 def parser(description: str = __doc__, config: str | None = None) -> argparse.ArgumentParser:
@@ -37,30 +41,38 @@ def parser(description: str = __doc__, config: str | None = None) -> argparse.Ar
     p.add_argument("--name", help="sweep name (default sweep-NAME)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
     p.add_argument("--smoke", action="store_true", help="a tiny sweep of the same path")
+    add_output_args(p)
     return p
 
 
 def main(argv: list[str] | None = None, *, config: str | None = None,
          preset: str | None = None, smoke: list[str] = (), description: str = __doc__,
-         prepare=None) -> dict:
-    from fedray.metrics import json_text
+         prepare=None, prepare_stages: int = 0) -> dict:
+    """Parse the arguments and sweep. ``prepare(args, overrides, progress)`` runs first and
+    returns more overrides (e.g. a base built once for every trial); it opens
+    ``prepare_stages`` stages of ``progress``."""
+    args = parser(description, config).parse_args(argv)
+    set_verbosity(args.verbose)
+
+    from fedray.cli import sweep_text
+    from fedray.progress import Progress
     from fedray.tune import parse_space_arg, sweep
 
-    args = parser(description, config).parse_args(argv)
     overrides = list(args.set)
     options = {k: getattr(args, k) for k in ("metric", "mode", "num_samples",
                                                "max_concurrent", "scheduler", "grace_period")}
     if args.smoke:
         overrides = list(smoke) + overrides
         options["num_samples"] = options["num_samples"] or 1
+    progress = Progress(prepare_stages + 1, enabled=not args.no_progress)
     if prepare is not None:
-        overrides += prepare(args, overrides)
+        overrides += prepare(args, overrides, progress)
     res = sweep(config or args.config, dict(parse_space_arg(t) for t in args.space),
                 overrides=overrides, preset=args.preset or preset, storage_path=args.storage,
-                name=args.name, resume=args.resume, **options)
+                name=args.name, resume=args.resume, progress=progress, **options)
     out = {"path": res.path, "best_config": res.best_config, "best_metric": res.best_metric,
            "trials": len(res.table), "table": res.markdown}
-    print(json_text(out))
+    emit(out, args.json, sweep_text(res))
     return out
 
 

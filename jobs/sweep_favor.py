@@ -17,7 +17,8 @@ BASE = {"name": "favor-sweep", "rounds": 6, "clients": {"num_clients": 50, "per_
 SMOKE = ["rounds=1", "clients.num_clients=6", "clients.per_round=2", "algorithm.max_steps=1"]
 
 
-def prepare(args, overrides: list[str]) -> list[str]:
+def prepare(args, overrides: list[str], progress) -> list[str]:
+    """The corpus, tiny LM and ASCE, prepared once (three stages of ``progress``)."""
     from fedray.methods.favor.prepare import embedded_overrides, prepare_embedded
 
     if args.smoke:
@@ -26,11 +27,12 @@ def prepare(args, overrides: list[str]) -> list[str]:
         spec = TinyLM(vocab_size=400, hidden_size=32, intermediate_size=64,
                       num_hidden_layers=1, steps=40, batch_size=8, max_length=64)
         prep = prepare_embedded(WORK + "-smoke", 6, 0, pretrain_authors=4, lm=spec,
-                                roster_posts=(12, 16))
+                                roster_posts=(12, 16), progress=progress)
     else:
-        prep = prepare_embedded(WORK, 50, 0)
+        prep = prepare_embedded(WORK, 50, 0, progress=progress)
     return embedded_overrides(prep)
 
 
 if __name__ == "__main__":
-    main(config=BASE, preset="favor", smoke=SMOKE, description=__doc__, prepare=prepare)
+    main(config=BASE, preset="favor", smoke=SMOKE, description=__doc__, prepare=prepare,
+         prepare_stages=3)

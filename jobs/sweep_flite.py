@@ -15,8 +15,9 @@ SMOKE = ["rounds=2", "clients.num_clients=4", "pretrain.epochs=1", "pretrain.war
          "runtime.tiers=[{name: default, executors: 1, num_cpus: 0.5}]"]
 
 
-def pretrain_base(args, overrides: list[str]) -> list[str]:
-    """Pretrain the base into STORAGE/NAME-base once; later sweeps reuse it."""
+def pretrain_base(args, overrides: list[str], progress) -> list[str]:
+    """Pretrain the base into STORAGE/NAME-base once (a stage of ``progress``); later sweeps
+    reuse it."""
     import ray
 
     from fedray.config import load_config
@@ -24,18 +25,23 @@ def pretrain_base(args, overrides: list[str]) -> list[str]:
     from fedray.runtime import init_ray
     from fedray.storage import Storage
 
-    if any(o.startswith("algorithm.base=") for o in overrides):
-        return []
-    storage = args.storage if "://" in args.storage else os.path.abspath(args.storage)
-    base = f"{storage}/{args.name or 'sweep-flite'}-base"
     cfg = load_config(CONFIG, ["algorithm={name: fedavg}", *overrides])
-    if not Storage(base).exists("base.npz"):
-        init_ray(cfg)
-        task = ray.remote(num_cpus=1)(pretrain)
-        ray.get(task.remote(cfg, base, resume=Storage(base).exists("checkpoints/LATEST"),
-                            progress=False))
+    with progress.stage("pretrain base", cfg.pretrain.epochs, "epochs") as stage:
+        if any(o.startswith("algorithm.base=") for o in overrides):
+            return []
+        storage = args.storage if "://" in args.storage else os.path.abspath(args.storage)
+        base = f"{storage}/{args.name or 'sweep-flite'}-base"
+        if not Storage(base).exists("base.npz"):
+            init_ray(cfg)
+            task = ray.remote(num_cpus=1)(pretrain)
+            report, epochs = stage.relay(), cfg.pretrain.epochs
+            ray.get(task.remote(cfg, base, resume=Storage(base).exists("checkpoints/LATEST"),
+                                progress=False,
+                                on_epoch=lambda row: report(row["epoch"], epochs)))
+        stage.report(cfg.pretrain.epochs)
     return [f"algorithm.base={base}"]
 
 
 if __name__ == "__main__":
-    main(config=CONFIG, preset="flite", smoke=SMOKE, description=__doc__, prepare=pretrain_base)
+    main(config=CONFIG, preset="flite", smoke=SMOKE, description=__doc__, prepare=pretrain_base,
+         prepare_stages=1)

@@ -69,13 +69,26 @@ def job_process(ray, script: str, *args: str, timeout: int = 600):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def run_job(ray, script: str, *args: str, timeout: int = 600) -> dict:
-    """:func:`job_process` that must succeed: the JSON object on its last stdout line; also
-    checks the script's ``--help``."""
+def strict_json(text: str) -> dict:
+    """The one JSON object ``text`` holds (nothing else, no NaN/Infinity), parsed strictly."""
     import json
 
-    res = job_process(ray, script, *args, timeout=timeout)
+    def refuse(name: str):
+        raise ValueError(f"non-standard JSON constant {name}")
+
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    assert len(lines) == 1, text[-2000:]
+    obj = json.loads(lines[0], parse_constant=refuse)
+    assert isinstance(obj, dict)
+    return obj
+
+
+def run_job(ray, script: str, *args: str, timeout: int = 600) -> dict:
+    """:func:`job_process` with ``--json`` that must succeed: its one strict JSON object on
+    stdout, its stage progress on stderr; also checks the script's ``--help``."""
+    res = job_process(ray, script, *args, "--json", timeout=timeout)
     assert res.returncode == 0, res.stderr[-3000:]
+    assert "[stage 1/" in res.stderr, res.stderr[-2000:]
     helped = job_process(ray, script, "--help", timeout=60)
     assert helped.returncode == 0 and "--smoke" in helped.stdout
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return strict_json(res.stdout)

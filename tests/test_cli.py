@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import tiny_overrides
+from conftest import strict_json, tiny_overrides
 from typer.testing import CliRunner
 
 from fedray.cli import app
@@ -136,10 +136,10 @@ def test_kill_then_resume_reaches_uninterrupted_state(ray_session, tmp_path):
 @pytest.mark.ray
 def test_job_entry_point_joins_ray_address(ray_session, tmp_path):
     res = subprocess.run([sys.executable, "jobs/fedavg_digits.py", "--smoke", "--no-progress",
-                          "--run-dir", str(tmp_path / "job")], cwd=ROOT, env=_env(ray_session),
-                         capture_output=True, text=True, timeout=300)
+                          "--run-dir", str(tmp_path / "job"), "--json"], cwd=ROOT,
+                         env=_env(ray_session), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
-    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    summary = strict_json(res.stdout)
     assert summary["rounds"] == 3 and summary["final_global_accuracy"] > 0.3
     assert os.path.exists(summary["report"])
 
@@ -160,3 +160,119 @@ def test_json_output_is_strict_json():
     back = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict {c}"))
     assert back == {"a": None, "b": [1.5, None, None], "c": None, "d": 2.0,
                     "e": {"f": [3, None]}, "g": str(object)}
+
+
+def json_commands() -> set[tuple[str, ...]]:
+    """Every command and sub-command of the app (methods' plugins included) that takes
+    --json, read from the app itself."""
+    import typer.main
+
+    found = set()
+
+    def walk(cmd, path: tuple[str, ...]) -> None:
+        if any("--json" in getattr(p, "opts", ()) for p in cmd.params):
+            found.add(path)
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, (*path, name))
+
+    walk(typer.main.get_command(app), ())
+    return found
+
+
+@pytest.fixture(scope="module")
+def small_run(ray_session, tmp_path_factory) -> str:
+    """One small finished run for the commands that read a run directory."""
+    from fedray.config import load_config
+    from fedray.runtime import run_experiment
+
+    out = str(tmp_path_factory.mktemp("small") / "run")
+    run_experiment(load_config(None, tiny_overrides(rounds=2)), out, progress=False)
+    return out
+
+
+@pytest.mark.ray
+def test_every_json_command_prints_one_strict_json_object(small_run, tmp_path, monkeypatch):
+    """Each command with --json, given a cheap valid invocation: exit 0 and exactly one JSON
+    object on stdout that a strict parser reads. A command missing here fails the test."""
+    import pickle
+
+    monkeypatch.setenv("FEDRAY_VERBOSE", "0")  # restored after `fedray -v` below
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("name: json\n")
+    sets = [a for o in tiny_overrides(rounds=1) for a in ("-s", o)]
+    with open(tmp_path / "cap.pkl", "wb") as f:
+        pickle.dump({7: {"computation": 12.0, "communication": 900.0}}, f)
+    invocations = {
+        ("run",): ["run", str(cfg), *sets, "-o", str(tmp_path / "run")],
+        ("demo",): ["demo", "--rounds", "1", "--no-report", "-o", str(tmp_path / "demo")],
+        ("report",): ["report", small_run, "--out", str(tmp_path / "report")],
+        ("compare",): ["compare", small_run, str(tmp_path / "run"),
+                       "--out", str(tmp_path / "cmp")],
+        ("tune",): ["tune", str(cfg), *sets, "--space", "local.lr=grid:0.1",
+                    "--storage", str(tmp_path / "sweeps")],
+        ("pretrain",): ["pretrain", str(cfg), *sets, "-s", "pretrain.epochs=1",
+                        "-o", str(tmp_path / "base")],
+        ("config",): ["config", "-s", "local.lr=0.3"],
+        ("models",): ["models"],
+        ("models", "show"): ["models", "show", "mlp", "--input-shape", "784"],
+        ("fleet", "example"): ["fleet", "example", "--out", str(tmp_path / "fleet"),
+                               "--clients", "5"],
+        ("fleet", "import-fedscale"): ["fleet", "import-fedscale", str(tmp_path / "cap.pkl"),
+                                       "--out", str(tmp_path / "fedscale")],
+        ("drod", "ladder"): ["drod", "ladder", "--width", "8", "--num-classes", "10",
+                             "--input-shape", "3,8,8"],
+        ("favor", "adapter-size"): ["favor", "adapter-size", "--model",
+                                    "qwen2.5-0.5b-instruct"],
+        ("flite", "info"): ["flite", "info", "--model", "cnn", "--num-classes", "10"],
+    }
+    assert json_commands() == set(invocations), "give each --json command an invocation here"
+    outputs = {}
+    for path, args in invocations.items():
+        res = runner.invoke(app, [*args, "--json"])
+        assert res.exit_code == 0, (path, res.output[-2000:])
+        outputs[path] = strict_json(res.stdout)
+    assert outputs[("run",)]["rounds"] == 1 and outputs[("tune",)]["trials"] == 1
+    res = runner.invoke(app, ["run", "--resume", str(tmp_path / "run"), "-s", "rounds=2"])
+    assert res.exit_code == 0 and "2 rounds in" in res.stdout  # without --json: for people
+    assert f"files in {tmp_path / 'run'}:" in res.stdout and "rounds.parquet" in res.stdout
+    assert "[stage 1/1] json" not in res.stdout  # progress: stderr only
+    res = runner.invoke(app, ["-v", "config", "--json"])  # the global option
+    assert res.exit_code == 0 and strict_json(res.stdout)["rounds"] > 0
+
+
+@pytest.mark.ray
+def test_every_job_json_prints_one_strict_json_object(ray_session, tmp_path):
+    """The same for every jobs/*.py script (each has --json): its --smoke, joining the
+    session's Ray as a submitted job would. A script missing here fails the test."""
+    from conftest import job_process
+
+    tiers = "runtime.tiers=[{name: default, executors: 1, num_cpus: 0.5}]"
+    invocations = {
+        "fedavg_digits.py": ["--smoke", "--run-dir", str(tmp_path / "fedavg")],
+        "orders_noniid.py": ["--smoke", "--run-dir", str(tmp_path / "orders")],
+        # their --smoke runs with --json through conftest.run_job (strict JSON, stages) in
+        # tests/test_drod.py and tests/test_flite.py
+        "drod_split_cifar100.py": None,
+        "flite_cifar100.py": None,
+        "sweep.py": ["configs/fedavg_digits.yaml", "--smoke", "--space", "local.lr=grid:0.1",
+                     "-s", "rounds=1", "-s", "clients.num_clients=6", "-s", tiers],
+        "sweep_orders.py": ["--smoke"],
+        "sweep_drod.py": ["--smoke"],
+        "sweep_flite.py": ["--smoke"],
+        "sweep_favor.py": ["--smoke"],
+        # its --smoke (minutes) runs once, with --json, in tests/test_progress.py
+        "favor_blogtext.py": None,
+    }
+    jobs = {p for p in os.listdir(os.path.join(ROOT, "jobs"))
+            if p.endswith(".py") and not p.startswith("_")}
+    assert jobs == set(invocations), "give each job an invocation here"
+    for script, args in invocations.items():
+        if args is None:
+            continue
+        if script.startswith("sweep"):
+            args = [*args, "--storage", str(tmp_path / "sweeps")]
+        res = job_process(ray_session, script, *args, "--json", timeout=600)
+        assert res.returncode == 0, (script, res.stderr[-3000:])
+        strict_json(res.stdout)
+        assert "[stage 1/" in res.stderr, (script, res.stderr[-2000:])  # progress: stderr

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GROUND = {"fedray", "fedray.spec", "fedray.registry", "fedray.config", "fedray.storage",
           "fedray.state_store", "fedray.seeding", "fedray.payload", "fedray.compression",
           "fedray.transforms", "fedray.metrics", "fedray.plots", "fedray.console",
-          "fedray.fleet"}
+          "fedray.fleet", "fedray.privacy", "fedray.tracking", "fedray.progress"}
 LAYERS = [("ground", lambda m: m in GROUND),
           ("models/data", lambda m: m.split(".")[1] in ("models", "data", "training",
                                                         "pretrain")),

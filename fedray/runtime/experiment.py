@@ -1,5 +1,5 @@
 """Run one experiment end to end: validate, build the federated data, start or join Ray,
-place the driver and executors, run the rounds with a progress bar, write the summary.
+place the driver and executors, run the rounds with a progress display, write the summary.
 
 Everything that can be wrong with the input fails here, before any Ray work.
 """
@@ -17,8 +17,10 @@ from typing import Any
 import yaml
 
 from fedray.config import ExperimentConfig, load_config
+from fedray.progress import Progress
 from fedray.spec import ConfigError, redact
 from fedray.storage import Storage, read_marker
+from fedray.tracking import Tracker
 
 
 def default_run_dir(cfg: ExperimentConfig) -> str:
@@ -31,9 +33,13 @@ _STARTED_LOCAL = False  # this process started the Ray it is connected to
 def init_ray(cfg: ExperimentConfig) -> bool:
     """Join ``runtime.ray_address`` / ``RAY_ADDRESS`` or start a fresh local instance (never
     a stale one from ``/tmp/ray/ray_current_cluster``). Returns True when this call started
-    Ray; :func:`ray_is_local` tells later callers that the Ray they share cannot grow."""
+    Ray; :func:`ray_is_local` tells later callers that the Ray they share cannot grow.
+    Unless verbose (``-v``), every worker hides the libraries' progress bars and harmless
+    warnings (:func:`fedray.console.worker_runtime_env`)."""
     global _STARTED_LOCAL
     import ray
+
+    from fedray.console import worker_runtime_env
 
     if ray.is_initialized():
         return False
@@ -41,11 +47,13 @@ def init_ray(cfg: ExperimentConfig) -> bool:
     if address:
         check_reachable(address, "runtime.ray_address" if cfg.runtime.ray_address
                         else "RAY_ADDRESS")
-        ray.init(address=address, log_to_driver=False)
+        ray.init(address=address, log_to_driver=False, logging_level="ERROR",
+                 runtime_env=worker_runtime_env())
         _STARTED_LOCAL = False
         return False
     ray.init(address="local", include_dashboard=cfg.runtime.include_dashboard,
-             log_to_driver=False, logging_level="ERROR", configure_logging=True)
+             log_to_driver=False, logging_level="ERROR", configure_logging=True,
+             runtime_env=worker_runtime_env())
     _STARTED_LOCAL = True
     return True
 
@@ -134,6 +142,7 @@ class Experiment:
             raise ConfigError("run_dir", self.run_dir, "an empty or new directory (this one "
                               "holds files: --resume continues the run in it, --overwrite "
                               "replaces it)")
+        self.tracker = Tracker.of(cfg, self.run_dir)  # tracking.*: checked before any work
         self.data = self.algorithm_cls.build_data(cfg) if data is None else data
         if self.data.num_clients != cfg.clients.num_clients:
             raise ConfigError("data", self.data.num_clients, f"prebuilt data for "
@@ -180,6 +189,8 @@ class Experiment:
             self.cfg, self.algorithm_cls, self.pool, self.storage.uri)
         try:
             self.info = ray.get(self.driver.setup.remote(self.resume))
+            if self.tracker is not None:
+                self.tracker.start(self.cfg.to_dict(), self.info["round"])
         except Exception:
             self.release()
             raise
@@ -203,6 +214,8 @@ class Experiment:
             raise
         self.round = row["round"]
         self.rows.append(row)
+        if self.tracker is not None:
+            self.tracker.log_round(row)
         return row
 
     def close(self) -> dict[str, Any]:
@@ -213,12 +226,20 @@ class Experiment:
                            time.perf_counter() - self.t_start)
         summary |= self.algorithm_cls.summarize(self.cfg, self.run_dir)
         self.storage.write_bytes("summary.json", json.dumps(summary, indent=2).encode())
+        if self.tracker is not None:
+            self.tracker.close(summary)
         self.release()
         return summary
 
     def release(self) -> None:
         import ray
 
+        if self.tracker is not None:  # no-op after close(); else the tracked run FAILED
+            try:
+                self.tracker.close()
+            except Exception as e:  # noqa: BLE001 — never hides why the run stopped
+                print(f"fedray: closing the experiment tracker failed: {redact(str(e))}",
+                      file=sys.stderr)
         if self.driver is not None:
             try:
                 ray.get(self.driver.shutdown.remote())
@@ -238,41 +259,42 @@ class Experiment:
 
 
 def run_experiment(cfg: ExperimentConfig, run_dir: str | None = None, *, resume: bool = False,
-                   progress: bool = True, algorithm_cls: type | None = None,
+                   progress: bool | Progress = True, algorithm_cls: type | None = None,
                    on_round: Callable[[dict], None] | None = None,
                    data: Any | None = None, overwrite: bool = False) -> dict[str, Any]:
     """Run ``cfg`` (or continue the run in ``run_dir`` when ``resume``); return the summary.
     ``data`` is ``build_data(cfg)`` when the caller already holds it (several methods on
     one corpus build it once). A new run needs an empty or new ``run_dir`` unless
-    ``overwrite``, which first deletes what is there."""
-    from tqdm.auto import tqdm
-
+    ``overwrite``, which first deletes what is there. The rounds are one stage of
+    ``progress`` (a job's :class:`~fedray.progress.Progress`, or a display of its own when
+    True) named after the run."""
+    prog = progress if isinstance(progress, Progress) else Progress(1, enabled=progress)
     exp = Experiment(cfg, run_dir, resume=resume, algorithm_cls=algorithm_cls, data=data,
                      overwrite=overwrite)
     try:
-        exp.start()
-        bar = tqdm(total=cfg.rounds, initial=exp.round, desc=cfg.name, unit="round",
-                   disable=not progress, file=sys.stderr, dynamic_ncols=True)
-        while not exp.done:
-            row = exp.step()
-            bar.update(1)
-            bar.set_postfix(_postfix(row))
-            if on_round is not None:
-                on_round(row)
-        bar.close()
+        with prog.stage(cfg.name, unit="rounds") as stage:
+            exp.start()  # Ray, the driver and the executors: part of the stage's time
+            stage.report(exp.round, cfg.rounds)
+            while not exp.done:
+                row = exp.step()
+                stage.report(exp.round, note=_note(row))
+                if on_round is not None:
+                    on_round(row)
         return exp.close()
     finally:
         exp.release()
 
 
-def _postfix(row: dict) -> dict[str, float]:
-    post = {"loss": row["train_loss"]}
-    for key, short in (("global_accuracy", "acc"), ("personalized_accuracy", "pacc")):
+def _note(row: dict) -> str:
+    """The round's loss and, when evaluated, accuracies (the progress line's tail)."""
+    note = []
+    for key, short, fmt in (("train_loss", "loss", ".4g"), ("global_accuracy", "acc", ".4f"),
+                            ("personalized_accuracy", "pacc", ".4f")):
         if not math.isnan(row[key]):
-            post[short] = row[key]
+            note.append(f"{short} {row[key]:{fmt}}")
     if row["failed"] or row["rejected"]:
-        post["failed"] = row["failed"] + row["rejected"]
-    return {k: round(v, 4) for k, v in post.items()}
+        note.append(f"failed {row['failed'] + row['rejected']}")
+    return " ".join(note)
 
 
 def _summary(cfg: ExperimentConfig, run_dir: str, rows: list[dict], finish: dict,
@@ -310,6 +332,7 @@ def _summary(cfg: ExperimentConfig, run_dir: str, rows: list[dict], finish: dict
         "final_train_loss": clean(last.get("train_loss", math.nan)),
         "wall_seconds": round(seconds, 3),
         "rounds_this_session": len(rows),
+        **({"dp": finish["privacy"]} if finish.get("privacy") else {}),
     }
 
 

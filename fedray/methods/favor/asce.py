@@ -15,7 +15,7 @@ package ships.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -92,10 +92,12 @@ def tokenize(tokenizer: Any, texts: Sequence[str], max_length: int, device: str 
 def train_asce(texts: Sequence[str], labels: Sequence, backbone: str | None = None, *,
                epochs: int = 3, lr: float = 5e-5, head_lr: float = 1e-2, batch_size: int = 16,
                max_length: int = 128, seed: int = 0, device: str = "cpu",
-               progress: bool = False) -> tuple[StyleEncoder, Any, dict[str, float]]:
+               progress: Callable[[int, int], None] | None = None
+               ) -> tuple[StyleEncoder, Any, dict[str, float]]:
     """Fit the encoder and an ArcFace head on (text, author); return the frozen encoder
     (head discarded), its tokenizer and the training metrics. The paper leaves epochs,
-    learning rates, batch and length unspecified: these defaults are ours (AdamW)."""
+    learning rates, batch and length unspecified: these defaults are ours (AdamW).
+    ``progress(batches done, batches)`` follows the training."""
     from fedray.seeding import derive_seed, rng
     from fedray.training import Adam
 
@@ -122,6 +124,8 @@ def train_asce(texts: Sequence[str], labels: Sequence, backbone: str | None = No
             opt_enc.step()
             opt_head.step()
             losses.append(float(loss.detach()))
+            if progress is not None:
+                progress(len(losses), epochs * math.ceil(len(texts) / batch_size))
     enc.eval().requires_grad_(False)
     n = max(1, math.ceil(len(texts) / batch_size))
     return enc, tok, {"first_epoch_loss": float(np.mean(losses[:n])),

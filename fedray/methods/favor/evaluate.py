@@ -18,6 +18,7 @@ reported as unavailable.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -108,11 +109,13 @@ def semsim(gens: list[str], refs: list[str]) -> float:
 def evaluate_style(run_dir: str | None, data: Any, params: Any, seed: int,
                    device: str = "cpu", min_tokens: int = 20,
                    adapter: dict[str, np.ndarray] | None = None,
-                   archive: str | None = None) -> dict[str, Any]:
+                   archive: str | None = None,
+                   progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Generate, filter, embed and score (see the module docstring); ``adapter`` replaces
     the run's adapters (one adapter for every author: the pooled reference). Every
     generation, kept or not, with its prompt and human continuation is written to
-    ``archive``/generations.parquet (a directory or URI) for post-hoc rescoring."""
+    ``archive``/generations.parquet (a directory or URI) for post-hoc rescoring.
+    ``progress(generations done, generations)`` follows the generation, author by author."""
     from fedray.data.blogtext import is_degenerate
     from fedray.methods.favor.asce import embed, load_asce
     from fedray.methods.favor.lm import load_lm, with_lora
@@ -123,6 +126,7 @@ def evaluate_style(run_dir: str | None, data: Any, params: Any, seed: int,
     base, tok = load_lm(params.base, device)
     model = with_lora(base, lora_spec(params, dropout=0.0))
     gens, gen_y, refs, archived, kept, total = [], [], [], [], 0, 0
+    planned = sum(len(p) for p in data.prompts)
     for cid in range(data.num_clients):
         adapter = personal.get(cid, glob)
         texts = generate(model, tok, adapter, data.prompts[cid], params.new_tokens,
@@ -138,6 +142,8 @@ def evaluate_style(run_dir: str | None, data: Any, params: Any, seed: int,
             gens.append(g)
             gen_y.append(cid)
             refs.append(r)
+        if progress is not None:
+            progress(total, planned)
     if archive is not None:
         from fedray.storage import Storage
 

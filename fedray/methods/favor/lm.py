@@ -12,7 +12,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -69,10 +69,11 @@ def blocks(tokenizer: Any, texts: Sequence[str], length: int) -> np.ndarray:
 
 
 def pretrain_tiny(texts: Sequence[str], out_dir: str, spec: TinyLM | None = None,
-                  progress: bool = False) -> str:
+                  progress: Callable[[int, int], None] | None = None) -> str:
     """Train the tokenizer and the tiny LM on ``texts`` (plain next-token prediction, our
     Adam with cosine decay) and ``save_pretrained`` both into ``out_dir``; reuse a cached
-    copy with the same spec and texts. Returns ``out_dir``."""
+    copy with the same spec and texts. Returns ``out_dir``. ``progress(steps done, steps)``
+    follows the training."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from fedray.seeding import derive_seed, rng
@@ -107,8 +108,8 @@ def pretrain_tiny(texts: Sequence[str], out_dir: str, spec: TinyLM | None = None
         out.loss.backward()
         opt.step()
         losses.append(float(out.loss.detach()))
-        if progress and step % 100 == 0:
-            print(f"tiny LM step {step}: loss {np.mean(losses[-50:]):.3f}", flush=True)
+        if progress is not None:
+            progress(step + 1, spec.steps)
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)

@@ -195,7 +195,7 @@ class Favor(Algorithm):
         from fedray.methods.favor.train import to_numpy, to_torch
 
         p, v = self.params, self.params.variant
-        ids = torch.from_numpy(np.asarray(ctx.x_train)).to(ctx.device)
+        ids = torch.from_numpy(np.array(ctx.x_train)).to(ctx.device)  # a writable copy
         align = p.align if p.align is not None else v in ("favor", "global_asce")
         target = None
         if align and ctx.extra and "target" in ctx.extra and p.lambda_align > 0:

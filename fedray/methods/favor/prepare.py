@@ -12,16 +12,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from fedray.methods.favor.lm import TinyLM
+from fedray.progress import Progress
 from fedray.storage import read_marker, write_marker
 
 
 def train_style_encoder(texts: list[str], labels: list[int], out_dir: str, *,
                         backbone: str | None = None, epochs: int = 1, max_length: int = 96,
-                        batch_size: int = 16, lr: float = 5e-5, seed: int = 0) -> str:
-    """Train ASCE on (text, author) and save it to ``out_dir`` (cached by its settings)."""
+                        batch_size: int = 16, lr: float = 5e-5, seed: int = 0,
+                        progress: Callable[[int, int], None] | None = None) -> str:
+    """Train ASCE on (text, author) and save it to ``out_dir`` (cached by its settings);
+    ``progress(batches done, batches)`` follows the training."""
     from fedray.methods.favor.asce import save_asce, train_asce
 
     corpus = hashlib.sha256(json.dumps([list(texts), [str(y) for y in labels]]).encode())
@@ -31,21 +35,24 @@ def train_style_encoder(texts: list[str], labels: list[int], out_dir: str, *,
     if (read_marker(marker) or {}).get("key") == key:
         return out_dir
     enc, tok, metrics = train_asce(texts, labels, backbone, epochs=epochs, lr=lr,
-                                   batch_size=batch_size, max_length=max_length, seed=seed)
+                                   batch_size=batch_size, max_length=max_length, seed=seed,
+                                   progress=progress)
     save_asce(enc, tok, out_dir, {"key": key, **metrics})
     return out_dir
 
 
 def prepare_embedded(work_dir: str, roster: int = 50, seed: int = 0,
                      pretrain_authors: int = 24, lm: TinyLM | None = None,
-                     roster_posts: tuple[int, int] = (30, 80), asce_epochs: int = 1
-                     ) -> dict[str, Any]:
+                     roster_posts: tuple[int, int] = (30, 80), asce_epochs: int = 1,
+                     progress: Progress | None = None) -> dict[str, Any]:
     """Generate the corpora, pretrain the tiny LM and train ASCE; returns their paths.
-    Cached in ``work_dir``: a cache prepared with other arguments is rebuilt."""
+    Cached in ``work_dir``: a cache prepared with other arguments is rebuilt. These are
+    three stages of ``progress``: corpus, base LM, ASCE."""
     from fedray.data.authors import generate_corpus
     from fedray.data.blogtext import load_authors
 
     lm = lm or TinyLM(seed=seed)
+    progress = progress or Progress(enabled=False)
     key = json.dumps({"roster": roster, "seed": seed, "pretrain_authors": pretrain_authors,
                       "lm": lm.key(), "roster_posts": list(roster_posts),
                       "asce_epochs": asce_epochs})
@@ -58,21 +65,25 @@ def prepare_embedded(work_dir: str, roster: int = 50, seed: int = 0,
             if os.path.exists(path):                    # caches are keyed by their texts)
                 os.remove(path)
     os.makedirs(work_dir, exist_ok=True)
-    if not os.path.exists(csv):
-        generate_corpus(csv, roster, seed, posts=roster_posts)
-    if not os.path.exists(pre_csv):
-        generate_corpus(pre_csv, pretrain_authors, seed, posts=(30, 40),
-                        first_author=100_000)
-    if not os.path.exists(holdout):
-        generate_corpus(holdout, 10, seed, posts=roster_posts, first_author=50_000)
-    pre = load_authors(pre_csv, lambda t: 1, min_tokens=1, seed=seed)
+    with progress.stage("corpus"):
+        if not os.path.exists(csv):
+            generate_corpus(csv, roster, seed, posts=roster_posts)
+        if not os.path.exists(pre_csv):
+            generate_corpus(pre_csv, pretrain_authors, seed, posts=(30, 40),
+                            first_author=100_000)
+        if not os.path.exists(holdout):
+            generate_corpus(holdout, 10, seed, posts=roster_posts, first_author=50_000)
+        pre = load_authors(pre_csv, lambda t: 1, min_tokens=1, seed=seed)
     texts = [t for a in pre for t in a.train]
     labels = [a.id for a in pre for _ in a.train]
     from fedray.methods.favor.lm import pretrain_tiny
 
-    base = pretrain_tiny(texts, os.path.join(work_dir, "base_lm"), lm)
-    asce = train_style_encoder(texts, labels, os.path.join(work_dir, "asce"),
-                               epochs=asce_epochs, seed=seed)
+    with progress.stage("base LM", unit="steps") as stage:
+        base = pretrain_tiny(texts, os.path.join(work_dir, "base_lm"), lm,
+                             progress=stage.report)
+    with progress.stage("ASCE", unit="batches") as stage:
+        asce = train_style_encoder(texts, labels, os.path.join(work_dir, "asce"),
+                                   epochs=asce_epochs, seed=seed, progress=stage.report)
     write_marker(marker, {"key": key})
     return {"csv": csv, "base": base, "asce": asce, "holdout": holdout}
 

@@ -12,7 +12,10 @@ import numpy as np
 import pandas as pd
 
 from fedray.methods.orders.policy import skewness
-from fedray.plots import pyplot, save
+from fedray.plots import FRACTION, UP, axis_label, pyplot, save
+
+# the norm algorithm.norm chose (L2 by default), in the parameters' own units
+NORM = axis_label("update norm ‖Δθ_i‖", "algorithm.norm, parameter units")
 
 
 def applies(clients: pd.DataFrame | None) -> bool:
@@ -46,9 +49,11 @@ def plots(clients: pd.DataFrame, out_dir: str, label: str) -> list[str]:
     for ax, r in zip(axes[0], pick, strict=True):
         v = c[c["round"] == r]["orders/norm"].values
         ax.hist(v, bins=min(30, max(5, v.size // 2)), color="tab:blue", alpha=0.8)
-        ax.set(title=f"round {r}: skewness {skewness(v):.2f}", xlabel="‖Δθ_i‖")
-    axes[0][0].set_ylabel("clients")
-    fig.suptitle(f"{label}: update-norm histograms")
+        ax.set(title=f"round {r}: skewness {skewness(v):.2f}", xlabel=NORM)
+        ax.yaxis.get_major_locator().set_params(integer=True)
+    axes[0][0].set_ylabel("clients (count)")
+    fig.suptitle(f"{label}: ORDERS update norms per client, first / middle / last round "
+                 "(healthy = right-skewed, skewness > 0)")
     paths.append(save(fig, out_dir, "orders_norm_histograms.png", dpi=110))
 
     if {"acc_before", "acc_after"} <= set(c.columns):
@@ -56,9 +61,12 @@ def plots(clients: pd.DataFrame, out_dir: str, label: str) -> list[str]:
         fig, ax = plt.subplots(figsize=(5, 4))
         sc = ax.scatter(c["orders/norm"], gain, c=c["round"], s=12, cmap="viridis")
         fig.colorbar(sc, label="round")
-        ax.axhline(0, color="grey", lw=0.8)
-        ax.set(title=f"{label}: norm vs local accuracy gain", xlabel="‖Δθ_i‖",
-               ylabel="ΔAcc_i (after − before)")
+        ax.axhline(0, color="grey", lw=0.8, ls="--", label="no gain")
+        ax.legend(fontsize=8)
+        ax.set(title=f"{label}: does a larger update help its client?\n(update norm vs "
+                     "local accuracy gain, one dot per client and round)", xlabel=NORM,
+               ylabel=axis_label("local accuracy gain ΔAcc_i = after − before",
+                                 FRACTION, UP))
         paths.append(save(fig, out_dir, "orders_norm_vs_gain.png", dpi=110))
 
     ranked = c.dropna(subset=["orders/rank"])
@@ -67,15 +75,18 @@ def plots(clients: pd.DataFrame, out_dir: str, label: str) -> list[str]:
         std = ranked.groupby("client_id")["orders/rank"].agg(["mean", "std"]).sort_values(
             "mean")
         axes[0].bar(range(len(std)), std["std"].fillna(0).values, color="tab:orange")
-        axes[0].set(title="rank stability (std of each client's rank)",
-                    xlabel="clients, by mean rank", ylabel="rank std")
+        axes[0].set(title="Rank stability: sd of each client's rank over rounds",
+                    xlabel="clients, sorted by mean rank (left = largest norms)",
+                    ylabel=axis_label("sd of rank", "ranks", "↓ more stable"))
         by_rank = ranked.groupby("orders/rank")[["orders/weight", "orders/coefficient"]].mean()
         axes[1].plot(by_rank.index, by_rank["orders/weight"], marker=".", label="w_k")
         axes[1].plot(by_rank.index, by_rank["orders/coefficient"], marker=".",
                      label="coefficient of Δθ_{i_k}")
         axes[1].axhline(0, color="grey", lw=0.8)
-        axes[1].set(title="weights by rank (mean over rounds)", xlabel="rank k")
+        axes[1].set(title="Weights and update coefficients by rank (mean over rounds)",
+                    xlabel="rank k (1 = largest smoothed update norm)",
+                    ylabel="weight / coefficient (unitless)")
         axes[1].legend(fontsize=8)
-        fig.suptitle(label)
+        fig.suptitle(f"{label}: ORDERS ranking")
         paths.append(save(fig, out_dir, "orders_ranks_and_weights.png", dpi=110))
     return paths

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from fedray.methods.drod.continual.metrics import accuracy_matrix, summarize
-from fedray.plots import pyplot, save
+from fedray.plots import FRACTION, UP, axis_label, pyplot, save
 
 
 def setting(cfg: dict[str, Any]) -> dict[str, Any] | None:
@@ -26,19 +26,27 @@ def summary(rows: list[dict], s: dict[str, Any]) -> dict[str, dict[str, float]]:
 
 
 def plots(rows: list[dict], s: dict[str, Any], out_dir: str, label: str) -> list[str]:
+    """One heatmap per tier and setting (class-IL: all classes seen so far compete;
+    task-IL: only the scored task's), on one shared 0–1 colour scale."""
     plt = pyplot()
     tiers = s["tiers"]
-    fig, axes = plt.subplots(2, len(tiers), figsize=(3.6 * len(tiers), 6.4), squeeze=False)
+    fig, axes = plt.subplots(2, len(tiers), figsize=(3.6 * len(tiers) + 1, 6.4), squeeze=False,
+                             layout="constrained")
     for col, tier in enumerate(tiers):
         for row, kind in enumerate(("class_il", "task_il")):
             R = accuracy_matrix(rows, tier, kind, s["tasks"], s["rounds_per_task"])
             ax = axes[row][col]
-            ax.imshow(np.ma.masked_invalid(R), vmin=0, vmax=1, cmap="viridis")
-            ax.set(title=f"{tier} · {kind.replace('_', '-')}", xlabel="scored task i",
-                   ylabel="after task t")
+            image = ax.imshow(np.ma.masked_invalid(R), vmin=0, vmax=1, cmap="viridis")
+            ax.set(title=f"{tier} · {kind.replace('_', '-')}", xlabel="task scored i",
+                   ylabel="after training on task t")
+            if s["tasks"] <= 20:
+                ax.set(xticks=range(s["tasks"]), yticks=range(s["tasks"]))
             for (t, i), v in np.ndenumerate(R):
                 if not np.isnan(v) and s["tasks"] <= 10:
                     ax.text(i, t, f"{v:.2f}", ha="center", va="center", fontsize=6,
                             color="w" if v < 0.5 else "k")
-    fig.suptitle(f"{label}: accuracy matrix R[t, i] per tier")
+    fig.suptitle(f"{label}: accuracy matrix R[t, i] per tier (below the diagonal: "
+                 "retention of earlier tasks)")
+    fig.colorbar(image, ax=axes, label=axis_label("test accuracy", FRACTION, UP),
+                 shrink=0.8)
     return [save(fig, out_dir, "accuracy_matrix.png")]
