@@ -21,7 +21,7 @@ tour: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check fedray tests jobs benchmarks
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 	VENV=$(VENV) bash tests/cluster/run.sh
 
 bench: $(STAMP)

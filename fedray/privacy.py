@@ -13,7 +13,10 @@ aggregated, whatever the compression):
    the sum — drawn from ``rng(seed, round, -1, "dp-noise")``, so a run repeats bit for bit;
 3. the sum is divided by a fixed denominator: the cohort size K (``sampling=fixed``) or the
    expected cohort q·N (``sampling=poisson``) — McMahan et al.'s estimator f̃_f, whose
-   sensitivity does not depend on who reported;
+   sensitivity does not depend on who reported. Every round releases, even one in which
+   nobody reported (an empty Poisson draw, all uploads lost): then the mean is noise alone,
+   applied as the update of a pseudo-client -1, so that whether a round "happened" reveals
+   nothing either;
 4. every accepted client's update is replaced by that privatized mean with unit weight, and
    the method's server rule runs on them (post-processing: no privacy cost). A rule that
    averages (FedAvg, FedProx, FedAvgM, FLITE's latent mean) gets the mean itself and applies
@@ -23,16 +26,39 @@ aggregated, whatever the compression):
    the per-client information such rules would read: norms, staleness per client, sample
    counts.
 
-Adaptive clipping (Andrew et al., Alg. 1): each client also reports b_i = 1[‖Δ_i‖ ≤ C]; the
-server releases b̄ = (Σ b_i + N(0, σ_b²)) / K and sets C ← C·exp(−η_C (b̄ − γ)). The two
-releases together are one Gaussian mechanism of multiplier z = (z_Δ⁻² + (2σ_b)⁻²)^(−1/2)
+Adaptive clipping (Andrew et al., Alg. 1): each client also reports b_i = 1[‖Δ_i‖ ≤ C],
+centred to b_i − ½ (sensitivity ½, as TF Privacy's quantile estimator); the server releases
+b̄ = clamp((Σ (b_i − ½) + N(0, σ_b²)) / K + ½, 0, 1) and sets C ← C·exp(−η_C (b̄ − γ)). The
+two releases together are one Gaussian mechanism of multiplier z = (z_Δ⁻² + (2σ_b)⁻²)^(−1/2)
 (their Thm. 1), so the update noise is z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2) for the accounted z.
 
-Accounting: ``sampling=fixed`` (K of N without replacement) is the replace-one relation —
-RDP only (dp-accounting's PLD does not cover it); ``sampling=poisson`` is add/remove-one,
-RDP or PLD. ε is reported at δ (default 1/N^1.1) after every release. The accountant
-assumes uniform sampling: fleet availability (who is online decides who is sampled) is
-refused with DP.
+Accounting. ``z`` is always noise std over the clip C; what the accountant receives is
+noise std over the sensitivity of the released sum:
+
+- ``sampling=poisson`` (every client joins with q = K/N; add/remove-one: sensitivity C):
+  Poisson-subsampled Gaussian of multiplier z, RDP or PLD;
+- ``sampling=fixed`` (K of N without replacement; replace-one: one client's clipped update
+  swapped for another moves the sum by up to 2C): the sampled-without-replacement Gaussian
+  of multiplier z/2, RDP only (dp-accounting's PLD does not cover it). dp-accounting's
+  events take std/sensitivity and leave the factor 2 to the caller
+  (google/differential-privacy#378);
+- asynchronous rules (FedBuff, FedAsync): each server step releases the noisy sum of one
+  buffer, which fills with whoever finishes first — no uniform sampling, so no
+  amplification: each step is a plain Gaussian of multiplier z/2, composed
+  (:meth:`Algorithm.dp_cohort` says the cohort: (B, B) for a buffer of B).
+
+ε is reported at δ (default min(1/N^1.1, 1e-5)) after every release. The accountant
+assumes who contributes is decided by data-independent randomness, so DP refuses fleet
+availability (who is online decides who is sampled), over-commitment (the first K to
+finish, which depends on the others' data, are kept) and ``fleet.min_reports`` (whether a
+round releases would depend on the data).
+
+What the guarantee covers: the sequence of global models (and what is computed from them
+alone). The simulator's own logs are not private: per-client rows (train loss, sample
+counts, a method's per-client diagnostics such as ORDERS' norms), and the noise and the
+sample are functions of the run's seed, which ``config.yaml`` stores — a deployment would
+draw them from secret randomness. ε is therefore the guarantee the simulated deployment
+would have, not a property of the run directory.
 """
 
 from __future__ import annotations
@@ -56,18 +82,22 @@ __all__ = ["CentralDP", "calibrate_noise", "check_config", "clip_update", "defau
 
 
 def default_delta(num_clients: int) -> float:
-    """δ = 1/N^1.1: below 1/N, the custom for client-level guarantees (McMahan et al.)."""
-    return 1.0 / float(num_clients) ** 1.1
+    """δ = min(1/N^1.1, 1e-5): below 1/N, the custom for client-level guarantees (McMahan et
+    al. use 1/N^1.1 at N ≈ 760,000), and never looser than 1e-5 for small populations."""
+    return min(1.0 / float(num_clients) ** 1.1, 1e-5)
 
 
 def _event(z: float, releases: int, n: int, k: int, sampling: str) -> Any:
+    """``releases`` rounds of noise z·C on a sum of clipped updates, as dp-accounting events
+    (whose multiplier is std over sensitivity: C under add/remove, 2C under replace-one)."""
     import dp_accounting as dpa
 
-    one = dpa.GaussianDpEvent(z)
     if sampling == "poisson":
-        one = dpa.PoissonSampledDpEvent(k / n, one)
+        one = dpa.PoissonSampledDpEvent(k / n, dpa.GaussianDpEvent(z))
     elif k < n:
-        one = dpa.SampledWithoutReplacementDpEvent(n, k, one)
+        one = dpa.SampledWithoutReplacementDpEvent(n, k, dpa.GaussianDpEvent(z / 2))
+    else:
+        one = dpa.GaussianDpEvent(z / 2)
     return dpa.SelfComposedDpEvent(one, releases)
 
 
@@ -119,7 +149,7 @@ def _quiet():
 def calibrate_noise(target_epsilon: float, releases: int, *, n: int, k: int, delta: float,
                     accountant: str = "rdp", sampling: str = "fixed") -> float:
     """The smallest multiplier z whose ε after ``releases`` rounds is at most
-    ``target_epsilon`` (dp-accounting's bisection, tolerance 1e-4 relative to z)."""
+    ``target_epsilon`` (dp-accounting's bisection, tolerance 1e-3 on z)."""
     import dp_accounting as dpa
 
     if epsilon(MIN_NOISE, releases, n=n, k=k, delta=delta, accountant=accountant,
@@ -152,7 +182,11 @@ def update_noise_multiplier(z: float, count_noise: float | None) -> float:
 
 
 def _cohort(cfg: Any) -> tuple[int, int]:
-    return cfg.clients.num_clients, cfg.clients.sampled_count()
+    """(population, reports per release) for the accountant and the denominator: the
+    method's :meth:`Algorithm.dp_cohort` (default N and K)."""
+    from fedray import registry
+
+    return registry.method(cfg.algorithm.get("name", "fedavg")).dp_cohort(cfg)
 
 
 def noise_multiplier(cfg: Any) -> float:
@@ -183,6 +217,10 @@ def check_config(cfg: Any) -> None:
                                                                              False))
         raise ConfigError("dp.enabled", True, f"a method whose updates share one shape: "
                                               f"{', '.join(allowed)} (not {name})")
+    n, k = _cohort(cfg)
+    if n == k and dp.sampling == "poisson" and k < cfg.clients.num_clients:
+        raise ConfigError("dp.sampling", "poisson", f"fixed for {name} (its releases are "
+                                                    f"accounted without sampling)")
     if (dp.noise_multiplier is None) == (dp.target_epsilon is None):
         raise ConfigError("dp.noise_multiplier", dp.noise_multiplier,
                           "exactly one of dp.noise_multiplier and dp.target_epsilon")
@@ -192,12 +230,13 @@ def check_config(cfg: Any) -> None:
     if cfg.fleet.availability is not None:
         raise ConfigError("fleet.availability", cfg.fleet.availability,
                           "unset with dp.enabled (the accountant assumes uniform sampling)")
-    if dp.sampling == "poisson" and cfg.fleet.overcommit:
+    if cfg.fleet.overcommit:
         raise ConfigError("fleet.overcommit", cfg.fleet.overcommit,
-                          "0 with dp.sampling=poisson")
-    n, k = _cohort(cfg)
-    if dp.delta is None and n < 2:
-        raise ConfigError("dp.delta", None, "a value (1/N^1.1 needs N >= 2 clients)")
+                          "0 with dp.enabled (which K of the over-committed clients report "
+                          "would depend on the others' data)")
+    if cfg.fleet.min_reports:
+        raise ConfigError("fleet.min_reports", cfg.fleet.min_reports,
+                          "0 with dp.enabled (every round releases, reports or not)")
     try:
         z = noise_multiplier(cfg)
     except Exception as e:  # noqa: BLE001 — the library's own reason, one line
@@ -249,6 +288,7 @@ class CentralDP:
         self.accountant, self.sampling = dp.accountant, dp.sampling
         self.to_delta, self.from_delta = to_delta, from_delta
         self.releases = 0
+        self.template: dict[str, tuple[int, ...]] | None = None  # the update's tensors
 
     def epsilon(self) -> float:
         return epsilon(self.z, self.releases, n=self.n, k=self.k, delta=self.delta,
@@ -257,13 +297,19 @@ class CentralDP:
     def privatize(self, global_state: State, uploads: list[State], round: int
                   ) -> tuple[State, dict[str, float]]:
         """The privatized mean (in upload form, via ``from_delta``) of one round's decoded
-        uploads, and the round's DP metrics."""
+        uploads (none: noise alone), and the round's DP metrics."""
         deltas = [self.to_delta(global_state, u) for u in uploads]
-        names = list(deltas[0])
-        if any(list(d) != names or any(np.shape(d[k]) != np.shape(deltas[0][k]) for k in names)
+        if deltas:
+            self.template = {k: tuple(np.shape(v)) for k, v in deltas[0].items()}
+        elif self.template is None:  # nobody has reported yet: the update's full shape
+            zero = {k: np.zeros_like(v) for k, v in global_state.items()}
+            self.template = {k: tuple(np.shape(v))
+                             for k, v in self.to_delta(global_state, zero).items()}
+        names = list(self.template)
+        if any(list(d) != names or any(np.shape(d[k]) != self.template[k] for k in names)
                for d in deltas):
             raise ValueError("DP needs every client's update to have the same tensors")
-        total = {k: np.zeros(np.shape(deltas[0][k]), np.float64) for k in names}
+        total = {k: np.zeros(self.template[k], np.float64) for k in names}
         within = 0
         for d in deltas:
             clipped, norm = clip_update(d, self.clip)
@@ -276,17 +322,19 @@ class CentralDP:
                 .astype(np.float32) for k in names}
         used = self.clip
         metrics = {"dp_clip": used, "dp_noise_std": std / self.denominator}
-        if self.adaptive:
-            noisy = (within + rng(self.seed, round, -1, "dp-count").standard_normal()
-                     * self.count_noise) / self.denominator
+        if self.adaptive:  # centred count: sensitivity 1/2 (Andrew et al., TF Privacy)
+            centred = within - 0.5 * len(deltas) + rng(self.seed, round, -1, "dp-count"
+                                                       ).standard_normal() * self.count_noise
+            noisy = min(1.0, max(0.0, centred / self.denominator + 0.5))
             self.clip = float(self.clip * math.exp(-self.clip_lr * (noisy - self.quantile)))
             metrics["dp_unclipped_share"] = float(noisy)
         self.releases += 1
         metrics["dp_epsilon"] = self.epsilon()
         return self.from_delta(global_state, mean), metrics
 
-    def state_dict(self) -> dict[str, float]:
-        return {"clip": self.clip, "releases": self.releases, "z": self.z}
+    def state_dict(self) -> dict[str, Any]:
+        return {"clip": self.clip, "releases": self.releases, "z": self.z,
+                "template": {k: list(v) for k, v in (self.template or {}).items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue a run: its current clip, release count and multiplier. The stored
@@ -294,6 +342,7 @@ class CentralDP:
         noise the run had (and reports the larger ε honestly)."""
         self.clip, self.releases = float(state["clip"]), int(state["releases"])
         self.z = float(state["z"])
+        self.template = {k: tuple(v) for k, v in state.get("template", {}).items()} or None
         self.z_update = update_noise_multiplier(self.z, self.count_noise)
 
     def summary(self) -> dict[str, Any]:

@@ -261,7 +261,7 @@ def test_every_job_json_prints_one_strict_json_object(ray_session, tmp_path):
         "sweep_drod.py": ["--smoke"],
         "sweep_flite.py": ["--smoke"],
         "sweep_favor.py": ["--smoke"],
-        # its --smoke (minutes) runs once, with --json, in tests/test_progress.py
+        # its --smoke (minutes) runs once, with --json, in tests/test_favor.py (end to end)
         "favor_blogtext.py": None,
     }
     jobs = {p for p in os.listdir(os.path.join(ROOT, "jobs"))

@@ -156,9 +156,21 @@ def test_generate_batches_left_padded_prompts_deterministically(base_dir):
 
 @pytest.mark.ray
 def test_favor_job_smoke_end_to_end(ray_session, tmp_path):
-    out = run_job(ray_session, "favor_blogtext.py", "--smoke", "--out",
-                  str(tmp_path / "favor"), "--variants", "favor", "fedavg", "ditto_asce",
-                  "local", timeout=900)
+    """The job's --smoke: its results, its refusal of another seed, a rescore that retrains
+    nothing — and, off a terminal, its stage lines in order, one strict JSON object on
+    stdout and no library noise (tests/test_progress.py's check)."""
+    import time
+
+    from conftest import strict_json
+    from test_progress import check_job_progress
+
+    since = time.time()
+    variants = ["favor", "fedavg", "ditto_asce", "local"]
+    res = job_process(ray_session, "favor_blogtext.py", "--smoke", "--out",
+                      str(tmp_path / "favor"), "--variants", *variants, "--json", timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = strict_json(res.stdout)
+    check_job_progress(res, ray_session, variants, since)
     rows = {r["method"]: r for r in out["rows"]}
     assert set(rows) == {"favor", "fedavg", "ditto_asce", "local"}
     import pyarrow.parquet as pq

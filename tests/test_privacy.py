@@ -43,8 +43,8 @@ def dp_cfg(*extra: str, clients: int = 100, per_round: int = 10):
 def test_accountant_against_abadi_et_al_and_opacus():
     """Abadi et al. (CCS 2016, §3.1): q = 0.01, σ = 4, T = 10,000, δ = 1e-5 gives ε ≈ 1.26
     with the moments accountant. RDP over fractional orders (dp-accounting) is a tighter
-    analysis of the same mechanism, PLD tighter still; Opacus' own RDP accountant is an
-    independent implementation that must agree with dp-accounting's."""
+    analysis of the same mechanism, PLD tighter still; Opacus' RDP accountant (a port of the
+    same analysis, which local DP-SGD reports with) must agree with dp-accounting's."""
     from opacus.accountants import RDPAccountant
 
     kw = dict(n=100, k=1, delta=1e-5, sampling="poisson")  # q = k/n = 0.01
@@ -75,11 +75,30 @@ def test_epsilon_grows_with_rounds_and_shrinks_with_noise():
     assert epsilon(1.0, 0, **kw) == 0.0 and math.isinf(epsilon(0.0, 3, **kw))
 
 
-def test_adaptive_clip_noise_split_follows_andrew_et_al():
+def test_fixed_sampling_accounts_the_replace_one_sensitivity_2c():
+    """Replace-one moves the clipped sum by up to 2C: with everyone in every round (K = N) a
+    run of multiplier z is the plain Gaussian of multiplier z/2 — what add/remove-one with
+    q = 1 gives for z/2 (both are RDP α/(2(z/2)²) per round)."""
+    fixed = epsilon(2.0, 30, n=50, k=50, delta=1e-5, sampling="fixed")
+    assert fixed == pytest.approx(epsilon(1.0, 30, n=50, k=50, delta=1e-5,
+                                          sampling="poisson"), rel=1e-9)
+    assert fixed > 2 * epsilon(2.0, 30, n=50, k=50, delta=1e-5, sampling="poisson")
+
+
+def test_adaptive_clip_noise_split_is_one_gaussian_to_the_accountant():
+    """Andrew et al., Thm. 1: the update at z_Δ and the centred count (sensitivity ½) at σ_b
+    compose to one Gaussian of multiplier z — checked with the accountant, not the formula."""
+    import dp_accounting as dpa
+    from dp_accounting import rdp
+
     z, sb = 1.0, 2.0
     z_update = update_noise_multiplier(z, sb)
-    assert (z_update ** -2 + (2 * sb) ** -2) ** -0.5 == pytest.approx(z)  # Thm. 1
-    assert math.isnan(update_noise_multiplier(3.0, 1.0))  # 2σ_b <= z: nothing left
+    both, one = rdp.RdpAccountant(), rdp.RdpAccountant()
+    both.compose(dpa.ComposedDpEvent([dpa.GaussianDpEvent(z_update),
+                                      dpa.GaussianDpEvent(sb / 0.5)]))
+    one.compose(dpa.GaussianDpEvent(z))
+    assert both.get_epsilon(1e-5) == pytest.approx(one.get_epsilon(1e-5), rel=1e-9)
+    assert z_update > z and math.isnan(update_noise_multiplier(3.0, 1.0))  # 2σ_b <= z
 
 
 # ------------------------------------------------------------------------------ mechanism
@@ -88,15 +107,18 @@ def test_adaptive_clip_noise_split_follows_andrew_et_al():
 def test_noise_scale_is_what_the_accountant_calibrated():
     cfg = dp_cfg("dp.target_epsilon=4", "dp.clip_norm=0.5", clients=1000, per_round=100)
     dp = CentralDP(cfg, identity, identity)
-    z = calibrate_noise(4.0, 20, n=1000, k=100, delta=1000 ** -1.1)
-    assert dp.z == z and epsilon(z, 20, n=1000, k=100, delta=1000 ** -1.1) <= 4.0 + 1e-3
+    assert dp.delta == 1e-5  # min(1/N^1.1, 1e-5)
+    z = calibrate_noise(4.0, 20, n=1000, k=100, delta=1e-5)
+    assert dp.z == z and epsilon(z, 20, n=1000, k=100, delta=1e-5) <= 4.0 + 1e-3
     zeros = [{"w": np.zeros(200_000, np.float32)} for _ in range(100)]
     mean, metrics = dp.privatize({"w": np.zeros(200_000, np.float32)}, zeros, 1)
     want = z * 0.5 / 100  # std of N(0, (zC)²) on the sum, over the fixed denominator K
     assert metrics["dp_noise_std"] == pytest.approx(want)
     assert np.std(mean["w"]) == pytest.approx(want, rel=0.01)
     assert abs(np.mean(mean["w"])) < 5 * want / math.sqrt(200_000)
-    assert metrics["dp_epsilon"] == epsilon(z, 1, n=1000, k=100, delta=1000 ** -1.1)
+    assert metrics["dp_epsilon"] == epsilon(z, 1, n=1000, k=100, delta=1e-5)
+    noise_only, _ = dp.privatize({"w": np.zeros(200_000, np.float32)}, [], 2)  # nobody came
+    assert np.std(noise_only["w"]) == pytest.approx(want, rel=0.01) and dp.releases == 2
 
 
 def test_noise_is_a_function_of_seed_and_round():
@@ -167,6 +189,10 @@ def test_adaptive_clipping_moves_toward_the_quantile():
     (["dp.noise_multiplier=4", "dp.adaptive_clip=true", "dp.count_noise=1"],
      "dp.count_noise"),
     (["dp.noise_multiplier=-1"], "dp.noise_multiplier"),
+    (["dp.noise_multiplier=1", "fleet.overcommit=0.3"], "fleet.overcommit"),
+    (["dp.noise_multiplier=1", "fleet.min_reports=2"], "fleet.min_reports"),
+    (["dp.noise_multiplier=1", "algorithm.name=fedasync", "dp.sampling=poisson"],
+     "dp.sampling"),
 ])
 def test_bad_dp_config_names_the_key(overrides, key):
     with pytest.raises(ConfigError) as e:
@@ -318,8 +344,11 @@ def test_every_dp_method_runs_and_accounts(ray_session, tiny_cfg, tmp_path, meth
     cfg = load_config(None, RAY_DP, base=tiny_cfg(**extra).to_dict())
     summary = run_experiment(cfg, str(tmp_path / "run"), progress=False)
     rounds = read_metrics(str(tmp_path / "run"), "rounds").to_pandas()
-    assert summary["dp"]["releases"] == 2 and rounds["dp_epsilon"].iloc[-1] > 0
-    assert rounds["global_accuracy"].notna().all()
+    n, k = (3, 3) if method == "fedbuff" else (6, 6)  # a buffer: no sampling amplification
+    assert summary["dp"]["releases"] == 2 and summary["dp"]["sampling_rate"] == k / n
+    assert rounds["dp_epsilon"].iloc[-1] == pytest.approx(epsilon(
+        0.8, 2, n=n, k=k, delta=1e-5))
+    assert rounds["global_accuracy"].notna().all() and (rounds["dp_clip"] > 0).all()
 
 
 def test_poisson_sampling_is_independent_per_client_and_repeatable():
@@ -341,11 +370,12 @@ def test_poisson_sampling_with_pld_on_ray(ray_session, tiny_cfg, tmp_path):
     rounds = read_metrics(str(tmp_path / "run"), "rounds").to_pandas()
     want = [len(poisson_sample(0, r, 6, 1 / 6)) for r in range(1, 5)]
     assert rounds["sampled"].tolist() == want == [2, 2, 2, 0]  # round 4: nobody drawn
+    assert rounds["ok"].tolist() == want  # a Poisson cohort is never cut back to K
     assert rounds["round_failed"].tolist() == [0, 0, 0, 1]
-    releases = 3
+    releases = 4  # the empty round releases the noise alone
     assert summary["dp"]["releases"] == releases and summary["dp"]["accountant"] == "pld"
     assert summary["dp"]["epsilon"] == pytest.approx(epsilon(
-        1.0, releases, n=6, k=1, delta=6 ** -1.1, accountant="pld", sampling="poisson"))
+        1.0, releases, n=6, k=1, delta=1e-5, accountant="pld", sampling="poisson"))
 
 
 @pytest.mark.ray

@@ -5,14 +5,12 @@ its strict --json on stdout and no library noise on stderr."""
 from __future__ import annotations
 
 import io
-import json
 import re
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import job_process
 
 from fedray.progress import Progress, clock
 
@@ -91,7 +89,6 @@ def test_relay_brings_counts_from_a_ray_task(ray_session):
     def work(report):
         for i in range(3):
             report(i + 1, 3)
-        import time
 
         time.sleep(2.5)  # the stage polls once a second
         return "ok"
@@ -106,36 +103,32 @@ def test_relay_brings_counts_from_a_ray_task(ray_session):
 # what the libraries print unless -v: bars and warnings that need nothing from the user
 NOISE = ("Loading weights", "Writing model shards", "gemm_4bit_forward",
          "is_gradient_checkpointing")
-FAVOR_STAGES = ["corpus", "base LM", "ASCE", "favor-favor", "evaluation favor",
-                "favor-local", "evaluation local", "cold start"]
 
 
-@pytest.mark.ray
-def test_favor_job_stage_lines_in_order_json_alone_and_quiet(ray_session, tmp_path):
-    """The job's --smoke off a terminal: every stage starts and ends in order with its
-    counts; stdout is exactly one strict JSON object; the libraries' bars and the known
-    harmless warnings are gone (in the entry process and in the Ray workers)."""
-    t0 = time.time()
-    res = job_process(ray_session, "favor_blogtext.py", "--smoke", "--variants", "favor",
-                      "local", "--out", str(tmp_path / "out"), "--json", timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(res.stdout, parse_constant=lambda c: pytest.fail(f"non-strict {c}"))
-    assert [r["method"] for r in out["rows"]] == ["favor", "local"] and out["cold_start"]
+def check_job_progress(res, ray, variants: list[str], since: float) -> None:
+    """What the FAVoR job's ``--smoke --json`` off a terminal must show (run once, by
+    tests/test_favor.py's end-to-end test): every stage starts and ends in order with its
+    counts, and the libraries' bars and the known harmless warnings are gone — in the entry
+    process and in the job's Ray workers."""
+    stages = ["corpus", "base LM", "ASCE"]
+    for v in variants:
+        stages += [f"favor-{v}", f"evaluation {v}"]
+    stages.append("cold start")
     stage = re.compile(r"\[stage (\d+)/(\d+)\] ([^:]+)(?::|$)")
     seen = [m.groups() for m in map(stage.match, res.stderr.splitlines()) if m]
-    assert {n for _, n, _ in seen} == {str(len(FAVOR_STAGES))}
+    assert {n for _, n, _ in seen} == {str(len(stages))}
     starts = [name for i, (idx, _, name) in enumerate(seen)
               if i == 0 or seen[i - 1][0] != idx]
-    assert starts == FAVOR_STAGES
+    assert starts == stages
     ends = [ln for ln in res.stderr.splitlines() if "done in" in ln]
-    assert len(ends) == len(FAVOR_STAGES)
+    assert len(ends) == len(stages)
     assert any(re.search(r"favor-favor: 2/2 rounds, done in \d\d:\d\d", ln) for ln in ends)
-    assert any(re.search(r"evaluation local: (\d+)/\1 generations, done in", ln)
+    assert any(re.search(rf"evaluation {variants[-1]}: (\d+)/\1 generations, done in", ln)
                for ln in ends)
-    logs = Path(ray_session._private.worker._global_node.get_logs_dir_path())
-    mine = ray_session.get_runtime_context().get_job_id()
+    logs = Path(ray._private.worker._global_node.get_logs_dir_path())
+    mine = ray.get_runtime_context().get_job_id()
     workers = [p.read_text(errors="replace") for p in logs.glob("worker-*.err")
-               if p.stat().st_mtime >= t0]
+               if p.stat().st_mtime >= since]
     workers = [t for t in workers if (m := re.search(r":job_id:(\w+)", t)) and m[1] != mine]
     assert workers, "the job's workers left no logs"
     for noise in NOISE:

@@ -80,10 +80,10 @@ def test_bad_tracking_values_fail_before_any_work_with_one_line(tmp_path, monkey
              ({"tracking.mlflow": "''"}, "tracking.mlflow", "tracking URI"),
              ({"tracking.mlflow_experiment": "' '", "tracking.tensorboard": "true"},
               "tracking.mlflow_experiment", "non-empty")]
-    for extra, field, rule in cases:
-        cfg = load_config(None, [f"{k}={v}" for k, v in extra.items()])
+    for extra, field, rule in cases:  # at config time, or at the latest when the run opens
         with pytest.raises(ConfigError, match=rule) as err:
-            Experiment(cfg, str(tmp_path / "run"))
+            Experiment(load_config(None, [f"{k}={v}" for k, v in extra.items()]),
+                       str(tmp_path / "run"))
         text = str(err.value)
         assert err.value.path == field and "\n" not in text and "SECRET" not in text, text
         assert not (tmp_path / "run").exists()  # nothing of the run was written

@@ -259,6 +259,13 @@ class Algorithm:
         as a client's own norm, is dropped)."""
         return {k: v for k, v in upload.items() if k in global_state}
 
+    @classmethod
+    def dp_cohort(cls, cfg: Any) -> tuple[int, int]:
+        """(population, reports per release) for central DP's accountant and denominator:
+        by default K of the N clients, sampled uniformly each round (asynchronous rules
+        override it)."""
+        return cfg.clients.num_clients, cfg.clients.sampled_count()
+
     def from_delta(self, global_state: State, delta: State) -> State:
         """An upload standing for the (privatized) update ``delta`` (inverse of
         :meth:`to_delta`)."""

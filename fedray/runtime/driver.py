@@ -36,6 +36,7 @@ from fedray.privacy import CentralDP, poisson_sample
 from fedray.registry import make_method
 from fedray.runtime.pool import DeadJob, ExecutorPool
 from fedray.seeding import rng
+from fedray.spec import ConfigError
 from fedray.state_store import ClientStateStore
 from fedray.storage import Storage
 
@@ -173,6 +174,9 @@ class Driver:
             self.sim_time = float(ck.get("sim_time", 0.0))
             self.failed_rounds = int(ck.get("failed_rounds", 0))
             if self.privacy is not None:
+                if "dp" not in ck:
+                    raise ConfigError("dp.enabled", True, "the setting the run was started "
+                                                          "with (its checkpoint has no DP state)")
                 self.privacy.load_state_dict(ck["dp"])
             if "async" in ck:
                 a = ck["async"]
@@ -280,7 +284,9 @@ class Driver:
                     else:
                         final[res.client_id] = res
         download = self._charge_download(sampled, attempts, bcast)
-        times, duration = self._time_round(sampled, final, download, k)
+        poisson = self.privacy is not None and self.privacy.sampling == "poisson"
+        times, duration = self._time_round(sampled, final, download,
+                                           len(sampled) if poisson else k)
         accepted = []
         shapes = {k: v.shape for k, v in self.global_state.items()}
         for cid in sorted(final):
@@ -310,7 +316,7 @@ class Driver:
                                    [(c, str(final[c].status), final[c].error) for c in sampled
                                     if not final[c].ok])
         policy_metrics: dict[str, Any] = {}
-        if accepted and not failed:
+        if (accepted or self.privacy is not None) and not failed:  # DP releases every round
             accepted = self._privatize(accepted, r, extra)
             self.global_state, policy_metrics = self.policy.aggregate(
                 self.global_state, accepted, r)
@@ -329,13 +335,14 @@ class Driver:
     def _privatize(self, accepted: list[tuple[int, int, dict]], r: int, extra: dict
                    ) -> list[tuple[int, int, dict]]:
         """With central DP (:mod:`fedray.privacy`): every accepted update replaced by the
-        round's privatized mean, with unit weight; the DP metrics go to ``extra``."""
+        round's privatized mean, with unit weight (nobody accepted: the noise alone, as the
+        update of pseudo-client -1); the DP metrics go to ``extra``."""
         if self.privacy is None:
             return accepted
         mean, metrics = self.privacy.privatize(self.global_state, [u for _, _, u in accepted],
                                                r)
         extra.update(metrics)
-        return [(c, 1, mean) for c, _, _ in accepted]
+        return [(c, 1, mean) for c, _, _ in accepted] or [(-1, 1, mean)]
 
     def _checkpoint_if_due(self, r: int) -> None:
         if r % self.cfg.runtime.checkpoint_every == 0 or r == self.cfg.rounds:
@@ -359,11 +366,15 @@ class Driver:
         duration = later - self.sim_time
         self.sim_time = later
         self.failed_rounds += 1
+        extra = {"sim_seconds": duration, "cum_sim_seconds": self.sim_time,
+                 "round_failed": 1.0, **self._dp_row()}
+        policy_metrics: dict[str, Any] = {}
+        if self.privacy is not None:  # DP releases every round: here the noise alone
+            self.global_state, policy_metrics = self.policy.aggregate(
+                self.global_state, self._privatize([], r, extra), r)
         self.round = r
-        row = self._log(RoundRecord(r, [], {}, {}, {}, self._evaluate(r, []), {}, 0,
-                                    time.perf_counter() - t0, {},
-                                    {"sim_seconds": duration, "cum_sim_seconds": self.sim_time,
-                                     "round_failed": 1.0, **self._dp_row()}))
+        row = self._log(RoundRecord(r, [], {}, {}, {}, self._evaluate(r, []), policy_metrics,
+                                    0, time.perf_counter() - t0, {}, extra))
         self._checkpoint_if_due(r)
         return row
 

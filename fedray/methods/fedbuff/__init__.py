@@ -127,6 +127,13 @@ class FedBuff(FedAvg):
     name = "fedbuff"
     Params = FedBuffParams
 
+    @classmethod
+    def dp_cohort(cls, cfg: Any) -> tuple[int, int]:
+        """Central DP releases one noisy buffer sum per server step; the buffer fills with
+        whoever finishes first (no uniform sampling): B of B, no amplification."""
+        b = int(cfg.algorithm.get("buffer_size") or FedBuffParams().buffer_size)
+        return b, b
+
     def make_policy(self) -> FedBuffPolicy:
         p = self.params
         return FedBuffPolicy(p.concurrency, p.buffer_size, p.server_lr)
@@ -138,6 +145,11 @@ class FedAsync(FedAvg):
 
     name = "fedasync"
     Params = FedAsyncParams
+
+    @classmethod
+    def dp_cohort(cls, cfg: Any) -> tuple[int, int]:
+        """Every upload is its own server step: one of one, no amplification."""
+        return 1, 1
 
     def make_policy(self) -> FedAsyncPolicy:
         p = self.params
