@@ -18,7 +18,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -67,11 +66,12 @@ def pretrain(cfg: ExperimentConfig, out: str, *, resume: bool = False,
              progress: bool = True,
              on_epoch: Callable[[dict], None] | None = None) -> dict[str, Any]:
     """Train the base centrally; returns base.json's content. ``on_epoch(history_row)`` is
-    called after each epoch's checkpoint is written (progress reporting, e.g. to Tune)."""
+    called after each epoch's checkpoint is written (progress reporting, e.g. to Tune);
+    ``progress`` shows the epochs as one stage of :mod:`fedray.progress` on stderr."""
     import torch
-    from tqdm.auto import tqdm
 
     from fedray.data import load_dataset
+    from fedray.progress import Progress
     from fedray.training import SGD, evaluate, get_state, set_state
 
     p = cfg.pretrain
@@ -100,31 +100,32 @@ def pretrain(cfg: ExperimentConfig, out: str, *, resume: bool = False,
     steps_per_epoch = math.ceil(len(x) / p.batch_size)
     xt, yt = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
     loss_fn = torch.nn.CrossEntropyLoss()
-    bar = tqdm(range(start, p.epochs), initial=start, total=p.epochs, desc="pretrain",
-               unit="epoch", disable=not progress, file=sys.stderr)
-    for epoch in bar:
-        model.train()
-        perm = rng(cfg.seed, epoch, -1, "pretrain-shuffle").permutation(len(x))
-        total = 0.0
-        with torch_seeded(cfg.seed, epoch, -1, "pretrain-torch"):
-            for b in range(steps_per_epoch):
-                opt.lr = lr_at(epoch * steps_per_epoch + b, steps_per_epoch, p.epochs,
-                               p.warmup_epochs, p.lr)
-                idx = perm[b * p.batch_size:(b + 1) * p.batch_size]
-                opt.zero_grad()
-                loss = loss_fn(model(xt[idx]), yt[idx])
-                loss.backward()
-                opt.step()
-                total += float(loss.detach())
-        ev = evaluate(model, data.x_test[te], data.y_test[te], device)
-        history.append({"epoch": epoch + 1, "train_loss": total / steps_per_epoch,
-                        "test_accuracy": ev["accuracy"], "test_loss": ev["loss"]})
-        bar.set_postfix(loss=round(total / steps_per_epoch, 4), acc=round(ev["accuracy"], 4))
-        storage.write_checkpoint(epoch + 1, {
-            "epoch": epoch + 1, "model": get_state(model), "optimizer": opt.state_dict(),
-            "history": history}, keep=3)
-        if on_epoch is not None:
-            on_epoch(history[-1])
+    with Progress(enabled=progress).stage("pretrain", total=p.epochs, unit="epochs") as stage:
+        stage.report(start)
+        for epoch in range(start, p.epochs):
+            model.train()
+            perm = rng(cfg.seed, epoch, -1, "pretrain-shuffle").permutation(len(x))
+            total = 0.0
+            with torch_seeded(cfg.seed, epoch, -1, "pretrain-torch"):
+                for b in range(steps_per_epoch):
+                    opt.lr = lr_at(epoch * steps_per_epoch + b, steps_per_epoch, p.epochs,
+                                   p.warmup_epochs, p.lr)
+                    idx = perm[b * p.batch_size:(b + 1) * p.batch_size]
+                    opt.zero_grad()
+                    loss = loss_fn(model(xt[idx]), yt[idx])
+                    loss.backward()
+                    opt.step()
+                    total += float(loss.detach())
+            ev = evaluate(model, data.x_test[te], data.y_test[te], device)
+            history.append({"epoch": epoch + 1, "train_loss": total / steps_per_epoch,
+                            "test_accuracy": ev["accuracy"], "test_loss": ev["loss"]})
+            stage.report(epoch + 1, note=f"loss {total / steps_per_epoch:.4f} "
+                                         f"acc {ev['accuracy']:.4f}")
+            storage.write_checkpoint(epoch + 1, {
+                "epoch": epoch + 1, "model": get_state(model), "optimizer": opt.state_dict(),
+                "history": history}, keep=3)
+            if on_epoch is not None:
+                on_epoch(history[-1])
     state = get_state(model)
     buf = io.BytesIO()
     np.savez(buf, **state)
