@@ -20,7 +20,7 @@ def test_driver_killed_mid_round_then_resumed_is_bitwise_the_same(ray_session, t
     from fedray.runtime import Experiment, run_experiment
 
     ray = ray_session
-    cfg = tiny_cfg(rounds=4, **{"local.epochs": 40})  # a round takes seconds
+    cfg = tiny_cfg(rounds=4, **{"local.epochs": 150})  # a round takes seconds
     run_experiment(cfg, str(tmp_path / "full"), progress=False)
     exp = Experiment(cfg, str(tmp_path / "cut"))
     exp.start()
@@ -28,6 +28,8 @@ def test_driver_killed_mid_round_then_resumed_is_bitwise_the_same(ray_session, t
     exp.step()
     pending = exp.driver.run_round.remote()  # round 3, killed while its clients train
     time.sleep(0.5)
+    done, _ = ray.wait([pending], timeout=0)
+    assert not done, "round 3 finished before the kill: make the rounds longer"
     ray.kill(exp.driver, no_restart=True)
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(pending)
