@@ -56,6 +56,8 @@ def run_one(method: str, eps: float, seed: int, base: str, work: str) -> dict:
     run_dir = os.path.join(work, name)
     summary = run_experiment(cfg, run_dir, progress=False)
     rounds = read_metrics(run_dir, "rounds").to_pandas()
+    clients = read_metrics(run_dir, "clients").to_pandas()
+    ups = clients.loc[clients["upload_bytes"] > 0, "upload_bytes"]
     dp_sum = summary.get("dp") or {}
     return {"method": method, "epsilon_target": eps, "seed": seed,
             "accuracy": float(rounds["global_accuracy"].iloc[-1]),
@@ -64,6 +66,8 @@ def run_one(method: str, eps: float, seed: int, base: str, work: str) -> dict:
             "final_clip": dp_sum.get("clip_norm", math.nan),
             "upload_bytes_per_client_round": float(
                 summary["total_upload_bytes"]) / (ROUNDS * PER_ROUND),
+            "upload_bytes_per_upload": float(ups.mean()) if len(ups) else 0.0,
+            "uploads": int(len(ups)),
             "parameters": summary["parameters"]}
 
 

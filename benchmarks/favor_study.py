@@ -12,6 +12,17 @@ BlogText numbers. Re-running continues: finished methods are only re-evaluated.
 
     .venv/bin/python benchmarks/favor_study.py --seeds 0 1 2
 
+``--lambdas`` runs the λ_align sweep instead (issue #16): the FAVoR method once per
+(λ_align, seed), each its own run of the job with ``algorithm.lambda_align=λ`` (λ = 0 is FAVoR
+w/o ASCE: no style target reaches the private stage), plus ``--reference`` methods (FedAvg)
+once per seed, all at the embedded default's adapter (LoRA r 16 / α 32, the paper's). Runs go
+seed by seed, the reference last, so a cut-short sweep has every λ on the first seeds.
+Finished (method, λ, seed) rows in ``OUT.json`` are kept and not run again (pass ``--fresh``
+to redo them); the aggregate table (mean ± sample sd over seeds) lands in ``OUT.md``.
+
+    .venv/bin/python benchmarks/favor_study.py --lambdas 0 0.1 0.3 1.0 --seeds 0 1 2 \
+        --reference fedavg --out benchmarks/results/favor_study/lambda_sweep
+
 BERTScore (roberta-large) and the StyleDistance verifier need models this machine cannot
 download; Table 4's StyleDistance column is replaced by gen→source verification with
 classical stylometric features (ASCE-independent), and the ASCE gen→source AUC is shown too.
@@ -88,6 +99,73 @@ def tables(rows: list[dict], methods: list[str], chance: float) -> str:
             + "\n".join(t4) + "\n")
 
 
+def lambda_table(rows: list[dict], lambdas: list[float], reference: list[str],
+                 chance: float) -> str:
+    """The λ_align sweep aggregated over seeds: one row per λ (FAVoR), then the reference
+    methods; mean ± sample sd over the seeds that have the row."""
+    keys = [("author_accuracy", "Author Acc. ↑"), ("macro_f1", "Macro-F1 ↑"),
+            ("gen_gen_auc", "Verif. AUC ↑"), ("gen_gen_eer", "EER ↓"),
+            ("stylo_gen_source_auc", "Stylometric gen→source AUC ↑"),
+            ("gen_source_auc", "ASCE gen→source AUC ↑"), ("semsim", "SemSim ↑"),
+            ("global_next_token_accuracy", "global next-token acc.")]
+    head = ["| method | λ_align | " + " | ".join(k[1] for k in keys)
+            + " | kept / generated | never sampled | seeds |",
+            "|---|---|" + "---|" * (len(keys) + 3)]
+    groups = [("favor", lam) for lam in lambdas] + [(m, None) for m in reference]
+    for method, lam in groups:
+        sel = [r for r in rows if r["method"] == method and (lam is None or
+                                                             r.get("lambda_align") == lam)]
+        if not sel:
+            continue
+        label = LABELS[method] + (" w/o ASCE" if method == "favor" and lam == 0 else "")
+        never = sorted({r.get("never_sampled") for r in sel} - {None})
+        head.append(f"| {label} | {'–' if lam is None else f'{lam:g}'} | "
+                    + " | ".join(mean_sd([r.get(k) for r in sel]) for k, _ in keys)
+                    + f" | {sum(r['kept'] for r in sel)} / {sum(r['generations'] for r in sel)}"
+                    f" | {', '.join(map(str, never)) or '–'} | "
+                    f"{', '.join(str(r['seed']) for r in sel)} |")
+    return (f"### λ_align sweep (FAVoR; chance accuracy {chance:.3f})\n\n"
+            + "\n".join(head) + "\n")
+
+
+def lambda_sweep(args: argparse.Namespace) -> None:
+    """Run (or continue) the λ_align sweep: see the module docstring."""
+    import favor_blogtext
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    path = out.with_suffix(".json")
+    old = json.loads(path.read_text()) if path.exists() and not args.fresh else {}
+    rows, seconds = old.get("rows", []), old.get("seconds", {})
+    plan = [(s, "favor", lam) for s in args.seeds for lam in args.lambdas] + \
+        [(s, m, None) for m in args.reference for s in args.seeds]
+    for seed, method, lam in plan:
+        tag = f"{method}-seed{seed}" if lam is None else f"lambda{lam:g}-seed{seed}"
+        if any(r["method"] == method and r["seed"] == seed and r.get("lambda_align") == lam
+               for r in rows):
+            continue  # finished before
+        t0 = time.time()
+        argv = ["--variants", method, "--seed", str(seed), "--ks",
+                "--data-seed", str(args.data_seed), "--authors", str(args.authors),
+                "--out", f"{args.run_root}/{tag}", "--cache", f"{args.run_root}/cache"]
+        for s in args.set + ([] if lam is None else [f"algorithm.lambda_align={lam}"]):
+            argv += ["--set", s]
+        result = favor_blogtext.main(argv)
+        seconds[tag] = round(time.time() - t0, 1)
+        for r in result["rows"]:
+            if method == "favor":  # authors that deploy the global adapter, never trained
+                r.setdefault("never_sampled", args.authors - r["personalized_clients"])
+            rows.append({**r, "seed": seed, "lambda_align": lam})
+        path.write_text(json.dumps({"args": vars(args), "seconds": seconds, "rows": rows},
+                                   indent=1, default=str))
+        out.with_suffix(".md").write_text(
+            lambda_table(rows, args.lambdas, args.reference, 1 / args.authors))
+        print(f"{tag} done in {seconds[tag]:.0f}s", flush=True)
+    text = lambda_table(rows, args.lambdas, args.reference, 1 / args.authors)
+    out.with_suffix(".md").write_text(text)
+    print(text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -101,7 +179,17 @@ def main() -> None:
     ap.add_argument("--run-root", default="/tmp/fedray-favor-study")
     ap.add_argument("-s", "--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config override passed to every run")
+    ap.add_argument("--lambdas", type=float, nargs="+",
+                    help="run the λ_align sweep of FAVoR instead of Tables 2 and 4 "
+                         "(issue #16: 0 0.1 0.3 1.0)")
+    ap.add_argument("--reference", nargs="*", default=[], choices=list(LABELS),
+                    help="with --lambdas: methods run once per seed as reference rows")
+    ap.add_argument("--fresh", action="store_true",
+                    help="with --lambdas: redo the (method, λ, seed) rows OUT.json has")
     args = ap.parse_args()
+    if args.lambdas:
+        lambda_sweep(args)
+        return
 
     import favor_blogtext
 

@@ -141,8 +141,10 @@ class PayloadConfig:
     transforms: list[str | dict[str, Any]] = spec(
         default_factory=list, help="update transforms each upload passes through, in order "
                                    "(fedray.transforms): topk, powersgd, int8, int4, bf16, as "
-                                   "a name or {name: topk, density: 0.1}; for methods whose "
-                                   "upload has the broadcast's shapes (FedAvg family, ORDERS)")
+                                   "a name or {name: topk, density: 0.1}; 'weights' first "
+                                   "sends weights θ_t+Δ instead of Δ ([weights, int4]: int4 "
+                                   "FedAvg of weights); for methods whose upload has the "
+                                   "broadcast's shapes (FedAvg family, ORDERS)")
     error_feedback: bool = spec(True, help="feed what the transform chain dropped back into "
                                            "the client's next upload")
 
@@ -340,6 +342,9 @@ class PretrainConfig:
         "orthogonal", help="classifier head: frozen orthogonal (FLITE), frozen Kaiming, trainable")
     classes: list[int] | None = spec(None, help="pretrain on these classes only (default all)")
     fraction: float = spec(1.0, gt=0, le=1, help="share of the (selected) train set used")
+    augment: bool = spec(False, help="random crop (zero pad 4) + horizontal flip of each "
+                                     "image, drawn from (seed, epoch): FLITE App. 0.C's "
+                                     "'standard crop+flip' (images only)")
 
 
 @dataclass

@@ -6,6 +6,8 @@ The FLITE paper's recipe (§4): SGD, momentum 0.9, lr 0.05 with a linear warmup 
 head frozen from initialisation (orthogonal by default, §3.5). Optionally only some classes
 (``pretrain.classes``) or a share of the data (``pretrain.fraction``) are used, so that a
 small study can pretrain on part of the data and fine-tune federatedly on the rest.
+``pretrain.augment`` adds the paper's "standard crop+flip" (App. 0.C; random 4-pixel-padded
+crop and horizontal flip per image, :func:`fedray.training.random_crop_flip`), for images.
 
 Every epoch writes a checkpoint (model, momentum buffers, epoch, history) to
 ``OUT/checkpoints``; ``--resume`` continues from the latest one to the same result as an
@@ -24,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from fedray.config import ExperimentConfig
-from fedray.seeding import rng, torch_seeded
+from fedray.seeding import rng, torch_generator, torch_seeded
 from fedray.spec import ConfigError
 from fedray.storage import Storage
 
@@ -72,7 +74,7 @@ def pretrain(cfg: ExperimentConfig, out: str, *, resume: bool = False,
 
     from fedray.data import load_dataset
     from fedray.progress import Progress
-    from fedray.training import SGD, evaluate, get_state, set_state
+    from fedray.training import SGD, evaluate, get_state, random_crop_flip, set_state
 
     p = cfg.pretrain
     storage = Storage(out)
@@ -86,6 +88,9 @@ def pretrain(cfg: ExperimentConfig, out: str, *, resume: bool = False,
     tr = select(data.y_train, p.classes, p.fraction, cfg.seed, "pretrain-subset")
     te = select(data.y_test, p.classes, 1.0, cfg.seed, "pretrain-test")
     x, y = data.x_train[tr], data.y_train[tr]
+    if p.augment and x.ndim != 4:
+        raise ConfigError("pretrain.augment", True, f"false for {cfg.data.dataset} (crop+flip "
+                                                    f"needs images, got shape {x.shape[1:]})")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.set_num_threads(max(1, torch.get_num_threads()))
     model = build_base_model(cfg, data.input_shape, data.num_classes).to(device)
@@ -106,13 +111,16 @@ def pretrain(cfg: ExperimentConfig, out: str, *, resume: bool = False,
             model.train()
             perm = rng(cfg.seed, epoch, -1, "pretrain-shuffle").permutation(len(x))
             total = 0.0
+            aug = torch_generator(cfg.seed, epoch, -1, "pretrain-augment") \
+                if p.augment and xt.dim() == 4 else None
             with torch_seeded(cfg.seed, epoch, -1, "pretrain-torch"):
                 for b in range(steps_per_epoch):
                     opt.lr = lr_at(epoch * steps_per_epoch + b, steps_per_epoch, p.epochs,
                                    p.warmup_epochs, p.lr)
                     idx = perm[b * p.batch_size:(b + 1) * p.batch_size]
                     opt.zero_grad()
-                    loss = loss_fn(model(xt[idx]), yt[idx])
+                    xb = xt[idx] if aug is None else random_crop_flip(xt[idx], aug)
+                    loss = loss_fn(model(xb), yt[idx])
                     loss.backward()
                     opt.step()
                     total += float(loss.detach())

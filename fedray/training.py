@@ -69,6 +69,23 @@ class Adam:
             p.addcdiv_(m, denom, value=-self.lr / (1 - b1 ** self.t))
 
 
+def random_crop_flip(x: torch.Tensor, gen: torch.Generator, pad: int = 4) -> torch.Tensor:
+    """The standard CIFAR augmentation, per image of an NCHW batch: a random ``H×W`` crop of
+    the image zero-padded by ``pad`` and a horizontal flip with probability 1/2, all drawn
+    from ``gen`` (a CPU generator, so the draw does not depend on the device)."""
+    n, _, h, w = x.shape
+    padded = torch.nn.functional.pad(x, (pad, pad, pad, pad))
+    dy = torch.randint(0, 2 * pad + 1, (n,), generator=gen)
+    dx = torch.randint(0, 2 * pad + 1, (n,), generator=gen)
+    flip = torch.rand(n, generator=gen) < 0.5
+    rows = (dy[:, None] + torch.arange(h)[None]).to(x.device)
+    cols = (dx[:, None] + torch.arange(w)[None]).to(x.device)
+    cols = torch.where(flip[:, None].to(x.device), cols.flip(1), cols)
+    idx = torch.arange(n, device=x.device)[:, None, None]
+    out = padded.permute(0, 2, 3, 1)[idx, rows[:, :, None], cols[:, None, :]]
+    return out.permute(0, 3, 1, 2).contiguous()
+
+
 def batches(n: int, batch_size: int, epochs: int, seed: int, round: int, client: int,
             max_steps: int | None = None, purpose: str = "local"):
     """Index batches for local training: a fresh permutation per epoch from

@@ -23,6 +23,8 @@ stage         emits for ``name``                       a later stage may transfo
 ``int4``      ``name.q`` uint8 [ceil(size/2)] (2/byte),
               ``name.scale`` float32 [scale, lo]
 ``bf16``      ``name.bf16`` uint16 [size]              nothing
+``weights``   ``name`` float32 [shape]: the client's   ``name`` (first stage only)
+              weights θ_t + Δ instead of Δ
 ============  =======================================  ========================================
 
 Everything else — names not in ``shapes`` (e.g. ORDERS' ``orders.norm``), integer arrays —
@@ -30,6 +32,13 @@ passes through every stage untouched. :meth:`Transform.out_shapes` tells which f
 tensors a stage emits, so the server computes every stage's input shapes from the global
 shapes alone and decodes right to left (:meth:`TransformChain.server`); a name that is in
 ``shapes`` but not in an upload (a frozen head that was not sent) is skipped.
+
+The broadcast as reference. ``weights`` is the one stage that needs the model the client
+started from (:attr:`Transform.needs_reference`): :meth:`TransformChain.client` and
+:meth:`TransformChain.server` then take ``reference=`` — the decoded broadcast the client
+received, which the server rebuilds from the same payload — so ``["weights", "int4"]`` is
+textbook int4 FedAvg of *weights* (the upload is quantize(θ_t + Δ_i); the server recovers
+dequantize(quantize(θ_t + Δ_i)) − θ_t), where ``["int4"]`` quantizes the update Δ_i.
 
 Error feedback (Karimireddy et al. 2019) is applied to the whole chain: the client encodes
 ``M = update + error`` and keeps ``error' = M - server(upload)``, so whatever any stage
@@ -62,7 +71,7 @@ from fedray.compression import (
 from fedray.payload import _dequantize, _from_bf16, _quantize, _to_bf16
 
 __all__ = ["BF16", "TRANSFORMS", "PowerSGD", "Quantize", "TopK", "Transform", "TransformChain",
-           "parse_transforms"]
+           "Weights", "parse_transforms"]
 
 Shape = tuple[int, ...]
 Tensors = Mapping[str, np.ndarray]
@@ -130,6 +139,8 @@ class Transform:
     name: ClassVar[str]
     #: suffixes of the keys that carry low-precision codes (counted as values, not indices)
     code_suffixes: ClassVar[tuple[str, ...]] = ()
+    #: the stage's ``encode``/``decode`` take ``reference=`` (the client's decoded broadcast)
+    needs_reference: ClassVar[bool] = False
 
     def encode(self, tensors: Tensors, shapes: Shapes, memory: dict | None, *, seed: int,
                round: int, client: int) -> tuple[dict[str, np.ndarray], dict | None]:
@@ -301,6 +312,64 @@ class BF16(Transform):
         return _splice(tensors, replace, set(), self.name)
 
 
+# ---------------------------------------------------------------------------------- weights
+
+
+@dataclass(frozen=True)
+class Weights(Transform):
+    """Send weights, not updates: the client emits ``reference[name] + x`` under ``name``
+    (x the update Δ_i = θ_i − θ_t, plus the error memory with error feedback) and the server
+    subtracts ``reference[name]`` again, so the decoded upload is still an update and every
+    aggregation policy is unchanged. A later stage therefore compresses θ_i itself:
+    ``["weights", "int4"]`` is the FLITE paper's "int4 full-weight FedAvg" (§5.9, Table 5),
+    whose quantization error is relative to the weights' range, not to the update's.
+
+    ``reference`` is the decoded broadcast the client trained from (the server rebuilds it
+    from the same payload, so both sides subtract the same tensors). θ_t + (θ_i − θ_t) in
+    float32 is θ_i up to one rounding of the sum (exact when no bits are lost), far below
+    any codec's step. It must be the chain's first stage: later stages rename or reshape
+    tensors (``name.values``, ``name.P``) that have no reference.
+    """
+
+    name: ClassVar[str] = "weights"
+    needs_reference: ClassVar[bool] = True
+
+    def encode(self, tensors, shapes, memory, *, seed, round, client,  # type: ignore[override]
+               reference: Tensors) -> tuple[dict[str, np.ndarray], dict | None]:
+        replace = {}
+        for name, shape in shapes.items():
+            if name not in tensors or not _is_float(tensors[name]):
+                continue
+            x = np.asarray(tensors[name], dtype=np.float32)
+            ref = self._ref(reference, name, tuple(shape))
+            if tuple(x.shape) != tuple(shape):
+                raise ValueError(f"{self.name}: tensor {name!r} has shape {tuple(x.shape)}, "
+                                 f"expected {tuple(shape)}")
+            replace[name] = {name: ref + x}
+        return _splice(tensors, replace, set(), self.name), memory
+
+    def out_shapes(self, shapes):
+        return {name: tuple(s) for name, s in shapes.items()}
+
+    def decode(self, tensors, shapes, *, reference: Tensors  # type: ignore[override]
+               ) -> dict[str, np.ndarray]:
+        replace = {}
+        for name, shape in shapes.items():
+            if name in tensors and _is_float(tensors[name]):
+                w = np.asarray(tensors[name], dtype=np.float32).reshape(tuple(shape))
+                replace[name] = {name: w - self._ref(reference, name, tuple(shape))}
+        return _splice(tensors, replace, set(), self.name)
+
+    def _ref(self, reference: Tensors, name: str, shape: Shape) -> np.ndarray:
+        if name not in reference:
+            raise ValueError(f"{self.name}: the broadcast has no tensor {name!r} to add")
+        ref = np.asarray(reference[name], dtype=np.float32)
+        if tuple(ref.shape) != shape:
+            raise ValueError(f"{self.name}: broadcast tensor {name!r} has shape "
+                             f"{tuple(ref.shape)}, expected {shape}")
+        return ref
+
+
 # -------------------------------------------------------------------------------- registry
 
 
@@ -314,7 +383,7 @@ def _int4() -> Quantize:
 
 TRANSFORMS: dict[str, Callable[..., Transform]] = {
     "topk": TopK, "powersgd": PowerSGD, "int8": _int8, "int4": _int4, "quantize": Quantize,
-    "bf16": BF16,
+    "bf16": BF16, "weights": Weights,
 }
 
 
@@ -350,6 +419,9 @@ def parse_transforms(specs: list[str | dict | Transform] | None) -> list[Transfo
             out.append(factory(**params))
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
+        if out[-1].needs_reference and i > 0:
+            raise ValueError(f"{where}: {name} must be the first transform (it adds the "
+                             f"broadcast to the update before any stage renames tensors)")
     return out
 
 
@@ -373,6 +445,15 @@ class TransformChain:
     def __init__(self, transforms: list[Transform], error_feedback: bool = True):
         self.transforms = list(transforms)
         self.error_feedback = error_feedback
+        late = [t.name for t in self.transforms[1:] if t.needs_reference]
+        if late:
+            raise ValueError(f"transform {late[0]!r} must be the chain's first stage (a "
+                             f"method that compresses by construction prepends its own)")
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether :meth:`client` and :meth:`server` need ``reference=`` (the broadcast)."""
+        return any(t.needs_reference for t in self.transforms)
 
     def __bool__(self) -> bool:
         return bool(self.transforms)
@@ -397,10 +478,13 @@ class TransformChain:
         return out
 
     def client(self, update: Tensors, shapes: Shapes, memory: dict | None, *, seed: int,
-               round: int, client: int) -> tuple[dict[str, np.ndarray], dict, dict[str, float]]:
+               round: int, client: int, reference: Tensors | None = None
+               ) -> tuple[dict[str, np.ndarray], dict, dict[str, float]]:
         """Encode ``update`` for upload. Returns ``(upload, new_memory, metrics)``.
 
         ``shapes`` names the tensors to transform (normally the global state's shapes);
+        ``reference`` is the decoded broadcast the client started from (needed only when
+        :attr:`needs_reference`);
         metrics count the upload's entries: ``sent_values`` (float entries, incl. the two
         scale entries per quantized tensor), ``sent_indices`` (integer entries other than
         codes: top-k indices, pass-through integers) and ``sent_quantized`` (values sent as
@@ -425,7 +509,8 @@ class TransformChain:
                                                strict=True)):
             key = f"{i}.{t.name}"
             tensors, mem = t.encode(tensors, in_shapes, old_stages.get(key), seed=seed,
-                                    round=round, client=client)
+                                    round=round, client=client,
+                                    **self._reference(t, reference))
             if mem is not None:
                 new_stages[key] = mem
             for name, s in in_shapes.items():
@@ -434,20 +519,30 @@ class TransformChain:
                         code_sizes[name + suffix] = _size(s)
         new_memory: dict[str, Any] = {"stages": new_stages}
         if self.error_feedback:
-            decoded = self.server(tensors, shapes)
+            decoded = self.server(tensors, shapes, reference=reference)
             for name, m in residual.items():
                 error[name] = m - decoded[name]
             new_memory["error"] = error
         return tensors, new_memory, _metrics(tensors, code_sizes)
 
-    def server(self, upload: Tensors, shapes: Shapes) -> dict[str, np.ndarray]:
+    def server(self, upload: Tensors, shapes: Shapes, reference: Tensors | None = None
+               ) -> dict[str, np.ndarray]:
         """The dense tensors an upload stands for, under their original names; keys not in
-        ``shapes`` pass through and names in ``shapes`` absent from the upload are skipped."""
+        ``shapes`` pass through and names in ``shapes`` absent from the upload are skipped.
+        ``reference``: the broadcast the client received (when :attr:`needs_reference`)."""
         tensors = dict(upload)
         stage_shapes = self.stage_shapes(shapes)
         for t, in_shapes in zip(reversed(self.transforms), reversed(stage_shapes), strict=True):
-            tensors = t.decode(tensors, in_shapes)
+            tensors = t.decode(tensors, in_shapes, **self._reference(t, reference))
         return tensors
+
+    @staticmethod
+    def _reference(t: Transform, reference: Tensors | None) -> dict[str, Tensors]:
+        if not t.needs_reference:
+            return {}
+        if reference is None:
+            raise ValueError(f"transform {t.name!r} needs the broadcast (reference=)")
+        return {"reference": reference}
 
 
 def _metrics(upload: Tensors, code_sizes: Mapping[str, int]) -> dict[str, float]:

@@ -10,8 +10,10 @@ flip; experience replay with 6,400 exemplars fleet-wide (640 per client).
     ray job submit --working-dir . -- python jobs/drod_split_cifar100.py \\
         --data-root /mnt/data/cifar --run-dir s3://bucket/runs/drod-c100 --theta 0.5
 
-Any method of the family (``--algorithm fjord|heterofl|fedrolex|shortcut_fjord|
-depth_fedavg``) and objective (``--method er|derpp|bic|ewc|none``) runs on the same harness.
+Any arm of the paper's grid (``--algorithm fjord|heterofl|fedrolex|shortcut_fjord|
+shortcut_fedavg|depth_fedavg|depth_fjord|fiarse|scalefl``, ``--kd`` for the "w/ KD" rows,
+``--axis`` for FIARSE's structural axis) and objective (``--method er|derpp|bic|ewc|none``)
+runs on the same harness.
 ``--smoke`` runs the same path tiny on CPU (digits upsampled to 32×32×3 as a 5-task
 stream, a narrow network, 1 round per task): what CI runs. Shows the rounds on stderr and
 ends with the run summary, the continual table (class-IL / task-IL ACC and forgetting per
@@ -37,7 +39,12 @@ def main(argv: list[str] | None = None) -> dict:
                    help="local path or pyarrow.fs URI (resumes when it holds a run)")
     p.add_argument("--algorithm", default="drod",
                    choices=["drod", "fjord", "heterofl", "fedrolex", "shortcut_fjord",
-                            "depth_fedavg"])
+                            "shortcut_fedavg", "depth_fedavg", "depth_fjord", "fiarse",
+                            "scalefl"])
+    p.add_argument("--kd", action="store_true",
+                   help="FjORD's self-distillation (the 'w/ KD' rows; Ordered-Dropout arms)")
+    p.add_argument("--axis", default=None, choices=["width", "shortcut", "depth"],
+                   help="FIARSE's structural axis (default width)")
     p.add_argument("--theta", type=float, default=0.5, help="DROD's θ in [0, 1]")
     p.add_argument("--match", default="params", choices=["params", "flops"])
     p.add_argument("--method", default="er", choices=["er", "derpp", "bic", "ewc", "none"])
@@ -90,7 +97,11 @@ def main(argv: list[str] | None = None) -> dict:
         "eval.clients=none", f"runtime.tiers=[{', '.join(tiers)}]"]
     if args.algorithm == "drod":
         overrides.append(f"algorithm.theta={args.theta}")
-    if args.algorithm == "depth_fedavg":
+    if args.kd:
+        overrides.append("algorithm.kd=true")
+    if args.axis:
+        overrides.append(f"algorithm.axis={args.axis}")
+    if args.algorithm in ("depth_fedavg", "depth_fjord", "scalefl") or args.axis == "depth":
         overrides.append("model.exits=true")
     rpt = 1 if args.smoke else args.rounds_per_task
     cfg = load_config(None, overrides + [f"eval.every={rpt}"] + args.set)

@@ -5,7 +5,8 @@ With no arguments it runs the embedded default end to end on this machine: a syn
 here on disjoint authors, then FAVoR, FedAvg, Ditto and local-only (12 clients per round,
 6 rounds), each followed by the style evaluation (author accuracy / macro-F1, verification
 AUC/EER in ASCE space and with stylometric features, silhouette, centroid distance,
-SemSim), then the cold-start transfer to 10 held-out authors; the tables land in
+SemSim), then the cold-start transfer to 10 held-out authors at K = 1, 4 and 16 shots
+(``--ks``); the tables land in
 OUT/RESULTS.md + results.parquet (plot: style_retention.png) and OUT/COLD_START.md +
 cold_start.parquet. Measured here: 16 min on 2 cores (`time python jobs/favor_blogtext.py`).
 
@@ -21,11 +22,19 @@ progress bars and warnings.
     ... --stress                                                # 100 authors, 20/round, 20 rounds
 
 ``--smoke`` is a minutes-long CPU version of the same path (CI).
+
+LoRA is the paper's (r 16, α 32 on all seven projections). Roster authors that no round
+trained (never sampled) deploy the final global adapter and are scored (``--unsampled
+global``, the default) or are left out of the style metrics (``--unsampled exclude``: it
+only changes the evaluation, so a finished run is rescored, not retrained; ``-s
+algorithm.unsampled=...`` sets the same policy as part of the run's config); the table's
+"never sampled" column counts them either way.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -69,8 +78,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--cache", help="local directory for the corpus, base LM and ASCE "
                                    "(default OUT/cache, or runs/favor-cache for a URI)")
     p.add_argument("--smoke", action="store_true", help="tiny CPU run of the same path")
-    p.add_argument("--ks", type=int, nargs="*", default=[4, 8, 16],
-                   help="cold-start shots K (none: skip the cold-start transfer)")
+    p.add_argument("--ks", type=int, nargs="*", default=[1, 4, 16],
+                   help="cold-start shots K (default 1 4 16; none: skip the cold-start "
+                        "transfer; --smoke keeps the first). A held-out author with fewer "
+                        "than K train posts is skipped at that K and counted")
+    p.add_argument("--unsampled", choices=["global", "exclude"],
+                   help="policy for roster authors no round trained, at evaluation only (a "
+                        "finished run is rescored, not retrained): global = they deploy the "
+                        "final global adapter, exclude = left out of the style metrics "
+                        "(default: the config's algorithm.unsampled, global)")
     p.add_argument("-s", "--set", action="append", default=[], metavar="KEY=VALUE")
     add_output_args(p)
     args = p.parse_args(argv)
@@ -168,6 +184,8 @@ def main(argv: list[str] | None = None) -> dict:
             data = data or build_data(cfg)  # identical for every method: built once
             started = started or init_ray(cfg)
             params = build_method(cfg).params
+            if args.unsampled:  # an evaluation policy: not part of the trained run
+                params = dataclasses.replace(params, unsampled=args.unsampled)
             if pooled:  # training too is a Ray task with the executors' GPU share
                 with progress.stage("pooled training"):
                     adapter = run_on_device(train_pooled, cfg, data, num_gpus=args.gpus)
@@ -212,7 +230,8 @@ def style_note(style: dict) -> str:
         return f"{v:.3f}" if isinstance(v, float) and v == v else "–"  # None, NaN: –
 
     return (f"author accuracy {num('author_accuracy')}, gen-gen AUC {num('gen_gen_auc')}, "
-            f"SemSim {num('semsim')}, kept {style.get('kept')}/{style.get('generations')}")
+            f"SemSim {num('semsim')}, kept {style.get('kept')}/{style.get('generations')}, "
+            f"never sampled {style.get('never_sampled')} ({style.get('unsampled')})")
 
 
 def results_text(result: dict, out: str) -> str:
@@ -254,15 +273,26 @@ def run_cold_start(args, out: str, holdout_csv: str | None, csv: str, seed: int)
         Storage(f"{out}/favor").read_bytes("config.yaml").decode()))
     shared, _ = final_adapters(f"{out}/favor", "fedavg", cfg.clients.num_clients)
     authors = holdout_authors(csv, cfg.clients.num_clients, seed, holdout_csv)
-    ks = [k for k in args.ks if k <= min(len(a.train) for a in authors)]
-    rows = run_on_device(cold_start_arms, cfg, shared, authors, ks, seed, num_gpus=args.gpus)
+    rows = run_on_device(cold_start_arms, cfg, shared, authors, list(args.ks), seed,
+                         num_gpus=args.gpus)
     storage = Storage(out)
     storage.write_parquet("cold_start.parquet", rows)
-    lines = ["| K | arm | Sep. Acc | macro-F1 | target sim. |", "|---|---|---|---|---|"]
-    lines += [f"| {r['K']} | {r['arm']} | {r['sep_accuracy']:.3f} | {r['macro_f1']:.3f} | "
-              f"{r['target_similarity']:.3f} |" for r in rows]
-    storage.write_bytes("COLD_START.md", ("\n".join(lines) + "\n").encode())
+    storage.write_bytes("COLD_START.md", cold_start_table(rows).encode())
     return rows
+
+
+def cold_start_table(rows: list[dict]) -> str:
+    """COLD_START.md: one line per (K, arm), with the held-out authors scored at that K and
+    those skipped for having fewer than K train posts (fedray.methods.favor.cold_start)."""
+    def num(v) -> str:
+        return f"{v:.3f}" if isinstance(v, float) and math.isfinite(v) else "–"
+
+    lines = ["| K | arm | Sep. Acc | macro-F1 | target sim. | authors (skipped) |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['K']} | {r['arm']} | {num(r['sep_accuracy'])} | {num(r['macro_f1'])} | "
+              f"{num(r['target_similarity'])} | {r['authors']} ({r['skipped']}) |"
+              for r in rows]
+    return "\n".join(lines) + "\n"
 
 
 def write_table(rows: list[dict], out: str, authors: int | None = None) -> None:
@@ -280,13 +310,15 @@ def write_table(rows: list[dict], out: str, authors: int | None = None) -> None:
     storage.write_parquet("results.parquet", rows)
     cols = ["author_accuracy", "macro_f1", "gen_gen_auc", "gen_gen_eer", "gen_source_auc",
             "stylo_gen_source_auc", "silhouette", "centroid_distance", "semsim"]
-    lines = ["| method | " + " | ".join(cols) + " | kept / generated |",
-             "|---|" + "---|" * (len(cols) + 1)]
+    lines = ["| method | " + " | ".join(cols) + " | kept / generated | never sampled |",
+             "|---|" + "---|" * (len(cols) + 2)]
     for r in rows:
         lines.append(f"| {r['method']} | " + " | ".join(
             f"{r[c]:.3f}" if isinstance(r.get(c), float) and math.isfinite(r[c]) else "–"
             for c in cols)
-            + f" | {r.get('kept')} / {r.get('generations')} |")
+            + f" | {r.get('kept')} / {r.get('generations')} | "
+            + (f"{r['never_sampled']}" + (" excluded" if r.get("unsampled") == "exclude"
+                                          else "") if "never_sampled" in r else "–") + " |")
     storage.write_bytes("RESULTS.md", ("\n".join(lines) + "\n").encode())
     if authors is None:  # the roster size a run stored (pooled has no run directory)
         for method in dict.fromkeys(r["method"] for r in rows):

@@ -17,7 +17,8 @@ from fedray.methods.drod.continual.metrics import (
     summarize,
     task_accuracies,
 )
-from fedray.methods.drod.continual.objectives import augment, fisher_diagonal, fit_bias
+from fedray.methods.drod.continual.objectives import fisher_diagonal, fit_bias
+from fedray.training import random_crop_flip as augment
 
 
 def cl_cfg(**extra):

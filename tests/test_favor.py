@@ -188,6 +188,13 @@ def test_favor_job_smoke_end_to_end(ray_session, tmp_path):
             assert 0 <= r["stylo_gen_source_auc"] <= 1
     assert (tmp_path / "favor" / "RESULTS.md").exists()
     assert (tmp_path / "favor" / "style_retention.png").exists()
+    for r in rows.values():  # the never-sampled policy (#16): the default, and the count
+        assert r["unsampled"] == "global" and r["scored_authors"] == 6
+        assert 0 <= r["never_sampled"] <= 6
+    assert rows["favor"]["never_sampled"] == 6 - rows["favor"]["personalized_clients"]
+    # the cold start at the smoke's first K (the default's 1): a row per arm, all scored
+    assert [(r["K"], r["skipped"]) for r in out["cold_start"]] == [(1, 0)] * 4
+    assert (tmp_path / "favor" / "COLD_START.md").read_text().count("\n| 1 | ") == 4
     again = job_process(  # another seed into the same --out: refused, not re-scored
         ray_session, "favor_blogtext.py", "--smoke", "--seed", "1", "--data-seed", "0",
         "--variants", "fedavg", "--ks", "--out", str(tmp_path / "favor"), timeout=300)

@@ -28,3 +28,26 @@ def test_tables_aggregate_seeds_into_table_2_and_table_4():
     assert "| Local-only | 0.250 | – |" in t2 and "FedAvg" not in t4  # a reference row
     assert "| FAVoR w/o ASCE | 0.300 ± 0.100 | 0.150 ± 0.050 | n/a | 0.600 ± 0.000 |" in t4
     assert t4.index("FAVoR w/o ASCE") < t4.index("| FAVoR |")  # the paper's row order
+
+
+def test_lambda_table_aggregates_each_lambda_over_seeds_with_the_reference_last():
+    """The λ_align sweep (issue #16): one row per λ (λ = 0 labelled w/o ASCE), mean ± sample
+    sd over the seeds that have it, the never-sampled counts, then the reference rows."""
+    from favor_study import lambda_table
+
+    def row(method, lam, seed, acc, never=None):
+        return {"method": method, "lambda_align": lam, "seed": seed, "author_accuracy": acc,
+                "kept": 9, "generations": 10, "never_sampled": never}
+
+    rows = [row("favor", lam, s, 0.1 + lam / 10 + s / 100, 10 + s)
+            for lam in (0.0, 0.3) for s in (0, 1)]
+    rows += [row("favor", 1.0, 0, 0.5, 12), row("fedavg", None, 0, 0.03),
+             row("fedavg", None, 1, 0.05)]
+    md = lambda_table(rows, [0.0, 0.1, 0.3, 1.0], ["fedavg"], 0.02).splitlines()
+    body = [ln for ln in md if ln.startswith("| ") and "λ_align |" not in ln]
+    assert [ln.split(" | ")[:2] for ln in body] == [
+        ["| FAVoR w/o ASCE", "0"], ["| FAVoR", "0.3"], ["| FAVoR", "1"], ["| FedAvg", "–"]]
+    assert body[0].split(" | ")[2] == "0.105 ± 0.007"  # seeds 0 and 1, sample sd
+    assert body[1].endswith("| 18 / 20 | 10, 11 | 0, 1 |")
+    assert body[2].split(" | ")[2] == "0.500" and body[2].endswith("| 12 | 0 |")
+    assert body[3].split(" | ")[2] == "0.040 ± 0.014" and body[3].endswith("| – | 0, 1 |")

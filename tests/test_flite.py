@@ -52,6 +52,26 @@ def test_server_and_client_agree_on_mapped_layers():
             m, ["*.conv2.weight"] if name == "resnet18" else ["0.weight"])
 
 
+def test_dp_delta_follows_the_layer_layout_not_the_arrival_order(base):
+    """Per-layer uploads (``quant_scope: layer``) clip as one latent laid out in the
+    mapping's layer order, whatever order the decoded dict has."""
+    import numpy as np
+
+    from fedray.registry import build_method
+
+    cfg = load_config(None, PRE + ["algorithm.name=flite", f"algorithm.base={base}",
+                                   "algorithm.d=4", "algorithm.r=2"])
+    alg = build_method(cfg)
+    layout = alg.make_policy().layout
+    parts = {f"z/{n}": np.full(d, i, np.float32) for i, (n, d) in enumerate(layout)}
+    backwards = dict(reversed(list(parts.items())))
+    zero = {"z": np.zeros(sum(d for _, d in layout), np.float32)}
+    want = np.concatenate([parts[f"z/{n}"] for n, _ in layout])
+    assert len(layout) > 1
+    np.testing.assert_array_equal(alg.to_delta(zero, backwards)["z"], want)
+    np.testing.assert_array_equal(alg.from_delta(zero, alg.to_delta(zero, parts))["z"], want)
+
+
 def test_bad_inputs(base):
     common = PRE + ["algorithm.name=flite", f"algorithm.base={base}"]
     cases = [(["algorithm.d=8", "algorithm.r=16"], "algorithm.r"),

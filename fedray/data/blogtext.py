@@ -189,12 +189,13 @@ def take_words(posts: Sequence[str], budget: int) -> list[str]:
 def is_degenerate(text: str, min_tokens: int = 20, min_distinct_bigrams: float = 0.15
                   ) -> bool:
     """The paper's filter: fewer than ``min_tokens`` whitespace tokens, or fewer than
-    ``min_distinct_bigrams`` of its whitespace bigrams distinct."""
+    ``min_distinct_bigrams`` of its whitespace bigrams distinct (a text of one token, kept
+    by ``min_tokens`` ≤ 1, has no bigram to repeat: not degenerate)."""
     toks = text.split()
     if len(toks) < min_tokens:
         return True
     bigrams = list(zip(toks, toks[1:], strict=False))
-    return len(set(bigrams)) / len(bigrams) < min_distinct_bigrams
+    return bool(bigrams) and len(set(bigrams)) / len(bigrams) < min_distinct_bigrams
 
 
 def prompt_and_reference(text: str, encode: Callable[[str], list[int]],

@@ -79,11 +79,13 @@ class SliceableResNet(nn.Module):
     so ``ReLU(x + 0) = x``). The head reads the leading pooled features; with ``arch.exits``
     a depth-cut sub-model ends in its last stage's own exit head (DepthFL). ``all_heads``
     keeps every head the geometry reaches (the global model); ``False`` keeps only the head
-    the geometry itself uses (a tier's model, so it uploads nothing it does not train).
+    the geometry itself uses (a tier's model, so it uploads nothing it does not train), plus
+    the heads of the shallower sub-models in ``depths`` (Ordered Dropout over depth samples
+    them; ScaleFL trains every exit of its sub-model).
     """
 
     def __init__(self, arch: Arch, input_hw: tuple[int, int], geometry: Geometry | None = None,
-                 all_heads: bool = True):
+                 all_heads: bool = True, depths: tuple[int, ...] = ()):
         super().__init__()
         self.arch, self.input_hw = arch, input_hw
         g = geometry or arch.full()
@@ -102,7 +104,9 @@ class SliceableResNet(nn.Module):
         if not arch.exits or last == final or all_heads:
             self.fc = nn.Linear(g.stream[-1], arch.num_classes)
         if arch.exits:
-            stages = range(min(last + 1, final)) if all_heads else [last] * (last < final)
+            stages = range(min(last + 1, final)) if all_heads else sorted(
+                {arch.stage_of[d - 1] for d in (*depths, g.depth) if d <= g.depth}
+                - {final})
             self.exits = nn.ModuleDict({str(k): nn.Linear(g.stream[k], arch.num_classes)
                                         for k in stages})
 
@@ -114,7 +118,15 @@ class SliceableResNet(nn.Module):
         return self.exits[str(stage)]
 
     def forward(self, x: torch.Tensor, sub: Geometry | None = None) -> torch.Tensor:
+        return self.exit_logits(x, sub)[-1]
+
+    def exit_logits(self, x: torch.Tensor, sub: Geometry | None = None,
+                    depths: tuple[int, ...] = ()) -> list[torch.Tensor]:
+        """Logits of the exit heads after each of ``depths`` blocks (shallower than ``sub``'s,
+        ascending) and, last, of ``sub``'s own head — one pass through the trunk (ScaleFL's
+        early exits)."""
         arch, g = self.arch, sub or self.geometry
+        outs = []
         if x.dim() == 2:
             x = x.view(x.shape[0], arch.in_channels, *self.input_hw)
         c = g.stream[0]
@@ -123,20 +135,22 @@ class SliceableResNet(nn.Module):
         for j in range(g.depth):
             blk, cout, h, stride = (self.blocks[j], g.stream[arch.stage_of[j]], g.hidden[j],
                                     arch.stride(j))
-            if h == 0:
-                continue
-            out = _conv(x, blk.conv1.weight[:h, :c], stride, 1)
-            out = F.relu(_gn(out, blk.norm1, h, arch.groups))
-            out = _gn(_conv(out, blk.conv2.weight[:cout, :h], 1, 1), blk.norm2, cout,
-                      arch.groups)
-            if arch.has_shortcut_conv(j):
-                sc = _conv(x, blk.shortcut.conv.weight[:cout, :c], stride)
-                sc = _gn(sc, blk.shortcut.norm, cout, arch.groups)
-            else:
-                sc = x
-            x, c = F.relu(out + sc), cout
+            if h:
+                out = _conv(x, blk.conv1.weight[:h, :c], stride, 1)
+                out = F.relu(_gn(out, blk.norm1, h, arch.groups))
+                out = _gn(_conv(out, blk.conv2.weight[:cout, :h], 1, 1), blk.norm2, cout,
+                          arch.groups)
+                if arch.has_shortcut_conv(j):
+                    sc = _conv(x, blk.shortcut.conv.weight[:cout, :c], stride)
+                    sc = _gn(sc, blk.shortcut.norm, cout, arch.groups)
+                else:
+                    sc = x
+                x, c = F.relu(out + sc), cout
+            if j + 1 in depths and j + 1 < g.depth:
+                head = self.head(j + 1)
+                outs.append(_linear(x.mean((2, 3)), head.weight[:, :c], head.bias))
         head = self.head(g.depth)
-        return _linear(x.mean((2, 3)), head.weight[:, :c], head.bias)
+        return [*outs, _linear(x.mean((2, 3)), head.weight[:, :c], head.bias)]
 
 
 @torch.no_grad()
@@ -161,10 +175,12 @@ def measure(arch: Arch, input_hw: tuple[int, int], geometry: Geometry, flops: bo
 
 
 @functools.lru_cache(maxsize=256)
-def held(arch: Arch, hw: tuple[int, int], g: Geometry) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """(name, shape) of every parameter the sub-model ``g`` holds (only the head it uses)."""
+def held(arch: Arch, hw: tuple[int, int], g: Geometry, depths: tuple[int, ...] = ()
+         ) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(name, shape) of every parameter the sub-model ``g`` holds (only the head it uses, and
+    the exit heads after ``depths`` blocks)."""
     with torch.device("meta"):
-        model = SliceableResNet(arch, hw, g, all_heads=False)
+        model = SliceableResNet(arch, hw, g, all_heads=False, depths=depths)
     return tuple((k, tuple(v.shape)) for k, v in model.state_dict().items())
 
 

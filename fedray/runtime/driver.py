@@ -136,6 +136,7 @@ class Driver:
         self.done: dict[int, tuple[ClientResult, float]] = {}
         self.async_bcast: dict[int, dict[str, tuple]] = {}
         self._data: Any = None
+        self._refs: dict[str, dict[str, np.ndarray]] = {}  # decoded broadcasts (weights stage)
         self.bounds: dict[int, float] = {}  # dispatch -> earliest finish (derived, not saved)
         self.privacy = (CentralDP(cfg, self.algorithm.to_delta, self.algorithm.from_delta)
                         if cfg.dp.enabled else None)
@@ -229,6 +230,19 @@ class Driver:
             out[tier] = seen[id(tensors)]
         return out
 
+    def _reference(self, bcast: tuple) -> dict[str, np.ndarray] | None:
+        """The tensors a client trained from, decoded from the very broadcast ``(key, ref,
+        nbytes)`` it received, for a transform chain that needs them (``weights``); else
+        None. Decoded once per broadcast."""
+        if not self.chain.needs_reference:
+            return None
+        key, ref, _ = bcast
+        if key not in self._refs:
+            if len(self._refs) >= 8:
+                self._refs.clear()
+            self._refs[key] = ray.get(ref).decode()
+        return self._refs[key]
+
     def run_round(self) -> dict:
         """Run the next round (or, for an asynchronous rule, the next server step) and
         return its metrics row."""
@@ -291,7 +305,8 @@ class Driver:
         shapes = {k: v.shape for k, v in self.global_state.items()}
         for cid in sorted(final):
             res = final[cid]
-            upload = self.chain.server(res.payload.decode(), shapes) if res.ok else None
+            upload = self.chain.server(res.payload.decode(), shapes, self._reference(
+                bcast[self.tier_of(cid)])) if res.ok else None
             if res.ok and not _finite(upload):  # decoded: codes (bf16 bits, int8) hide none
                 res.status, res.error = Status.REJECTED, "upload contains NaN or Inf"
             if res.ok:
@@ -562,7 +577,8 @@ class Driver:
             staleness = self.round - f["version"]
             client_extra[c] = {"sim_seconds": finish - f["start"], "staleness": staleness}
             if res.ok:
-                upload = self.chain.server(res.payload.decode(), shapes)
+                upload = self.chain.server(res.payload.decode(), shapes, self._reference(
+                    self._async_broadcast(f["version"], self.tier_of(c))))
                 if not _finite(upload):
                     res.status, res.error = Status.REJECTED, "upload contains NaN or Inf"
                 else:

@@ -92,7 +92,8 @@ class ClientExecutor:
                 if self.chain:
                     shapes = {k: tensors[k].shape for k in upload if k in tensors}
                     upload, memory, sent = self.chain.client(
-                        upload, shapes, memory, seed=self.cfg.seed, round=round, client=cid)
+                        upload, shapes, memory, seed=self.cfg.seed, round=round, client=cid,
+                        reference=tensors if self.chain.needs_reference else None)
                     metrics |= sent
                 payload = Payload.encode(upload, self.cfg.payload.upload)
                 version = state_bytes = None

@@ -15,10 +15,28 @@ from typing import Any
 
 from fedray.methods.fedavg.method import FedAvg, FedAvgParams
 from fedray.registry import register_method
-from fedray.spec import spec
+from fedray.spec import ConfigError, spec
 from fedray.transforms import PowerSGD as PowerSGDStage
 from fedray.transforms import TopK as TopKStage
-from fedray.transforms import Transform, TransformChain
+from fedray.transforms import Transform, TransformChain, parse_transforms
+
+
+@dataclass
+class _CompressedParams(FedAvgParams):
+    def validate(self, cfg: Any) -> None:
+        """The compressor is the chain's first stage, so no configured stage may need to be
+        first (``weights``)."""
+        super().validate(cfg)
+        if cfg is None or not cfg.payload.transforms:
+            return
+        try:
+            stages = parse_transforms(cfg.payload.transforms)
+        except ValueError:
+            return  # reported with its field by the config's own transform check
+        if any(t.needs_reference for t in stages):
+            raise ConfigError("payload.transforms", cfg.payload.transforms,
+                              "no 'weights' stage with a compressing method (its compressor "
+                              "is the first stage; use algorithm.name=fedavg)")
 
 
 class _Compressed(FedAvg):
@@ -48,7 +66,7 @@ class TopK(_Compressed):
     name = "topk"
 
     @dataclass
-    class Params(FedAvgParams):
+    class Params(_CompressedParams):
         density: float = spec(0.01, gt=0, le=1, help="share of each tensor's entries sent")
 
     def stage(self) -> Transform:
@@ -62,7 +80,7 @@ class PowerSGD(_Compressed):
     name = "powersgd"
 
     @dataclass
-    class Params(FedAvgParams):
+    class Params(_CompressedParams):
         rank: int = spec(2, ge=1, help="rank of the P Qᵀ approximation")
 
     def stage(self) -> Transform:

@@ -7,16 +7,21 @@ from fedray.methods.drod.continual.section import ContinualConfig
 from fedray.methods.drod.method import (
     METHODS,
     DepthFedAvg,
+    DepthFjord,
     Drod,
     FedRolex,
+    Fiarse,
     Fjord,
     Hetero,
     HeteroFL,
     HeteroParams,
+    ScaleFL,
+    ShortcutFedAvg,
     ShortcutFjord,
 )
 
-__all__ = ["METHODS", "ContinualConfig", "DepthFedAvg", "Drod", "FedRolex", "Fjord", "Hetero",
-           "HeteroFL", "HeteroParams", "ShortcutFjord"]
+__all__ = ["METHODS", "ContinualConfig", "DepthFedAvg", "DepthFjord", "Drod", "FedRolex",
+           "Fiarse", "Fjord", "Hetero", "HeteroFL", "HeteroParams", "ScaleFL", "ShortcutFedAvg",
+           "ShortcutFjord"]
 
 from fedray.methods.drod import cli as _cli  # noqa: E402,F401  (fedray drod ...)

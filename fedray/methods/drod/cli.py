@@ -23,7 +23,8 @@ def drod_ladder(model: str = typer.Option("resnet18", help="resnet18 or resnet34
                                             "ρ^((1−θ)/2), b = ρ^θ (0 = width slicing)."),
                 budgets: str = typer.Option("1.0,0.251,0.064", "--budgets",
                                             help="Comma-separated ρ, one per tier."),
-                axis: str = typer.Option("dual", help="dual (DROD), width, shortcut, depth."),
+                axis: str = typer.Option("dual", help="dual (DROD), width, shortcut, depth, "
+                                         "scalefl (ScaleFL: width and depth at one ratio)."),
                 match: str = typer.Option("params", "--match",
                                           help="Match ρ on params or flops."),
                 as_json: bool = JSON_OPT) -> None:
@@ -43,7 +44,7 @@ def drod_ladder(model: str = typer.Option("resnet18", help="resnet18 or resnet34
     try:
         rhos = tuple(float(v) for v in budgets.split(","))
         arch, hw = arch_for(parse_shape(input_shape), num_classes, RESNET_BLOCKS[base], width, 8,
-                            axis == "depth", name)
+                            axis in ("depth", "scalefl"), name)
         rungs = solve_ladder(arch, hw, rhos, axis, theta, match)  # type: ignore[arg-type]
     except ValueError as e:
         fail(str(e), as_json)

@@ -10,7 +10,13 @@ b stays 1: that endpoint *is* width slicing (FjORD), not a refit of it.
 dropping all of them still exceeds ρ (ResNet-18 keeps 44 % of its parameters, footnote 4),
 the stream is narrowed on the 1/64 grid as well — our choice, which reproduces the paper's
 76.1 % / 93.7 % parameter savings for this row. ``depth`` (DepthFL): the leading blocks and
-their stage's exit head.
+their stage's exit head. ``scalefl`` (ScaleFL, Ilhan et al. 2023): width and depth cut at one
+equal ratio r = ρ^(1/3), the stream snapped to 1/64 and depth = round(r · blocks): FLOPs scale
+as width² × depth and a ResNet spreads them evenly over its stages, so the FLOP ratio lands
+near ρ (ResNet-18: 0.244 / 0.064), while the parameter ratio falls far below (0.057 / 0.006:
+the deep blocks hold most weights). ScaleFL's own split, *not* matched on either budget (the
+DROD paper's ‡ row sits on neither ladder; its mid tier holds 65 % of the parameters, a split
+it does not state — ours is a documented choice; measured ratios are reported).
 
 Every ratio is measured by building the sub-model (:func:`fedray.models.sliceable.measure`);
 each axis picks the candidate whose measured ratio is closest to ρ.
@@ -24,8 +30,8 @@ from typing import Literal
 
 from fedray.models.sliceable import Arch, Geometry, measure
 
-AXES = ("dual", "width", "shortcut", "depth")
-Axis = Literal["dual", "width", "shortcut", "depth"]
+AXES = ("dual", "width", "shortcut", "depth", "scalefl")
+Axis = Literal["dual", "width", "shortcut", "depth", "scalefl"]
 Match = Literal["params", "flops"]
 SNAP = 64
 DEFAULT_BUDGETS = (1.0, 0.251, 0.064)
@@ -138,6 +144,11 @@ def solve_rung(arch: Arch, hw: tuple[int, int], rho: float, axis: Axis = "dual",
         else:
             dropped = options[-1]
             s = _closest(grid, rho, lambda v: ratio_s(v, dropped))
+    elif axis == "scalefl":
+        if not arch.exits:
+            raise ValueError("ScaleFL needs exit heads (model.exits: true)")
+        r = rho ** (1 / 3)
+        s, depth = snap(r), max(1, round(r * arch.num_blocks))
     else:
         if not arch.exits:
             raise ValueError("the depth axis needs exit heads (model.exits: true)")

@@ -11,7 +11,38 @@ name                axis        rule     what a tier trains
 ``fedrolex``        width       rolling  a channel window rolled by one per round
 ``shortcut_fjord``  shortcut    od       identity blocks (deepest first), resampled
 ``depth_fedavg``    depth       static   its leading blocks + its stage's exit head
+``depth_fjord``     depth       od       a depth (with its exit head), resampled
+``shortcut_fedavg`` shortcut    static   its fixed identity blocks (no resampling)
+``fiarse``          width       fiarse   its structural cut, magnitude-masked (below)
+``scalefl``         scalefl     static   width and depth at one ratio, every exit trained
 ==================  ==========  =======  =============================================
+
+Any ``od`` arm takes ``kd: true`` (FjORD's self-distillation, "w/ KD" in DROD's tables): each
+step also trains the tier's own largest sub-model on the labels and distils its softened
+outputs into the sampled one, ``(1 − α) CE(z_p, y) + α T² KL(σ(z_max/T) ‖ σ(z_p/T)) +
+CE(z_max, y)`` (Horvath et al. 2021, §3.3; α = ``kd_alpha``, T = ``kd_temperature`` — the DROD
+paper gives neither, ours are documented defaults); no extra term when the sampled sub-model
+is the tier's own.
+
+``fiarse`` (Wu et al. 2024, importance-aware sub-model extraction) crosses any structural axis
+with a magnitude mask: the structure is solved at ρ^(1 − share) of the parameters
+(``fiarse_share``; at ρ itself under ``match: flops``, since a mask removes no multiply), then
+each conv/linear weight of the sub-model keeps its largest-magnitude entries so the whole
+sub-model holds ρ of the full model's parameters (under ``flops`` the mask keeps ρ^share of
+them). The mask is recomputed every round from the current global weights — a weight that
+grows past the threshold joins the sub-model — so importance follows training; masked entries
+are zero in the client's model and never updated; only the kept values travel up, and the
+server averages each entry over the clients whose mask held it. Layer-wise top-k (FIARSE also
+has a model-wise variant) keeps every layer alive at the smallest tier.
+
+``scalefl`` (Ilhan et al. 2023): the ``scalefl`` ladder axis cuts width and depth at one ratio,
+every tier's sub-model carries the exit heads of the shallower tiers' depths, and the local
+loss is the sum over exits of ``(1 − α) CE + α T² KL(σ(z_final/T) ‖ σ(z_exit/T))`` with the
+sub-model's final exit as the teacher (plain CE for the final exit) — ScaleFL's
+self-distillation. Exit heads are one per stage (DepthFL's), so two cuts inside one stage
+share its head, and the smallest tier, having no shallower exit, trains its final one alone.
+The fleet clock charges every arm its budget ρ per sample; the extra forward/backward of
+``kd`` and the dense FLOPs of a FIARSE mask are not charged.
 
 A tier is a budget ρ (``runtime.tiers[].capacity``) solved into a sub-model on the shared
 ladder (:mod:`fedray.methods.drod.ladder`). The server sends each tier only its sub-model and
@@ -50,17 +81,28 @@ SLICEABLE = ("sliceable_resnet18", "sliceable_resnet34")
 
 @dataclass
 class HeteroParams:
-    axis: Literal["dual", "width", "shortcut", "depth"] = spec(
+    axis: Literal["dual", "width", "shortcut", "depth", "scalefl"] = spec(
         "dual", help="what a smaller tier cuts: dual (DROD's s and b), width, shortcut "
-                     "(identity blocks), depth")
-    rule: Literal["od", "static", "rolling"] = spec(
+                     "(identity blocks), depth, scalefl (width and depth at one ratio, "
+                     "ScaleFL)")
+    rule: Literal["od", "static", "rolling", "fiarse"] = spec(
         "od", help="od: Ordered Dropout (sample a nested sub-model every step, FjORD); "
-                   "static: the tier's fixed sub-model (HeteroFL); rolling: FedRolex")
+                   "static: the tier's fixed sub-model (HeteroFL); rolling: FedRolex; "
+                   "fiarse: the structural cut plus a magnitude mask recomputed every round "
+                   "(FIARSE)")
     theta: float = spec(0.5, ge=0, le=1, help="DROD's split θ: s = ρ^((1−θ)/2), b = ρ^θ")
     match: Literal["params", "flops"] = spec("params", help="budget ρ counts parameters or "
                                                             "inference FLOPs")
     grid: list[float] | None = spec(None, help="budgets Ordered Dropout samples from "
                                                "(default: the tiers' budgets)")
+    kd: bool = spec(False, help="FjORD's self-distillation (rule od): also train the tier's "
+                                "largest sub-model each step and distil it into the sampled one")
+    kd_alpha: float = spec(0.5, ge=0, le=1, help="weight α of the distillation term (kd, "
+                                                 "ScaleFL's exits)")
+    kd_temperature: float = spec(1.0, gt=0, help="softmax temperature T of the distillation")
+    fiarse_share: float = spec(0.5, ge=0, lt=1, help="rule fiarse: the share of the budget "
+                                                     "the magnitude mask takes (structure at "
+                                                     "ρ^(1−share) of the parameters)")
     weighted: bool = spec(True, help="weight clients by sample count")
     augment: bool = spec(False, help="random crop (pad 4) + horizontal flip of images")
 
@@ -70,14 +112,19 @@ class HeteroParams:
         if cfg.model.get("name") not in SLICEABLE:
             raise ConfigError("model.name", cfg.model.get("name"), f"one of {SLICEABLE} "
                                                                    f"(nested sub-models)")
-        if self.axis == "depth" and self.rule != "static":
-            raise ConfigError("algorithm.rule", self.rule, "static for the depth axis "
-                                                           "(each depth has its own head)")
-        if self.axis == "depth" and not cfg.model.get("exits"):
+        if self.axis in ("depth", "scalefl") and not cfg.model.get("exits"):
             raise ConfigError("model.exits", cfg.model.get("exits", False),
-                              "true for the depth axis (a cut model ends in an exit head)")
+                              f"true for the {self.axis} axis (a cut model ends in an exit "
+                              f"head)")
         if self.rule == "rolling" and self.axis != "width":
             raise ConfigError("algorithm.rule", self.rule, "rolling only on the width axis")
+        if self.axis == "scalefl" and self.rule != "static":
+            raise ConfigError("algorithm.rule", self.rule, "static on the scalefl axis "
+                                                           "(ScaleFL fixes each tier's split)")
+        if self.kd and self.rule != "od":
+            raise ConfigError("algorithm.kd", self.kd, "false unless algorithm.rule is od "
+                                                       "(self-distillation of the sampled "
+                                                       "sub-model)")
         for i, r in enumerate(self.grid or []):
             if not 0 < r <= 1:
                 raise ConfigError(f"algorithm.grid[{i}]", r, "a budget in (0, 1]")
@@ -114,17 +161,69 @@ def _ladder(arch, hw, budgets, axis, theta, match):
     return {r.budget: r for r in solve_ladder(arch, hw, budgets, axis, theta, match)}
 
 
+def structure_budget(rho: float, params: HeteroParams) -> float:
+    """The budget the structural cut is solved at: ρ, or ρ^(1 − share) under FIARSE's
+    parameter ladder (the magnitude mask spends the rest)."""
+    if params.rule == "fiarse" and params.match == "params" and rho < 1:
+        return float(rho ** (1 - params.fiarse_share))
+    return float(rho)
+
+
 def tier_ladder(cfg: Any, params: HeteroParams, shape=None):
     """(arch, hw, {tier: Rung}, grid rungs) for the configured tiers."""
     input_shape, classes = shape or data_shape(cfg)
     arch, hw = arch_of(cfg, input_shape, classes)
-    budgets = sorted({float(t.capacity) for t in cfg.runtime.tiers} | set(params.grid or []),
-                     reverse=True)
+    caps = {t.name: structure_budget(float(t.capacity), params) for t in cfg.runtime.tiers}
+    budgets = sorted(set(caps.values()) | set(params.grid or []), reverse=True)
     rungs = _ladder(arch, hw, tuple(budgets), params.axis, float(params.theta), params.match)
-    tiers = {t.name: rungs[float(t.capacity)] for t in cfg.runtime.tiers}
-    grid = [rungs[float(b)] for b in sorted(params.grid or {float(t.capacity)
-                                                            for t in cfg.runtime.tiers})]
+    tiers = {name: rungs[cap] for name, cap in caps.items()}
+    grid = [rungs[float(b)] for b in sorted(params.grid or set(caps.values()))]
     return arch, hw, tiers, grid
+
+
+def exit_depths(arch: Any, own: Any, grid: list, params: HeteroParams) -> tuple[int, ...]:
+    """The shallower depths whose exit heads a tier's sub-model ``own`` carries: the depths
+    Ordered Dropout may sample (``od``) or ScaleFL's early exits; none otherwise."""
+    if not arch.exits or not (params.rule == "od" or params.axis == "scalefl"):
+        return ()
+    return tuple(sorted({r.geometry.depth for r in grid if r.geometry.within(own)
+                         and r.geometry.depth < own.depth}))
+
+
+def fiarse_keep(arch: Any, hw: tuple[int, int], rung: Any, rho: float,
+                params: HeteroParams) -> float:
+    """The fraction of the structural sub-model's conv/linear weights FIARSE's mask keeps so
+    the sub-model holds ρ of the full model's parameters (ρ^share under ``match: flops``)."""
+    from fedray.models.sliceable import held
+
+    if rho >= 1:
+        return 1.0
+    if params.match == "flops":
+        return float(rho ** params.fiarse_share)
+    shapes = held(arch, hw, rung.geometry)
+    total = sum(int(np.prod(s)) for _, s in shapes)
+    maskable = sum(int(np.prod(s)) for _, s in shapes if len(s) >= 2)
+    full = sum(int(np.prod(s)) for _, s in held(arch, hw, arch.full()))
+    return float(np.clip((rho * full - (total - maskable)) / maskable, 1e-6, 1.0))
+
+
+def fiarse_masks(state: State, keep: float) -> dict[str, np.ndarray]:
+    """FIARSE's importance mask: per conv/linear weight (ndim ≥ 2) of ``state``, the
+    ``ceil(keep · size)`` entries of largest magnitude (ties by position: a stable sort, so
+    server and client draw the same mask from the same weights). Empty at keep = 1."""
+    if keep >= 1:
+        return {}
+    out = {}
+    for k, v in state.items():
+        v = np.asarray(v)
+        if v.ndim < 2 or k.startswith("bic."):
+            continue
+        n = int(np.ceil(keep * v.size))
+        order = np.argsort(-np.abs(v.reshape(-1)), kind="stable")[:n]
+        m = np.zeros(v.size, bool)
+        m[order] = True
+        out[k] = m.reshape(v.shape)
+    return out
 
 
 class Resident:
@@ -133,16 +232,21 @@ class Resident:
     def __init__(self, cfg, params, input_shape, num_classes, device):
         self.arch, self.hw, self.tiers, self.grid = tier_ladder(
             cfg, params, (tuple(input_shape), num_classes))
+        self.depths = {t: exit_depths(self.arch, r.geometry, self.grid, params)
+                       for t, r in self.tiers.items()}
+        caps = {t.name: float(t.capacity) for t in cfg.runtime.tiers}
+        self.keep = {t: fiarse_keep(self.arch, self.hw, r, caps[t], params)
+                     for t, r in self.tiers.items()} if params.rule == "fiarse" else {}
         self.device = device
         self.models: dict = {}
 
-    def model(self, geometry, all_heads: bool = False):
+    def model(self, geometry, all_heads: bool = False, depths: tuple[int, ...] = ()):
         from fedray.models.sliceable import SliceableResNet
 
-        key = (geometry, all_heads)
+        key = (geometry, all_heads, depths)
         if key not in self.models:
             self.models[key] = SliceableResNet(self.arch, self.hw, geometry,
-                                               all_heads).to(self.device)
+                                               all_heads, depths).to(self.device)
         return self.models[key]
 
     def tier_of_state(self, state: State) -> str:
@@ -155,7 +259,7 @@ class Resident:
 
         shapes = {k: tuple(np.shape(v)) for k, v in state.items()}
         for tier, rung in self.tiers.items():
-            if shapes == dict(held(self.arch, self.hw, rung.geometry)):
+            if shapes == dict(held(self.arch, self.hw, rung.geometry, self.depths[tier])):
                 return tier
         raise ValueError("the broadcast matches no tier's sub-model")
 
@@ -239,15 +343,20 @@ class Hetero(Algorithm):
         return state
 
     def make_policy(self):
-        from fedray.methods.drod.slice_mean import SliceMeanPolicy
+        from fedray.methods.drod.slice_mean import FiarsePolicy, SliceMeanPolicy
         from fedray.models.sliceable import held
 
-        arch, hw, tiers, _ = tier_ladder(self.cfg, self.params)
-        return SliceMeanPolicy(arch, hw, {t: r.geometry for t, r in tiers.items()},
-                               self.cfg.tier_of,
-                               "rolling" if self.params.rule == "rolling" else "prefix",
-                               self.params.weighted,
-                               {t: held(arch, hw, r.geometry) for t, r in tiers.items()})
+        p = self.params
+        arch, hw, tiers, grid = tier_ladder(self.cfg, p)
+        shapes = {t: held(arch, hw, r.geometry, exit_depths(arch, r.geometry, grid, p))
+                  for t, r in tiers.items()}
+        args = (arch, hw, {t: r.geometry for t, r in tiers.items()}, self.cfg.tier_of,
+                "rolling" if p.rule == "rolling" else "prefix", p.weighted, shapes)
+        if p.rule == "fiarse":
+            caps = {t.name: float(t.capacity) for t in self.cfg.runtime.tiers}
+            keep = {t: fiarse_keep(arch, hw, r, caps[t], p) for t, r in tiers.items()}
+            return FiarsePolicy(*args, keep=keep)
+        return SliceMeanPolicy(*args)
 
     # ------------------------------------------------------------------ client
 
@@ -262,29 +371,34 @@ class Hetero(Algorithm):
 
         res: Resident = ctx.resident
         rung = res.tiers[ctx.tier]
-        model = res.model(rung.geometry)
+        depths = res.depths[ctx.tier]
+        model = res.model(rung.geometry, depths=depths)
         net = {k: v for k, v in broadcast.items() if not k.startswith("bic.")}
         set_state(model, net)
         grid = [r for r in res.grid if r.geometry.within(rung.geometry)] \
             if self.params.rule == "od" else [rung]
-        metrics, state, bic = self._train(ctx, model, grid, broadcast, dict(ctx.state or {}))
+        masks = fiarse_masks(net, res.keep[ctx.tier]) if res.keep else {}
+        metrics, state, bic = self._train(ctx, model, grid, broadcast, dict(ctx.state or {}),
+                                          depths, masks)
         local = get_state(model)
         upload = {k: local[k] - np.asarray(net[k], np.float32) for k in local}
+        for k, m in masks.items():  # FIARSE: only the kept entries travel
+            upload[k] = upload[k][m]
         for k, v in bic.items():
             upload[k] = v - np.asarray(broadcast[k], np.float32)
         return ClientOutput(upload, len(ctx.x_train), metrics,
                             state if self.uses_client_state else None)
 
-    def _train(self, ctx, model, grid, broadcast, state):
-        """Local SGD with Ordered Dropout and the continual objective; returns (metrics,
-        client state, BiC tensors to upload)."""
+    def _train(self, ctx, model, grid, broadcast, state, depths=(), masks=None):
+        """Local SGD with Ordered Dropout (and its self-distillation), ScaleFL's exits, FIARSE's
+        mask and the continual objective; returns (metrics, client state, BiC tensors to
+        upload)."""
         import torch
         import torch.nn.functional as F
 
         from fedray.methods.drod.continual.buffer import ReservoirBuffer
         from fedray.methods.drod.continual.data import task_of_round
         from fedray.methods.drod.continual.objectives import (
-            augment,
             bic_distill,
             ewc_penalty,
             fisher_diagonal,
@@ -293,6 +407,7 @@ class Hetero(Algorithm):
         )
         from fedray.seeding import rng, torch_generator, torch_seeded
         from fedray.training import SGD, batches
+        from fedray.training import random_crop_flip as augment
 
         loc, cl, dev = self.cfg.local, self.cfg.continual, ctx.device
         classes = self._tasks(model.arch.num_classes)
@@ -316,7 +431,8 @@ class Hetero(Algorithm):
         if method == "bic" and task > 0:
             from fedray.models.sliceable import SliceableResNet
 
-            teacher = SliceableResNet(model.arch, model.input_hw, model.geometry, False).to(dev)
+            teacher = SliceableResNet(model.arch, model.input_hw, model.geometry, False,
+                                      depths).to(dev)
             teacher.load_state_dict({k: torch.from_numpy(v) for k, v in
                                      state["anchor"].items()})
             teacher.eval()
@@ -340,6 +456,8 @@ class Hetero(Algorithm):
             pick = torch.from_numpy(rng(ctx.seed, ctx.round, ctx.client_id, "fisher")
                                     .choice(len(x), n_f, replace=False))
             new = fisher_diagonal(model, x[pick], y[pick], lambda t: model(t))
+            for k, m in (masks or {}).items():  # FIARSE: no pull on entries outside the mask
+                new[k] = new[k] * torch.from_numpy(m).to(new[k].device)
             prev = state.get("fisher")
             state["fisher"] = {k: (cl.ewc_gamma * prev[k] if prev else 0) + v.cpu().numpy()
                                for k, v in new.items()}
@@ -347,6 +465,18 @@ class Hetero(Algorithm):
             (lambda t: t)
         params = [p for p in model.parameters() if p.requires_grad]
         opt = SGD(params, lr=loc.lr, momentum=loc.momentum, weight_decay=loc.weight_decay)
+        named = dict(model.named_parameters())
+        keep = {named[k]: torch.from_numpy(m).to(dev) for k, m in (masks or {}).items()}
+        own = model.geometry
+        hp = self.params
+        scalefl = hp.axis == "scalefl"
+
+        def distill(student, teacher):
+            """α T² KL(σ(teacher/T) ‖ σ(student/T)), the teacher detached."""
+            t = hp.kd_temperature
+            return hp.kd_alpha * t * t * F.kl_div(F.log_softmax(student / t, 1),
+                                                  F.softmax(teacher.detach() / t, 1),
+                                                  reduction="batchmean")
         steps = list(batches(len(x), loc.batch_size, loc.epochs, ctx.seed, ctx.round,
                              ctx.client_id, loc.max_steps))
         choice = od_choices(ctx.seed, ctx.round, ctx.client_id, len(steps), len(grid))
@@ -367,9 +497,19 @@ class Hetero(Algorithm):
                 with torch.autocast(device_type=torch.device(dev).type, dtype=torch.bfloat16,
                                     enabled=loc.bf16):
                     xa = aug(xin)
-                    out = model(xa, sub).float()
+                    outs = [o.float() for o in model.exit_logits(xa, sub, depths if scalefl
+                                                                 else ())]
+                    out = outs[-1]
                     logits = corrected(out, old)
                     loss = F.cross_entropy(logits, yin)
+                    for early in outs[:-1]:  # ScaleFL: exits distilled from the final one
+                        early = corrected(early, old)
+                        loss = loss + (1 - hp.kd_alpha) * F.cross_entropy(early, yin) + \
+                            distill(early, logits)
+                    if hp.kd and sub != own:  # FjORD w/ KD: the tier's largest model teaches
+                        t_logits = corrected(model(xa, own).float(), old)
+                        loss = (1 - hp.kd_alpha) * loss + distill(logits, t_logits) + \
+                            F.cross_entropy(t_logits, yin)
                     if teacher is not None and len(old):
                         with torch.no_grad():
                             t_out = corrected(teacher(xa, sub).float(), old)
@@ -387,6 +527,9 @@ class Hetero(Algorithm):
                         loss = loss + cl.ewc_lambda * ewc_penalty(
                             dict(model.named_parameters()), fisher, anchor)
                 loss.backward()
+                for p, m in keep.items():  # FIARSE: masked entries are not in the sub-model
+                    if p.grad is not None:
+                        p.grad.mul_(m)
                 opt.step()
                 total += float(loss.detach())
                 sub_params += rung.param_ratio
@@ -396,6 +539,14 @@ class Hetero(Algorithm):
         n = max(len(steps), 1)
         metrics = {"train_loss": total / n, "steps": float(len(steps)), "task": float(task),
                    "sub_param_ratio": sub_params / n}
+        if masks:  # FIARSE: the share of the full model's parameters the masked model holds
+            from fedray.models.sliceable import held
+
+            full = sum(int(np.prod(v)) for _, v in held(model.arch, model.input_hw,
+                                                          model.arch.full()))
+            kept = sum(int(m.sum()) - m.size for m in masks.values())
+            metrics["sub_param_ratio"] = (sum(p.numel() for p in model.parameters())
+                                          + kept) / full
         bic = {}
         if method == "bic":
             bic = {"bic.scale": scale.numpy().copy(), "bic.shift": shift.numpy().copy()}
@@ -426,9 +577,9 @@ class Hetero(Algorithm):
 
         from fedray.training import set_state
 
-        rung = resident.tiers[resident.tier_of_state(
-            {k: v for k, v in broadcast.items() if not k.startswith("bic.")})]
-        model = resident.model(rung.geometry)
+        tier = resident.tier_of_state({k: v for k, v in broadcast.items()
+                                       if not k.startswith("bic.")})
+        model = resident.model(resident.tiers[tier].geometry, depths=resident.depths[tier])
         set_state(model, broadcast)
         model.eval()
         outs = []
@@ -551,4 +702,38 @@ class DepthFedAvg(Hetero):
     Params = _with_defaults("depth", "static")
 
 
-METHODS = (Hetero, Drod, Fjord, HeteroFL, FedRolex, ShortcutFjord, DepthFedAvg)
+@register_method
+class DepthFjord(Hetero):
+    """Depth x FjORD: Ordered Dropout over depth, each sampled depth ending in its exit head."""
+
+    name = "depth_fjord"
+    Params = _with_defaults("depth", "od")
+
+
+@register_method
+class ShortcutFedAvg(Hetero):
+    """Shortcut x FedAvg: each tier's fixed identity-block sub-model (no resampling)."""
+
+    name = "shortcut_fedavg"
+    Params = _with_defaults("shortcut", "static")
+
+
+@register_method
+class Fiarse(Hetero):
+    """Width x FIARSE: the width cut plus a magnitude mask recomputed every round (any axis
+    with ``algorithm.axis``)."""
+
+    name = "fiarse"
+    Params = _with_defaults("width", "fiarse")
+
+
+@register_method
+class ScaleFL(Hetero):
+    """ScaleFL: width and depth cut at one ratio, every exit trained with self-distillation."""
+
+    name = "scalefl"
+    Params = _with_defaults("scalefl", "static")
+
+
+METHODS = (Hetero, Drod, Fjord, HeteroFL, FedRolex, ShortcutFjord, DepthFedAvg, DepthFjord,
+           ShortcutFedAvg, Fiarse, ScaleFL)

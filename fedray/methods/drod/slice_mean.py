@@ -9,7 +9,9 @@ is averaged over just those clients that hold it"):
     θ_t[c] = θ_{t−1}[c] + Σ_{i ∋ c} n_i Δ_i[c] / Σ_{i ∋ c} n_i.
 
 Clients of one tier share a selection, so updates are summed per tier (float64, client-id
-order) and each tier's sum is scattered once.
+order) and each tier's sum is scattered once. :class:`FiarsePolicy` adds FIARSE's magnitude
+mask on top of the structural selection: a coordinate is held by a tier only where the
+tier's mask keeps it.
 """
 
 from __future__ import annotations
@@ -40,6 +42,12 @@ class SliceMeanPolicy(AggregationPolicy):
         return gather(self.arch, self.hw, global_state, self.geometries[tier],
                       self.selection(tier, round), self.shapes.get(tier))
 
+    def expand(self, tier: str, update: State, global_state: State, round: int
+               ) -> tuple[State, State]:
+        """(compact update, where the tier holds it): the identity here — every uploaded
+        coordinate is held."""
+        return update, {k: np.ones(v.shape) for k, v in update.items()}
+
     def aggregate(self, global_state, updates, round):
         by_tier: dict[str, tuple[dict[str, np.ndarray], float]] = {}
         for cid, n, up in updates:
@@ -54,10 +62,10 @@ class SliceMeanPolicy(AggregationPolicy):
         den = {k: np.zeros(v.shape) for k, v in global_state.items()}
         for tier in sorted(by_tier):
             acc, total = by_tier[tier]
+            acc, where = self.expand(tier, acc, global_state, round)
             sel = self.selection(tier, round)
             scatter_add(self.arch, num, acc, sel)
-            scatter_add(self.arch, den, {k: np.ones(v.shape) for k, v in acc.items()}, sel,
-                        total)
+            scatter_add(self.arch, den, where, sel, total)
         new, covered = {}, 0
         for k, v in global_state.items():
             held = den[k] > 0
@@ -66,3 +74,40 @@ class SliceMeanPolicy(AggregationPolicy):
             new[k] = (v.astype(np.float64) + step).astype(v.dtype)
         total = sum(v.size for v in global_state.values())
         return new, {"coverage": covered / total, "tiers": float(len(by_tier))}
+
+
+class FiarsePolicy(SliceMeanPolicy):
+    """FIARSE (Wu et al. 2024) on a structural axis: each tier receives its structural
+    sub-model with every conv/linear weight masked to its largest-magnitude entries
+    (:func:`fedray.methods.drod.method.fiarse_masks`, recomputed from the current global
+    weights each round), uploads only the kept entries' updates (flat, in mask order), and each
+    entry is averaged over the clients whose mask held it. The broadcast travels dense (masked
+    entries as zeros): a real deployment would send values and a bitmap, so the download
+    bytes are an upper bound; the upload bytes are exact."""
+
+    def __init__(self, *args, keep: dict[str, float], **kw):
+        super().__init__(*args, **kw)
+        self.keep = keep
+
+    def _masks(self, tier: str, compact: State) -> dict[str, np.ndarray]:
+        from fedray.methods.drod.method import fiarse_masks
+
+        return fiarse_masks(compact, self.keep[tier])
+
+    def broadcast(self, global_state: State, round: int, tier: str) -> State:
+        out = super().broadcast(global_state, round, tier)
+        for k, m in self._masks(tier, out).items():
+            out[k] = np.where(m, out[k], 0).astype(out[k].dtype)
+        return out
+
+    def expand(self, tier, update, global_state, round):
+        masks = self._masks(tier, self.broadcast(global_state, round, tier))
+        dense, where = {}, {}
+        for k, v in update.items():
+            if k in masks:
+                dense[k] = np.zeros(masks[k].shape)
+                dense[k][masks[k]] = v
+                where[k] = masks[k].astype(np.float64)
+            else:
+                dense[k], where[k] = v, np.ones(v.shape)
+        return dense, where

@@ -12,6 +12,15 @@ same private-stage budget (no ASCE, the paper's headline variant):
 - ``shared_init_private``: a private residual on top of the shared adapter (FAVoR);
 - ``random_init_private``: the same residual on top of a freshly initialised adapter;
 - ``local_from_base``: one LoRA from the initial adapter (the base model), K posts.
+
+Authors too small for a K: an author needs K adaptation posts (the first K of its train
+split) and at least one usable held-out prompt (its test split, disjoint from the shots).
+At a K it lacks posts for, the author is skipped — not adapted, not generated for and not
+in that K's prototype gallery, so every K is scored among the authors that have K shots —
+and the row reports ``authors`` (scored) and ``skipped`` (the paper's 10 held-out authors all
+have ≥ 24 shots, so it does not face this; padding a small author's shots or reusing its
+test posts would change what "K-shot" means). A K with fewer than two eligible authors has
+no attribution task: its rows carry NaN scores and no generations.
 """
 
 from __future__ import annotations
@@ -48,8 +57,9 @@ def cold_start(params: Any, shared: dict[str, np.ndarray], initial: dict[str, np
                random_init: dict[str, np.ndarray], authors: list[Any], ks: list[int],
                seed: int, device: str = "cpu", lm: tuple[Any, Any] | None = None
                ) -> list[dict[str, Any]]:
-    """One row per (K, arm): accuracy, macro-F1 and target similarity over ``authors``
-    (``lm``: the LoRA-wrapped base and its tokenizer when the caller holds them)."""
+    """One row per (K, arm): accuracy, macro-F1 and target similarity over the ``authors``
+    with K shots (the others are skipped and counted, see the module docstring; ``lm``:
+    the LoRA-wrapped base and its tokenizer when the caller holds them)."""
     import torch
 
     from fedray.data.blogtext import prompt_and_reference
@@ -75,21 +85,33 @@ def cold_start(params: Any, shared: dict[str, np.ndarray], initial: dict[str, np
         prompts.append([c[0] for c in cuts if c is not None][:params.eval_prompts])
     rows = []
     for k in ks:
-        shots = [a.train[:k] for a in authors]
-        protos = [embed(enc, etok, s, device=device) for s in shots]
-        src = np.concatenate(protos)
-        src_y = [i for i, p in enumerate(protos) for _ in p]
+        if k < 1:
+            raise ValueError(f"cold-start shots K must be >= 1, got {k}")
+        eligible = [i for i, a in enumerate(authors) if len(a.train) >= k and prompts[i]]
+        count = {"authors": len(eligible), "skipped": len(authors) - len(eligible)}
+        if len(eligible) < 2:  # no attribution among fewer than two authors
+            rows += [{"K": k, "arm": arm, "sep_accuracy": float("nan"),
+                      "macro_f1": float("nan"), "target_similarity": float("nan"),
+                      "generations": 0, **count} for arm in ARMS]
+            continue
+        shots = {i: authors[i].train[:k] for i in eligible}
+        protos = {i: embed(enc, etok, shots[i], device=device) for i in eligible}
+        src = np.concatenate(list(protos.values()))
+        src_y = [i for i, p in protos.items() for _ in p]
         for arm in ARMS:
             gens, gen_y = [], []
-            for i in range(len(authors)):
+            for i in eligible:
                 if arm == "shared_only":
                     adapter = shared
                 else:
                     start = {"shared_init_private": shared, "random_init_private": random_init,
                              "local_from_base": initial}[arm]
                     ids = torch.from_numpy(blocks(tok, shots[i], params.block_length))
-                    if not len(ids):
-                        ids = torch.from_numpy(blocks(tok, shots[i] * 4, params.block_length))
+                    reps = 1
+                    while not len(ids):  # shorter than one block (K = 1): repeat the shots
+                        reps *= 2
+                        ids = torch.from_numpy(blocks(tok, shots[i] * reps,
+                                                      params.block_length))
                     res, _ = private_stage(model, to_torch(start, device), ids.to(device),
                                            ids.to(device), None, cfg, 0.0, seed, k, i,
                                            ramp=params.ramp)
@@ -100,9 +122,11 @@ def cold_start(params: Any, shared: dict[str, np.ndarray], initial: dict[str, np
                 gen_y += [i] * len(texts)
             zg = embed(enc, etok, gens, device=device)
             acc = sm.prototype_accuracy(zg, gen_y, src, src_y)
-            _, proto = sm.prototypes(src, src_y)
-            target = float(np.mean(np.sum(sm.normalize(zg) * proto[np.asarray(gen_y)], 1)))
+            ids_, proto = sm.prototypes(src, src_y)  # rows in sorted author order
+            at = {int(a): j for j, a in enumerate(ids_)}
+            own = proto[[at[y] for y in gen_y]]
+            target = float(np.mean(np.sum(sm.normalize(zg) * own, 1)))
             rows.append({"K": k, "arm": arm, "sep_accuracy": acc["author_accuracy"],
                          "macro_f1": acc["macro_f1"], "target_similarity": target,
-                         "generations": len(gens)})
+                         "generations": len(gens), **count})
     return rows

@@ -3,8 +3,18 @@
 Each roster author continues its held-out prompts with the adapter it would deploy: FAVoR
 its shared endpoint + private residual, Ditto/pFedMe/local its personal adapter, FedDPA
 the final global adapter mixed with its local one at its gate, FedAvg/FedProx/
-Global ASCE the final global adapter; a client never sampled has no personal adapter and
-uses the global one (the paper leaves this case open). Degenerate generations are
+Global ASCE the final global adapter. A roster author that no federated round trained
+(never sampled in R rounds of K of N, or sampled but every attempt failed) has no personal
+adapter: ``algorithm.unsampled`` decides (the paper's BlogText protocol leaves this case
+open; its §3.5 only says that clients not sampled *in a round* keep their latest
+personalized endpoint): ``global`` (default) deploys the final global adapter for it and
+scores it like everyone — what a deployed system would serve a silent author — while
+``exclude`` neither generates for it nor scores it, so every score is about authors the
+method actually trained; its source prototype stays in the attribution gallery (chance stays
+1/N and a generation attributed to it is still an error) and macro-F1 averages over the
+scored authors. The policy applies to every variant alike (FedAvg's never-trained authors
+are the same authors, left out the same way), so methods stay comparable; the count,
+``never_sampled``, is reported under both. Degenerate generations are
 dropped (< 20 whitespace tokens or distinct-bigram ratio < 0.15). In ASCE space: author
 accuracy and macro-F1 against source-train prototypes, generated-to-generated and
 generated-to-source verification AUC/EER (same-author positives; negatives of the same
@@ -54,6 +64,20 @@ def final_adapters(run_dir: str, variant: str, num_clients: int
     if variant == "feddpa":
         glob = _mixed(glob, {k: np.zeros_like(v) for k, v in glob.items()}, 0.0)
     return glob, personal
+
+
+def never_trained(run_dir: str, num_clients: int) -> list[int]:
+    """The roster clients with no completed round in the run's ``clients`` metrics (never
+    sampled, or every attempt failed or was dropped): no federated update used their data."""
+    from fedray.metrics import read_metrics
+
+    table = read_metrics(run_dir, "clients")
+    if table is None or not table.num_rows:
+        raise FileNotFoundError(f"no per-client metrics under {run_dir}")
+    done = {int(c) for c, st in zip(table.column("client_id").to_pylist(),
+                                    table.column("status").to_pylist(), strict=True)
+            if st == "ok"}
+    return [c for c in range(num_clients) if c not in done]
 
 
 def _mixed(g: dict, local: dict, weight: float) -> dict[str, np.ndarray]:
@@ -112,10 +136,13 @@ def evaluate_style(run_dir: str | None, data: Any, params: Any, seed: int,
                    archive: str | None = None,
                    progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Generate, filter, embed and score (see the module docstring); ``adapter`` replaces
-    the run's adapters (one adapter for every author: the pooled reference). Every
-    generation, kept or not, with its prompt and human continuation is written to
-    ``archive``/generations.parquet (a directory or URI) for post-hoc rescoring.
-    ``progress(generations done, generations)`` follows the generation, author by author."""
+    the run's adapters (one adapter for every author: the pooled reference, trained on
+    every author, so none is never-trained). ``params.unsampled`` is the policy for
+    authors no round trained (``global`` or ``exclude``); their count is
+    ``never_sampled`` and, excluded, ``excluded_authors``. Every generation, kept or not,
+    with its prompt and human continuation is written to ``archive``/generations.parquet
+    (a directory or URI) for post-hoc rescoring. ``progress(generations done,
+    generations)`` follows the generation, author by author."""
     from fedray.data.blogtext import is_degenerate
     from fedray.methods.favor.asce import embed, load_asce
     from fedray.methods.favor.lm import load_lm, with_lora
@@ -123,11 +150,16 @@ def evaluate_style(run_dir: str | None, data: Any, params: Any, seed: int,
 
     glob, personal = (adapter, {}) if adapter is not None else \
         final_adapters(run_dir, params.variant, data.num_clients)
+    never = [] if adapter is not None else never_trained(run_dir, data.num_clients)
+    policy = getattr(params, "unsampled", "global")
+    if policy not in ("global", "exclude"):
+        raise ValueError(f"unsampled policy must be 'global' or 'exclude', got {policy!r}")
+    scored = [c for c in range(data.num_clients) if policy == "global" or c not in never]
     base, tok = load_lm(params.base, device)
     model = with_lora(base, lora_spec(params, dropout=0.0))
     gens, gen_y, refs, archived, kept, total = [], [], [], [], 0, 0
-    planned = sum(len(p) for p in data.prompts)
-    for cid in range(data.num_clients):
+    planned = sum(len(data.prompts[c]) for c in scored)
+    for cid in scored:
         adapter = personal.get(cid, glob)
         texts = generate(model, tok, adapter, data.prompts[cid], params.new_tokens,
                          derive_seed(seed, -1, cid, "generate"), device)
@@ -153,11 +185,14 @@ def evaluate_style(run_dir: str | None, data: Any, params: Any, seed: int,
     src_y = [c for c, s in enumerate(data.sources) for _ in s]
     zs = np.concatenate(data.source_z)
     out: dict[str, Any] = {"generations": total, "kept": kept,
-                           "personalized_clients": len(personal)}
+                           "personalized_clients": len(personal), "unsampled": policy,
+                           "never_sampled": len(never), "scored_authors": len(scored),
+                           "excluded_authors": data.num_clients - len(scored)}
     if len(set(gen_y)) < 2:
         return out | {"error": "fewer than two authors have non-degenerate generations"}
     zg = embed(enc, etok, gens, device=device)
-    out |= sm.prototype_accuracy(zg, gen_y, zs, src_y)
+    out |= sm.prototype_accuracy(zg, gen_y, zs, src_y,
+                                 classes=None if policy == "global" else scored)
     gg = sm.verification(zg, gen_y)
     out |= {"gen_gen_auc": gg["auc"], "gen_gen_eer": gg["eer"]}
     topic = np.asarray(data.topics)

@@ -88,6 +88,11 @@ class FavorParams:
     prompt_tokens: int = spec(96, ge=1)
     new_tokens: int = spec(220, ge=1)
     eval_prompts: int = spec(4, ge=1, help="held-out prompts per author")
+    unsampled: Literal["global", "exclude"] = spec(
+        "global", help="authors no round trained (never sampled): global = deploy the final "
+                       "global adapter and score them; exclude = neither generate for nor "
+                       "score them (still in the attribution gallery). Their count is "
+                       "reported as never_sampled")
     reference_texts: int = spec(16, ge=1, help="posts in each author's reference set")
 
     def validate(self, cfg: Any) -> None:

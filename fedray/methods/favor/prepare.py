@@ -90,11 +90,14 @@ def prepare_embedded(work_dir: str, roster: int = 50, seed: int = 0,
 
 def embedded_overrides(prep: dict[str, Any]) -> list[str]:
     """Config overrides that run FAVoR on the prepared embedded default (small LM: larger
-    learning rate and rank-8 adapters, short blocks, prompts and continuations)."""
+    learning rate, short blocks, prompts and continuations). The adapter is the paper's
+    (App. B.19 / Table 32): LoRA r 16, α 32, dropout 0.05 on q, k, v, o, gate, up and down,
+    i.e. :class:`~fedray.methods.favor.method.FavorParams`' own defaults, stated here so the
+    embedded study's adapter is explicit (until #16 it was r 8 / α 16)."""
     return ["algorithm.name=favor", "data.dataset=blogtext", f"data.root={prep['csv']}",
             f"algorithm.base={prep['base']}", f"algorithm.asce={prep['asce']}",
             "algorithm.asce_authors=0", "algorithm.min_tokens=1", "algorithm.block_length=64",
             "algorithm.prompt_tokens=24", "algorithm.new_tokens=40", "algorithm.lr=0.002",
-            "algorithm.rank=8", "algorithm.alpha=16", "algorithm.micro_batch=4",
+            "algorithm.rank=16", "algorithm.alpha=32", "algorithm.micro_batch=4",
             "algorithm.accumulation=2", "algorithm.reference_texts=8",
             "algorithm.proj_hidden=64"]

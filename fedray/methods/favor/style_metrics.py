@@ -57,12 +57,15 @@ def macro_f1(y_true: Sequence, y_pred: Sequence, classes: Sequence) -> float:
 
 
 def prototype_accuracy(gen: np.ndarray, gen_labels: Sequence, source: np.ndarray,
-                       source_labels: Sequence) -> dict[str, float]:
+                       source_labels: Sequence, classes: Sequence | None = None
+                       ) -> dict[str, float]:
+    """Nearest-prototype attribution of ``gen`` among every source author; macro-F1 is
+    averaged over ``classes`` (default: every source author)."""
     authors, protos = prototypes(source, source_labels)
     pred = authors[np.argmax(normalize(gen) @ protos.T, axis=1)]
     y = np.asarray(gen_labels)
     return {"author_accuracy": float(np.mean(pred == y)),
-            "macro_f1": macro_f1(y, pred, authors)}
+            "macro_f1": macro_f1(y, pred, authors if classes is None else classes)}
 
 
 def roc_auc(pos: np.ndarray, neg: np.ndarray) -> float:

@@ -161,9 +161,10 @@ class Flite(FedAvg):
 
     def to_delta(self, global_state, upload):
         """DP clips in latent space: the client's latent minus the broadcast latent z̄ (the
-        upload is z itself, or its per-layer parts in layer order)."""
+        upload is z itself, or its per-layer parts, concatenated in the mapping's layer order
+        whatever order they arrived in)."""
         z = upload["z"] if "z" in upload else np.concatenate(
-            [np.ravel(v) for k, v in upload.items() if k.startswith("z/")])
+            [np.ravel(upload[f"z/{n}"]) for n, _ in self._layout()])
         return {"z": np.asarray(z, np.float32) - global_state["z"]}
 
     def from_delta(self, global_state, delta):
@@ -181,6 +182,17 @@ class Flite(FedAvg):
         self._train(ctx, broadcast, epochs, "finetune")
         return evaluate(ctx.resident, ctx.x_test, ctx.y_test, ctx.device)
 
+    def _layout(self) -> list[tuple[str, int]]:
+        """(layer, latent size) in the mapping's order, from the base (cached)."""
+        if getattr(self, "_layout_cache", None) is None:
+            from fedray.methods.flite.identity import mapped_names
+            from fedray.pretrain import load_base
+
+            pre, _ = load_base(self.params.base)
+            self._layout_cache = latent_layout(mapped_names(pre, self.params.layers),
+                                               self.params.d)
+        return self._layout_cache
+
     def make_policy(self) -> FlitePolicy:
         from fedray.methods.flite.factors import LayerFactors
         from fedray.methods.flite.identity import IdentityChecker, mapped_names
@@ -190,7 +202,7 @@ class Flite(FedAvg):
             return FlitePolicy(self.params, [], None)
         pre, _ = load_base(self.params.base)
         names = mapped_names(pre, self.params.layers)
-        layout = latent_layout(names, self.params.d)
+        layout = self._layout_cache = latent_layout(names, self.params.d)
         checker = None
         if self.params.identity_check:
             layers = [LayerFactors(self.params.factor_seed, i, int(pre[n].size), self.params.d,

@@ -19,22 +19,6 @@ import torch
 import torch.nn.functional as F
 
 
-def augment(x: torch.Tensor, gen: torch.Generator, pad: int = 4) -> torch.Tensor:
-    """Random crop after zero padding by ``pad`` (black fill) and a random horizontal flip,
-    per image (the CIFAR recipe of DROD table 3)."""
-    n, _, h, w = x.shape
-    padded = F.pad(x, (pad, pad, pad, pad))
-    dy = torch.randint(0, 2 * pad + 1, (n,), generator=gen)
-    dx = torch.randint(0, 2 * pad + 1, (n,), generator=gen)
-    flip = torch.rand(n, generator=gen) < 0.5
-    rows = (dy[:, None] + torch.arange(h)[None]).to(x.device)
-    cols = (dx[:, None] + torch.arange(w)[None]).to(x.device)
-    cols = torch.where(flip[:, None].to(x.device), cols.flip(1), cols)
-    idx_n = torch.arange(n, device=x.device)[:, None, None]
-    out = padded.permute(0, 2, 3, 1)[idx_n, rows[:, :, None], cols[:, None, :]]
-    return out.permute(0, 3, 1, 2).contiguous()
-
-
 def ewc_penalty(params: dict[str, torch.Tensor], fisher: dict[str, torch.Tensor],
                 anchor: dict[str, torch.Tensor]) -> torch.Tensor:
     """``½ Σ F (θ − θ*)²`` over the named parameters (multiply by λ outside)."""
