@@ -211,19 +211,23 @@ def table(results: list[dict], method: str, match: str = "params", buffer: int =
 
 def matrix_md(results: list[dict], arms: list[str]) -> str:
     """Per-task class-IL accuracy matrices R[t, i] (ER, parameter ladder, buffer 200), each
-    tier's mean over the seeds that recorded them."""
+    tier's mean over the seeds that recorded them: one table per arm, a row per (tier, t)."""
     out = []
     for arm in arms:
         rs = [r for r in select(results, "er") if r["arm"] == arm and "matrices" in r]
         if not rs:
             continue
-        out.append(f"**{arm}** (class-IL R[t, i], rows: after task t; n = {len(rs)})\n")
+        T = len(rs[0]["matrices"][TIERS[0]["name"]]["class_il"])
+        out += [f"**{arm}** (n = {len(rs)})", "",
+                "| tier | after task | " + " | ".join(f"task {i}" for i in range(T)) + " |",
+                "|---|---|" + "---|" * T]
         for t in TIERS:
             R = np.nanmean([np.array(r["matrices"][t["name"]]["class_il"], float) for r in rs],
                            axis=0)
-            out.append(f"{t['name']}: " + " / ".join(
-                "[" + " ".join("  –  " if np.isnan(v) else f"{v:.2f}" for v in row) + "]"
-                for row in R))
+            for k, row in enumerate(R):
+                out.append(f"| {t['name']} | {k} | " + " | ".join(
+                    "–" if i > k or np.isnan(v) else f"{v:.2f}" for i, v in enumerate(row))
+                    + " |")
         out.append("")
     return "\n".join(out)
 
