@@ -27,7 +27,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	bash benchmarks/setup_flower_venv.sh
 	bash benchmarks/setup_pfl_venv.sh
-	$(PY) benchmarks/sim_overhead.py --clients 10 50 100
+	$(PY) benchmarks/sim_overhead.py --clients 10 50 100 --fedray-warm
 
 clean:
 	rm -rf $(VENV) .venv-flower runs

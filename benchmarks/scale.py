@@ -30,7 +30,8 @@ Systems and how each is measured:
   data.synthetic_features=32 data.synthetic_classes=10 data.synthetic_per_client=20
   clients.num_clients=N clients.per_round=K rounds=R model.name=mlp model.hidden=[32]
   local.epochs=1 local.batch_size=32 local.lr=0.05 eval.clients=none eval.every=0
-  eval.global_test=false runtime.include_dashboard=false`` and the tier above. *Setup* =
+  eval.global_test=false runtime.include_dashboard=false runtime.reduce=driver`` (or
+  ``executors`` with ``--reduce executors``) and the tier above. *Setup* =
   from just before ``load_config`` to the end of ``exp.start()`` (config, building the
   client data, starting a fresh local Ray, placing the driver and executors). *s/round* =
   median of the wall times of the ``exp.step()`` calls (every round counted; all are in the
@@ -322,7 +323,7 @@ def log_tail_reason(log_path: str, limit: int = 300) -> str:
 # ============================================================================ children
 
 def fedray_overrides(n: int, k: int, rounds: int, seed: int, executors: int,
-                     per_client_key: bool) -> list[str]:
+                     per_client_key: bool, reduce: str = "driver") -> list[str]:
     data = ([f"data.synthetic_per_client={SAMPLES_PER_CLIENT}"] if per_client_key
             else [f"data.synthetic_samples={SAMPLES_PER_CLIENT * n}"])
     return [
@@ -334,7 +335,7 @@ def fedray_overrides(n: int, k: int, rounds: int, seed: int, executors: int,
         f"local.epochs={LOCAL_EPOCHS}", f"local.batch_size={BATCH_SIZE}", f"local.lr={LR}",
         "eval.clients=none", "eval.every=0", "eval.global_test=false",
         f"runtime.tiers=[{{name: default, executors: {executors}, num_cpus: 1}}]",
-        "runtime.include_dashboard=false",
+        "runtime.include_dashboard=false", f"runtime.reduce={reduce}",
     ]
 
 
@@ -519,7 +520,7 @@ def run_fedray(n: int, k: int, args: argparse.Namespace, per_client_key: bool) -
     tag = f"fedray-N{n}-K{k}"
     run_dir = os.path.join(args.out, "runs", tag)
     spec = {"overrides": fedray_overrides(n, k, args.rounds, args.seed, args.executors,
-                                          per_client_key),
+                                          per_client_key, args.reduce),
             "run_dir": run_dir}
     result, meas = run_child("fedray", spec, os.path.join(args.out, "work"), tag,
                              args.fedray_timeout, args)
@@ -652,6 +653,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--executors", type=int, default=2,
                    help="fedray executors (Flower gets CPUs/executors CPUs per client actor)")
+    p.add_argument("--reduce", choices=["driver", "executors"], default="driver",
+                   help="fedray's runtime.reduce: where the uploads are summed")
     p.add_argument("--no-flower", action="store_true")
     p.add_argument("--flower-max-population", type=int, default=100_000)
     p.add_argument("--timeout", type=float, default=600.0,
@@ -748,7 +751,8 @@ def main(argv: list[str] | None = None) -> int:
                 fed = None
             else:
                 load_config(None, fedray_overrides(n, k, args.rounds, args.seed,
-                                                   args.executors, per_client_key))
+                                                   args.executors, per_client_key,
+                                                   args.reduce))
                 fed = run_fedray(n, k, args, per_client_key)
                 rows.append(fed)
                 say(fed)

@@ -10,15 +10,14 @@ no evaluation.
   two is the bound, and the one-thread run must end in fedray's bitwise-identical state.
 - fedray (cold): ``run_experiment`` on a fresh local Ray (started and shut down inside the
   timing), 2 executors of 1 CPU each.
-- fedray (warm, opt-in ``--fedray-warm``): the same, joining a Ray head that this script
-  started once before the first warm run (``ray start --head --block``, free ports, 2 CPUs,
-  no dashboard, ``--node-ip-address 127.0.0.1``, which Ray replaces with the node IP (see
-  ``WarmRay``), its own ``--temp-dir`` so ``/tmp/ray/ray_current_cluster`` is not touched)
-  through ``RAY_ADDRESS=127.0.0.1:<port>`` set for that measurement only; the timing covers
-  ``run_experiment`` and the driver's ``ray.shutdown()`` (disconnect), not the head's start.
-  The head runs in a session of its own and every process of that session is killed at the
-  end (never ``ray stop``, which would stop every Ray on the machine). It stays up, idle,
-  during the later measurements of the invocation.
+- fedray (warm, opt-in ``--fedray-warm``): the same config with ``runtime.keep_warm=true``,
+  run twice in this process; the second run is timed. It finds Ray up and takes the first
+  run's driver and executors, emptied and reset (``fedray.runtime.warm``), so it pays
+  neither Ray's start nor the actors' torch import; its final state must equal the cold
+  run's bit for bit. Ray is shut down right after, before the next system runs. Then the
+  same with ``runtime.reduce=executors`` (each executor call sends one partial sum instead
+  of its uploads); its state is compared with the bound's loop summing the same groups
+  (``reduce_in_groups``).
 - flower: ``benchmarks/flower_sim.py`` under ``.venv-flower`` (Flower pins its own Ray),
   created by ``benchmarks/setup_flower_venv.sh``; skipped with a note when absent.
 - pfl: ``benchmarks/pfl_sim.py`` under ``.venv-pfl`` (pfl-research, created by
@@ -33,6 +32,11 @@ fedray and Flower Ray's start and shutdown included); pfl = from the start of it
 (interpreter start, torch and pfl imports, and with 2 workers torchrun and process-group
 set-up included) to the end of training, as pfl_sim.py reports it; ``pfl_import_s`` in the
 JSON says how much of it is the process start and imports.
+The 2-process floor (``run_bound_parallel``): the bound's client updates split over two
+processes that start each round together, one thread each, with no runtime, transfer or
+aggregation: what two executors on this machine could do at best. The 2 Ray actors: the same
+split in two plain Ray actors of one CPU (``run_bound_ray``): the floor plus what Ray's own
+processes and calls cost, still without fedray's runtime, transfers or aggregation.
 Ratios are against the bound measured in the same invocation. The issue's targets are
 reported with each row: fedray s/round ÷ bound ≤ 0.55, fedray e2e ÷ pfl e2e (single
 process) ≤ 0.6, fedray e2e ÷ Flower e2e ≤ 1/3.
@@ -45,13 +49,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -101,7 +102,10 @@ def run_bound(cfg, threads: int | None = None) -> dict:
             out = algo.client_update(ClientContext(c, r, cfg.seed, "default", x, y, xt, yt,
                                                    model), state)
             ups.append((c, out.num_samples, out.upload))
-        state, _ = policy.aggregate(state, ups, r)
+        if cfg.runtime.reduce == "executors":
+            state = reduce_in_groups(cfg, policy, state, ups, r)
+        else:
+            state, _ = policy.aggregate(state, ups, r)
         times.append(time.perf_counter() - tr)
     e2e = time.perf_counter() - t0
     torch.set_num_threads(default_threads)
@@ -110,159 +114,146 @@ def run_bound(cfg, threads: int | None = None) -> dict:
             "state": state, "mean_train_samples": float(np.mean(samples))}
 
 
-def run_fedray(cfg, run_dir: str, address: str | None = None) -> dict:
-    """``address`` (warm): join that Ray through ``RAY_ADDRESS``, set for this run only; the
-    timing then ends after the driver's ``ray.shutdown()`` (fedray leaves a Ray it joined
-    connected)."""
+def reduce_in_groups(cfg, policy, state: dict, ups: list, r: int) -> dict:
+    """``runtime.reduce=executors`` by hand: Σ w_i Δ_i per group (the driver's 8 near-equal
+    runs of the client-ordered sample), the groups' sums added in order, then the policy's
+    step."""
+    from fedray.methods.base import accumulate
+    from fedray.runtime.driver import even_groups
+
+    size = cfg.runtime.chunk_size
+    total: dict = {}
+    weight = 0.0
+    for group in even_groups(ups, math.ceil(len(ups) / size) if size else 8):
+        part: dict = {}
+        for _, n_samples, upload in group:
+            accumulate(part, upload, policy.weight(n_samples))
+            weight += policy.weight(n_samples)
+        accumulate(total, part, 1.0)
+    return policy.aggregate_sum(state, total, weight, r)[0]
+
+
+class BoundHalf:
+    """The client updates of clients ``c % parts == part``, one torch thread, every round
+    from the initial model (which costs the same): one worker of the 2-process floors."""
+
+    def __init__(self, overrides: list[str], part: int, parts: int):
+        import torch
+
+        torch.set_num_threads(1)
+        from fedray.config import load_config
+        from fedray.data import build_federated
+        from fedray.registry import build_method
+
+        self.cfg = load_config(None, overrides)
+        self.part, self.parts = part, parts
+        self.algo = build_method(self.cfg)
+        self.data = build_federated(self.cfg.data, self.cfg.clients.num_clients,
+                                    self.cfg.seed)
+        self.model = self.algo.build_resident(self.data.input_shape, self.data.num_classes,
+                                              "cpu")
+        self.state = self.algo.init_global_state(self.model, self.cfg.seed)
+
+    def round(self, r: int) -> float:
+        from fedray.methods.base import ClientContext
+
+        t0 = time.perf_counter()
+        for c in range(self.part, self.cfg.clients.num_clients, self.parts):
+            x, y = self.data.client_arrays(c, r, "train")
+            xt, yt = self.data.client_arrays(c, r, "test")
+            self.algo.client_update(ClientContext(c, r, self.cfg.seed, "default", x, y, xt,
+                                                  yt, self.model), self.state)
+        return time.perf_counter() - t0
+
+
+def _bound_half(overrides: list[str], part: int, parts: int, rounds: int, barrier,
+                queue) -> None:
+    """One of the processes of :func:`run_bound_parallel`, each round started on
+    ``barrier``."""
+    half = BoundHalf(overrides, part, parts)
+    for r in range(1, rounds + 1):
+        barrier.wait()
+        queue.put((r, half.round(r)))
+
+
+def run_bound_ray(overrides: list[str], rounds: int, parts: int = 2) -> list[float]:
+    """The same split as :func:`run_bound_parallel` in ``parts`` plain Ray actors of one CPU
+    on a fresh local Ray (no fedray runtime): what Ray's own processes cost the loop.
+    A round's time is the wall time of one call to every actor."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(address="local", num_cpus=parts, include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")
+    try:
+        actor = ray.remote(num_cpus=1)(BoundHalf)
+        halves = [actor.remote(overrides, i, parts) for i in range(parts)]
+        times = []
+        for r in range(1, rounds + 1):
+            t0 = time.perf_counter()
+            ray.get([h.round.remote(r) for h in halves])
+            times.append(time.perf_counter() - t0)
+        return times
+    finally:
+        ray.shutdown()
+
+
+def run_bound_parallel(overrides: list[str], rounds: int, parts: int = 2) -> list[float]:
+    """The floor of any ``parts``-process simulator on this machine: the bound's client
+    updates split over ``parts`` processes started together each round, with no runtime,
+    transfer or aggregation at all (every round trains from the initial model, which costs
+    the same). A round's time is its slowest process's."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    barrier, queue = ctx.Barrier(parts), ctx.Queue()
+    procs = [ctx.Process(target=_bound_half, args=(overrides, i, parts, rounds, barrier, queue))
+             for i in range(parts)]
+    for p in procs:
+        p.start()
+    per_round: dict[int, float] = {}
+    for _ in range(parts * rounds):
+        r, dt = queue.get(timeout=1800)
+        per_round[r] = max(per_round.get(r, 0.0), dt)
+    for p in procs:
+        p.join()
+    return [per_round[r] for r in sorted(per_round)]
+
+
+def run_fedray(cfg, run_dir: str, keep_ray: bool = False) -> dict:
+    """One fedray run, timed from ``run_experiment`` to its return. A Ray left up by an
+    earlier run is shut down first unless ``keep_ray`` (the warm run, which reuses it)."""
     import ray
 
     from fedray.runtime import run_experiment
     from fedray.storage import Storage
 
-    if ray.is_initialized():
+    if ray.is_initialized() and not keep_ray:
         ray.shutdown()
-    saved = os.environ.get("RAY_ADDRESS")
-    if address:
-        os.environ["RAY_ADDRESS"] = address
     stamps: list[float] = []
-    try:
-        t0 = time.perf_counter()
-        try:
-            run_experiment(cfg, run_dir, progress=False, on_round=lambda row: stamps.append(
-                time.perf_counter()))
-        finally:
-            if address and ray.is_initialized():
-                ray.shutdown()
-        e2e = time.perf_counter() - t0
-    finally:
-        if address:
-            if saved is None:
-                os.environ.pop("RAY_ADDRESS", None)
-            else:
-                os.environ["RAY_ADDRESS"] = saved
-    s = Storage(run_dir)
-    state = s.read_checkpoint()["global_state"]
+    t0 = time.perf_counter()
+    run_experiment(cfg, run_dir, progress=False, on_round=lambda row: stamps.append(
+        time.perf_counter()))
+    e2e = time.perf_counter() - t0
+    state = Storage(run_dir).read_checkpoint()["global_state"]
     times = list(np.diff(stamps))
     return {"round_seconds": [float("nan")] + times, "e2e_seconds": e2e, "state": state}
 
 
-def free_ports(k: int) -> list[int]:
-    """``k`` distinct TCP ports free on 127.0.0.1 right now."""
-    socks = []
+def run_fedray_warm(cfg, out: str) -> dict:
+    """``cfg`` (with ``runtime.keep_warm``): one run to warm up, then the timed one; Ray and
+    the kept actors are shut down after it."""
+    import ray
+
+    from fedray.runtime import release_warm
+
     try:
-        for _ in range(k):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
+        run_fedray(cfg, out + "-warmup")
+        return run_fedray(cfg, out, keep_ray=True)
     finally:
-        for s in socks:
-            s.close()
-
-
-def session_pids(sid: int) -> list[int]:
-    """Live (non-zombie) processes whose session id is ``sid``."""
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z" and int(fields[3]) == sid:
-            pids.append(int(name))
-    return pids
-
-
-class WarmRay:
-    """One local Ray head for the warm fedray runs, in a session of its own.
-
-    ``ray start --head --block`` on 127.0.0.1 with free ports (GCS, client server, dashboard
-    agent, runtime-env agent, metrics), 2 CPUs, no dashboard, and a ``--temp-dir`` of its own
-    (so ``/tmp/ray/ray_current_cluster``, which a plain ``ray.init()`` reads, is left alone).
-    :meth:`stop` signals exactly the processes of that session (the ``ray start`` process,
-    GCS, raylet, agents and the workers the raylet forked all share it): SIGTERM, then
-    SIGKILL for what is left after 10 s. Never ``ray stop``: that stops every Ray here.
-
-    Ray 2.60 on Linux replaces a loopback ``--node-ip-address`` (and a loopback address in
-    ``ray.init``) with the node's own IP, and its GCS listens on all interfaces; so the head
-    is given this process's ``RAY_AUTH_MODE`` explicitly (``token`` once the cold run's local
-    ``ray.init`` has switched this process to Ray's default token auth), and fedray's driver,
-    joining through ``RAY_ADDRESS``, authenticates with the same token.
-    """
-
-    def __init__(self) -> None:
-        self.proc: subprocess.Popen | None = None
-        self.address: str | None = None
-        self.temp_dir: str | None = None
-
-    def start(self, timeout: float = 120.0) -> str:
-        ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
-        if not os.path.exists(ray_bin):
-            raise RuntimeError(f"--fedray-warm needs the ray CLI next to python: {ray_bin}")
-        gcs, client, agent_http, agent_grpc, runtime_env, metrics = free_ports(6)
-        self.temp_dir = tempfile.mkdtemp(prefix="rso", dir="/tmp")  # short: socket paths
-        log_path = os.path.join(self.temp_dir, "ray_start.log")
-        cmd = [ray_bin, "start", "--head", f"--port={gcs}", "--node-ip-address=127.0.0.1",
-               "--num-cpus=2", "--include-dashboard=false",
-               f"--ray-client-server-port={client}",
-               f"--dashboard-agent-listen-port={agent_http}",
-               f"--dashboard-agent-grpc-port={agent_grpc}",
-               f"--runtime-env-agent-port={runtime_env}", f"--metrics-export-port={metrics}",
-               f"--temp-dir={self.temp_dir}", "--disable-usage-stats", "--block"]
-        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-        env["RAY_AUTH_MODE"] = os.environ.get("RAY_AUTH_MODE", "disabled")  # = the driver's
-        with open(log_path, "w") as log:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True)
-        t0 = time.perf_counter()
-        while True:
-            with open(log_path) as f:
-                text = f.read()
-            if "Ray runtime started" in text:
-                break
-            if self.proc.poll() is not None or time.perf_counter() - t0 > timeout:
-                self.stop()
-                raise RuntimeError(f"warm Ray head did not start:\n{text[-3000:]}")
-            time.sleep(0.2)
-        self.address = f"127.0.0.1:{gcs}"
-        print(f"[sim_overhead] warm Ray head at {self.address} (pid {self.proc.pid}) up in "
-              f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
-        return self.address
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        sid = self.proc.pid
-        if sid != os.getsid(0):  # never our own session
-            for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-                for pid in session_pids(sid):
-                    try:
-                        os.kill(pid, sig)
-                    except ProcessLookupError:
-                        pass
-                deadline = time.perf_counter() + wait
-                while session_pids(sid) and time.perf_counter() < deadline:
-                    self.proc.poll()  # reap the ray start process once it exits
-                    time.sleep(0.2)
-                if not session_pids(sid):
-                    break
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        left = session_pids(sid)
-        if left:
-            print(f"[sim_overhead] warm Ray: processes {left} of session {sid} survived",
-                  file=sys.stderr)
-        else:
-            print(f"[sim_overhead] warm Ray head {self.address} stopped", file=sys.stderr)
-        self.proc = None
-        if self.temp_dir and not left:
-            shutil.rmtree(self.temp_dir, ignore_errors=True)
+        release_warm()
+        ray.shutdown()
 
 
 def run_flower(n: int, rounds: int, seed: int) -> dict | None:
@@ -335,7 +326,9 @@ def main() -> None:
     p.add_argument("--no-flower", action="store_true")
     p.add_argument("--no-pfl", action="store_true", help="skip pfl-research (.venv-pfl)")
     p.add_argument("--fedray-warm", action="store_true",
-                   help="also time fedray joining one Ray head started once beforehand")
+                   help="also time a second fedray run that reuses the first one's Ray, "
+                        "driver and executors (runtime.keep_warm), with the uploads summed "
+                        "on the driver and on the executors (runtime.reduce)")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     args = p.parse_args()
 
@@ -354,37 +347,32 @@ def main() -> None:
     for note in notes:
         print(f"[sim_overhead] {note}", file=sys.stderr)
 
-    warm = WarmRay() if args.fedray_warm else None
-    previous_sigterm = signal.getsignal(signal.SIGTERM)
-    if warm is not None:  # a SIGTERM must still stop the head (via the finally below)
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    rows = []
-    try:
-        for n in args.clients:
-            rows.append(measure(n, args, load_config, warm, use_pfl, notes))
-    finally:
-        if warm is not None:
-            warm.stop()
-            signal.signal(signal.SIGTERM, previous_sigterm)
+    rows = [measure(n, args, load_config, use_pfl, notes) for n in args.clients]
     with open(os.path.join(args.out, "sim_overhead.json"), "w") as f:
         json.dump(rows, f, indent=2)
     print(markdown(rows, notes))
 
 
-def measure(n: int, args, load_config, warm: WarmRay | None, use_pfl: bool,
-            notes: list[str]) -> dict:
+def measure(n: int, args, load_config, use_pfl: bool, notes: list[str]) -> dict:
     cfg = load_config(None, workload(n, args.rounds, args.seed))
     bounds = [run_bound(cfg), run_bound(cfg, threads=1)]
     bound = min(bounds, key=lambda b: steady(b["round_seconds"]))
+    floor2 = steady(run_bound_parallel(workload(n, args.rounds, args.seed), args.rounds))
+    ray2 = steady(run_bound_ray(workload(n, args.rounds, args.seed), args.rounds))
     stamp = int(time.time())
     fed = run_fedray(cfg, os.path.join(args.out, f"run-n{n}-{stamp}"))
     same = all(np.array_equal(bounds[1]["state"][k], fed["state"][k]) for k in fed["state"])
-    fed_warm = same_warm = None
-    if warm is not None:
-        address = warm.address or warm.start()
-        fed_warm = run_fedray(cfg, os.path.join(args.out, f"run-n{n}-{stamp}-warm"), address)
+    fed_warm = same_warm = fed_reduce = same_reduce = None
+    if args.fedray_warm:
+        warm = load_config(None, workload(n, args.rounds, args.seed) + ["runtime.keep_warm=true"])
+        fed_warm = run_fedray_warm(warm, os.path.join(args.out, f"run-n{n}-{stamp}-warm"))
         same_warm = all(np.array_equal(bounds[1]["state"][k], fed_warm["state"][k])
                         for k in fed_warm["state"])
+        red = load_config(None, workload(n, args.rounds, args.seed) + [
+            "runtime.keep_warm=true", "runtime.reduce=executors"])
+        fed_reduce = run_fedray_warm(red, os.path.join(args.out, f"run-n{n}-{stamp}-reduce"))
+        ref = run_bound(red, threads=1)["state"]  # the same sums, grouped, in this process
+        same_reduce = all(np.array_equal(ref[k], fed_reduce["state"][k]) for k in ref)
     flower = None if args.no_flower else run_flower(n, args.rounds, args.seed)
 
     pfl = pfl2 = None
@@ -412,6 +400,10 @@ def measure(n: int, args, load_config, warm: WarmRay | None, use_pfl: bool,
         "bound_round_s_by_threads": {b["threads"]: steady(b["round_seconds"])
                                      for b in bounds},
         "bound_round_s": steady(bound["round_seconds"]),
+        "bound2_round_s": floor2,
+        "bound2_round_ratio": floor2 / steady(bound["round_seconds"]),
+        "ray2_round_s": ray2,
+        "ray2_round_ratio": ray2 / steady(bound["round_seconds"]),
         "flower_round_s": steady(flower["round_seconds"]) if flower else None,
         "bound_e2e_s": bound["e2e_seconds"],
         "flower_e2e_s": flower["e2e_seconds"] if flower else None,
@@ -435,6 +427,7 @@ def measure(n: int, args, load_config, warm: WarmRay | None, use_pfl: bool,
     add_fedray(row, "fedray", fed, same)
     if fed_warm is not None:
         add_fedray(row, "fedray_warm", fed_warm, same_warm)
+        add_fedray(row, "fedray_reduce", fed_reduce, same_reduce)
     print(json.dumps(row), file=sys.stderr)
     return row
 
@@ -453,17 +446,21 @@ def markdown(rows: list[dict], notes: list[str] | None = None) -> str:
         yield "cold", "fedray"
         if "fedray_warm_round_s" in r:
             yield "warm", "fedray_warm"
+            yield "warm, reduce=executors", "fedray_reduce"
 
     t = TARGETS
     lines = ["Per steady-state round (s):", "",
-             "| N | fedray Ray | bound | fedray | fedray/bound "
+             "| N | fedray Ray | bound | 2-process floor | floor/bound | 2 Ray actors | "
+             "actors/bound | fedray | fedray/bound "
              f"(≤ {t['fedray_round_over_bound']:.2f}) | Flower | Flower/bound | pfl | "
              "pfl/bound | pfl×2 | pfl×2/bound | fedray state == bound |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for mode, k in fedray_rows(r):
             lines.append(
                 f"| {r['clients']} | {mode} | {f(r['bound_round_s'])} | "
+                f"{f(r.get('bound2_round_s'))} | {x(r.get('bound2_round_ratio'))} | "
+                f"{f(r.get('ray2_round_s'))} | {x(r.get('ray2_round_ratio'))} | "
                 f"{f(r[k + '_round_s'])} | {x(r[k + '_round_ratio'])} | "
                 f"{f(r['flower_round_s'])} | {x(r.get('flower_round_ratio'))} | "
                 f"{f(r['pfl_round_s'])} | {x(r.get('pfl_round_ratio'))} | "

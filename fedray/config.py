@@ -191,7 +191,7 @@ class RuntimeConfig:
     deterministic: bool = spec(
         False, help="deterministic GPU kernels (cuDNN/cuBLAS, no TF32) in every executor: "
                     "bitwise-repeatable GPU runs on one GPU type (CPU runs always are)")
-    threads_per_executor: int = spec(1, ge=1)
+    threads_per_executor: int = spec(1, ge=1, help="torch threads in each executor")
     max_client_retries: int = spec(2, ge=0, help="re-runs of a failing client within a round")
     min_accepted: int = spec(
         1, ge=0, help="fewest accepted uploads a round needs; a round with fewer stops the "
@@ -207,9 +207,28 @@ class RuntimeConfig:
                          "(default 60 on a local Ray, 1800 on a cluster whose GPU nodes may "
                          "still be booting)")
     checkpoint_every: int = spec(1, ge=1)
-    chunk_size: int | None = spec(None, ge=1, help="clients per executor call (default auto)")
+    chunk_size: int | None = spec(None, ge=1, help="clients per executor call (default: two "
+                                                   "calls per executor; with reduce=executors "
+                                                   "8 near-equal calls)")
+    reduce: Literal["driver", "executors"] = spec(
+        "driver", help="where a linear rule's (FedAvg, FedProx, FedAvgM, FAVoR) uploads are "
+                       "summed. driver: every upload goes to the driver, which sums them in "
+                       "client-id order; executors: each executor call sums its clients' "
+                       "weighted uploads in float64 and sends one partial sum, and the driver "
+                       "adds the partials in client order — far fewer bytes through the object "
+                       "store, the same result for any executor count, equal to driver's up "
+                       "to float64 rounding. Not with central DP, update transforms, an "
+                       "asynchronous rule or fleet participation rules (availability, "
+                       "deadline, over-commitment)")
     ray_address: str | None = spec(None, help="Ray cluster; default RAY_ADDRESS or local")
-    include_dashboard: bool = False
+    keep_warm: bool = spec(
+        False, help="keep Ray, the driver and the executors up after the run, emptied, for "
+                    "the next run of this Python process with the same executor shapes (a "
+                    "job comparing methods, a notebook): it skips Ray's start and the "
+                    "actors' torch import, with the bits of a cold run "
+                    "(fedray.runtime.release_warm() frees them)")
+    include_dashboard: bool = spec(False, help="start Ray's dashboard with a local Ray "
+                                               "(listens on 127.0.0.1)")
 
 
 @dataclass

@@ -177,8 +177,9 @@ class FlakyFedAvg(FedAvg):
         return out
 
 
-def test_failing_client_recorded_and_nan_rejected(ray_session, tiny_cfg, tmp_path):
-    cfg = tiny_cfg(**{"runtime.max_client_retries": 2, "rounds": 2})
+@pytest.mark.parametrize("reduce", ["driver", "executors"])
+def test_failing_client_recorded_and_nan_rejected(ray_session, tiny_cfg, tmp_path, reduce):
+    cfg = tiny_cfg(**{"runtime.max_client_retries": 2, "rounds": 2, "runtime.reduce": reduce})
     summary = run_experiment(cfg, str(tmp_path / "f"), progress=False,
                              algorithm_cls=FlakyFedAvg)
     clients = pq.read_table(tmp_path / "f" / "clients.parquet").to_pandas()
@@ -335,10 +336,14 @@ class SlowFedAvg(FedAvg):
         return super().client_update(ctx, broadcast)
 
 
-def test_killed_executor_is_replaced_and_nothing_is_lost(ray_session, tiny_cfg, tmp_path):
+@pytest.mark.parametrize("reduce", ["driver", "executors"])
+def test_killed_executor_is_replaced_and_nothing_is_lost(ray_session, tiny_cfg, tmp_path,
+                                                         reduce):
+    """Reducing on the executors, the dead executor's batch is re-run whole on its
+    replacement, so its partial sum, and the result, are the same."""
     import ray
 
-    cfg = tiny_cfg(**{"rounds": 2, "runtime.chunk_size": 1})
+    cfg = tiny_cfg(**{"rounds": 2, "runtime.chunk_size": 2, "runtime.reduce": reduce})
     run_experiment(cfg, str(tmp_path / "ref"), progress=False, algorithm_cls=SlowFedAvg)
     exp = Experiment(cfg, str(tmp_path / "k"), algorithm_cls=SlowFedAvg)
     exp.start()

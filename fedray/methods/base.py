@@ -33,7 +33,31 @@ import numpy as np
 State = dict[str, np.ndarray]
 
 __all__ = ["AggregationPolicy", "Algorithm", "AsyncUpdate", "ClientContext", "ClientData",
-           "ClientOutput", "ClientResult", "EvalResult", "ReportSection", "State", "Status"]
+           "ClientOutput", "ClientResult", "EvalResult", "ReportSection", "State", "Status",
+           "accumulate", "finite"]
+
+
+def finite(tensors: Mapping[str, np.ndarray]) -> bool:
+    """Every float tensor of a decoded upload is free of NaN and Inf. A finite sum settles
+    it (any NaN or Inf makes the sum NaN or Inf); only a non-finite one, which an overflow
+    of finite values can also give, is checked element by element."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return all(np.isfinite(v.sum()) or np.isfinite(v).all()
+                   for v in map(np.asarray, tensors.values()) if v.dtype.kind == "f")
+
+
+def accumulate(acc: dict[str, np.ndarray], tensors: Mapping[str, np.ndarray],
+               weight: float) -> None:
+    """``acc += weight * tensors`` in float64, tensor by tensor (a missing key starts at 0):
+    the one step of every weighted sum a linear rule's executors reduce
+    (:attr:`AggregationPolicy.linear`), so the executors and any reference loop add the
+    same bits in the same order."""
+    for name, value in tensors.items():
+        term = np.multiply(value, weight, dtype=np.float64)
+        if name in acc:
+            acc[name] += term
+        else:
+            acc[name] = term
 
 
 class Status(str, enum.Enum):
@@ -176,6 +200,9 @@ class AggregationPolicy:
 
     buffer_size: int | None = None
     concurrency: int = 0
+    # the step depends on the uploads only through Σ_i w_i Δ_i and Σ_i w_i: the executors
+    # may reduce them (runtime.reduce=executors) and the driver calls aggregate_sum
+    linear: bool = False
 
     def broadcast(self, global_state: State, round: int, tier: str) -> State:
         """The tensors sent to the clients of ``tier`` in ``round`` (default: everything)."""
@@ -187,6 +214,16 @@ class AggregationPolicy:
 
         The metrics are round-level scalars; an optional ``per_client`` entry
         ``{client_id: {name: value}}`` lands in that client's row of the metrics."""
+        raise NotImplementedError
+
+    def weight(self, num_samples: int) -> float:
+        """A linear rule's w_i of a client that trained on ``num_samples`` samples."""
+        raise NotImplementedError
+
+    def aggregate_sum(self, global_state: State, total: State, weight: float, round: int
+                      ) -> tuple[State, dict[str, float]]:
+        """A linear rule's step from ``total`` = Σ_i w_i Δ_i (float64, reduced on the
+        executors with :func:`accumulate`) and ``weight`` = Σ_i w_i > 0."""
         raise NotImplementedError
 
     def aggregate_async(self, global_state: State, updates: list[AsyncUpdate], step: int

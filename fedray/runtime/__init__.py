@@ -9,5 +9,7 @@ from fedray.runtime.experiment import (
     resume_config,
     run_experiment,
 )
+from fedray.runtime.warm import release_warm
 
-__all__ = ["Experiment", "init_ray", "resumable", "resume_config", "run_experiment"]
+__all__ = ["Experiment", "init_ray", "release_warm", "resumable", "resume_config",
+           "run_experiment"]

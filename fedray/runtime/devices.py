@@ -86,6 +86,18 @@ def configure_process(device: str, *, gpu_share: float = 0.0, deterministic: boo
         torch.cuda.set_per_process_memory_fraction(gpu_share, 0)
 
 
+def free_device_memory() -> None:
+    """Collect garbage and hand CUDA's cached blocks back (an executor kept warm between runs,
+    :mod:`fedray.runtime.warm`, keeps none of a finished run's tensors)."""
+    import gc
+    import sys
+
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 def is_fatal_device_error(exc: BaseException) -> bool:
     """True for errors after which the process's CUDA context is unusable (illegal memory
     access, device-side assert, …): every later kernel on it fails, so the process must go."""

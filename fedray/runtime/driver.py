@@ -29,7 +29,15 @@ import numpy as np
 import ray
 
 from fedray.fleet import Fleet
-from fedray.methods.base import AsyncUpdate, ClientResult, EvalResult, Status
+from fedray.methods.base import (
+    AsyncUpdate,
+    ClientResult,
+    EvalResult,
+    State,
+    Status,
+    accumulate,
+    finite,
+)
 from fedray.metrics import MetricsWriter
 from fedray.payload import Payload
 from fedray.privacy import CentralDP, poisson_sample
@@ -68,15 +76,15 @@ class RoundFailedError(RuntimeError):
         return RoundFailedError, (self.round, self.accepted, self.needed, self.failures)
 
 
-def _finite(tensors: dict[str, np.ndarray]) -> bool:
-    """Every float tensor of a decoded upload is free of NaN and Inf. Checked after decoding
-    (codec and transform chain), where a NaN can no longer hide in integer codes."""
-    return all(np.isfinite(v).all() for v in tensors.values()
-               if np.asarray(v).dtype.kind == "f")
-
-
 def chunks(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def even_groups(items: list, groups: int) -> list[list]:
+    """``items`` in order, cut into ``groups`` runs whose sizes differ by at most one."""
+    q, r = divmod(len(items), groups)
+    bounds = [i * q + min(i, r) for i in range(groups + 1)]
+    return [items[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
 
 
 @dataclass
@@ -141,6 +149,19 @@ class Driver:
         self.privacy = (CentralDP(cfg, self.algorithm.to_delta, self.algorithm.from_delta)
                         if cfg.dp.enabled else None)
 
+    def reset(self, cfg: Any, algorithm_cls: type, pool: ExecutorPool, run_uri: str) -> None:
+        """Become the driver of a new run (``runtime.keep_warm``): every attribute is rebuilt
+        from these arguments as ``__init__`` builds it."""
+        self.release()
+        self.__init__(cfg, algorithm_cls, pool, run_uri)  # type: ignore[misc]
+
+    def release(self) -> None:
+        """Drop everything of the finished run (its executors are the caller's to keep)."""
+        from fedray.runtime.devices import free_device_memory
+
+        self.__dict__.clear()
+        free_device_memory()
+
     def tier_of(self, client: int) -> str:
         """A client's tier (:meth:`ExperimentConfig.tier_of`), remembered for the clients seen:
         no list over the population."""
@@ -198,9 +219,11 @@ class Driver:
     # ------------------------------------------------------------------ one round
 
     def _jobs(self, method: str, clients: list[int], bcast: dict[str, tuple], round: int,
-              item=lambda c: c, alone: set[int] = frozenset()) -> list[tuple[str, str, tuple]]:
+              item=lambda c: c, alone: set[int] = frozenset(), reduce: bool = False
+              ) -> list[tuple[str, str, tuple]]:
         """Pool jobs running ``method`` over ``clients``: grouped by tier, in batches; the
-        clients in ``alone`` (whose batch killed its executor) one per job."""
+        clients in ``alone`` (whose batch killed its executor) one per job. ``reduce``: each
+        batch sums its uploads on its executor (:meth:`ClientExecutor.run_clients`)."""
         by_tier: dict[str, list[int]] = {}
         for c in clients:
             by_tier.setdefault(self.tier_of(c), []).append(c)
@@ -208,16 +231,23 @@ class Driver:
         for tier, cids in by_tier.items():
             key, ref, _ = bcast[tier]
             batched = [c for c in cids if c not in alone]
-            parts = chunks(batched, self._chunk_size(len(batched), tier)) if batched else []
+            parts = self._batches(batched, tier, reduce) if batched else []
             for part in parts + [[c] for c in cids if c in alone]:
-                jobs.append((tier, method, (key, ref, round, [item(c) for c in part])))
+                args = (key, ref, round, [item(c) for c in part])
+                jobs.append((tier, method, args + (True,) if reduce else args))
         return jobs
 
-    def _chunk_size(self, n: int, tier: str) -> int:
-        if self.cfg.runtime.chunk_size:
-            return self.cfg.runtime.chunk_size
-        execs = len(self.pool.executors[tier])
-        return max(1, math.ceil(n / (2 * execs)))
+    def _batches(self, clients: list[int], tier: str, reduce: bool = False) -> list[list[int]]:
+        """The clients of one tier cut into executor calls: ``runtime.chunk_size`` each, or
+        two calls per executor. With ``reduce`` a call is a summation group, whose members
+        must not depend on the executor count: 8 groups of near-equal size (so that 1, 2,
+        4 or 8 executors get equal shares), unless ``runtime.chunk_size``."""
+        size = self.cfg.runtime.chunk_size
+        if reduce:
+            return even_groups(clients, math.ceil(len(clients) / size) if size else 8)
+        if not size:
+            size = max(1, math.ceil(len(clients) / (2 * len(self.pool.executors[tier]))))
+        return chunks(clients, size)
 
     def _broadcasts(self, round: int, tiers: set[str], kind: str) -> dict[str, tuple]:
         """One encoded broadcast per tier, each ``ray.put`` once."""
@@ -275,14 +305,27 @@ class Driver:
             attempts[c] = 1
             final[c] = ClientResult(c, r, Status.DROPPED, error="dropped out mid-round")
         restarts_before = self.pool.restarts
+        shapes = {k: v.shape for k, v in self.global_state.items()}
+        decoded: dict[int, tuple[dict[str, np.ndarray], bool]] = {}
+        reduce = cfg.runtime.reduce == "executors"
+        partials: list[tuple[tuple[int, int], State, float]] = []
+        nonfinite: set[int] = set()
         alone: set[int] = set()  # clients of a batch whose executor died: isolated
+        passes = 0
         while todo:
+            passes += 1
             for c in todo:
                 attempts[c] += 1
             jobs = self._jobs("run_clients", todo, bcast, r,
-                              item=lambda c: (c, self.versions.get(c)), alone=alone)
+                              item=lambda c: (c, self.versions.get(c)), alone=alone,
+                              reduce=reduce)
             todo = []
-            for batch in self.pool.run(jobs, requeue_dead=False):
+            # reducing, a dead executor's batch is re-run whole: its sum is one group
+            for batch in self.pool.run(jobs, requeue_dead=reduce):
+                if reduce:
+                    batch, (total, weight, bad) = batch
+                    partials.append(((passes, batch[0].client_id), total, weight))
+                    nonfinite.update(bad)
                 if isinstance(batch, DeadJob):  # counts as a failed attempt of each client
                     cids = [c for c, _ in batch.args[3]]
                     alone.update(cids)
@@ -297,17 +340,17 @@ class Driver:
                         todo.append(res.client_id)
                     else:
                         final[res.client_id] = res
+                        if res.ok and not reduce:  # decoded while the others still train
+                            decoded[res.client_id] = self._decode(res, bcast, shapes)
         download = self._charge_download(sampled, attempts, bcast)
         poisson = self.privacy is not None and self.privacy.sampling == "poisson"
         times, duration = self._time_round(sampled, final, download,
                                            len(sampled) if poisson else k)
         accepted = []
-        shapes = {k: v.shape for k, v in self.global_state.items()}
         for cid in sorted(final):
             res = final[cid]
-            upload = self.chain.server(res.payload.decode(), shapes, self._reference(
-                bcast[self.tier_of(cid)])) if res.ok else None
-            if res.ok and not _finite(upload):  # decoded: codes (bf16 bits, int8) hide none
+            upload, clean = decoded.get(cid, (None, cid not in nonfinite))
+            if res.ok and not clean:
                 res.status, res.error = Status.REJECTED, "upload contains NaN or Inf"
             if res.ok:
                 accepted.append((cid, res.num_samples, upload))
@@ -331,7 +374,12 @@ class Driver:
                                    [(c, str(final[c].status), final[c].error) for c in sampled
                                     if not final[c].ok])
         policy_metrics: dict[str, Any] = {}
-        if (accepted or self.privacy is not None) and not failed:  # DP releases every round
+        if reduce and accepted and not failed:
+            total, weight = self._combine(partials)
+            if weight > 0:
+                self.global_state, policy_metrics = self.policy.aggregate_sum(
+                    self.global_state, total, weight, r)
+        elif (accepted or self.privacy is not None) and not failed:  # DP releases every round
             accepted = self._privatize(accepted, r, extra)
             self.global_state, policy_metrics = self.policy.aggregate(
                 self.global_state, accepted, r)
@@ -342,6 +390,26 @@ class Driver:
                                     client_extra, extra))
         self._checkpoint_if_due(r)
         return row
+
+    @staticmethod
+    def _combine(partials: list[tuple[tuple[int, int], State, float]]) -> tuple[State, float]:
+        """The executors' partial sums added in the order of their groups (retry pass, first
+        client id): Σ_i w_i Δ_i and Σ_i w_i, whatever executor reduced which group."""
+        total: State = {}
+        weight = 0.0
+        for _, part, w in sorted(partials, key=lambda p: p[0]):
+            accumulate(total, part, 1.0)
+            weight += w
+        return total, weight
+
+    def _decode(self, res: ClientResult, bcast: dict[str, tuple], shapes: dict[str, tuple]
+                ) -> tuple[dict[str, np.ndarray], bool]:
+        """A client's upload as the policy sees it (codec and transform chain undone) and
+        whether it is free of NaN and Inf — checked after decoding, where a NaN can no longer
+        hide in integer codes (bf16 bits, int8)."""
+        upload = self.chain.server(res.payload.decode(), shapes,
+                                   self._reference(bcast[self.tier_of(res.client_id)]))
+        return upload, finite(upload)
 
     def _dp_row(self) -> dict[str, float]:
         """ε so far, in every round row of a DP run (a release updates it)."""
@@ -579,7 +647,7 @@ class Driver:
             if res.ok:
                 upload = self.chain.server(res.payload.decode(), shapes, self._reference(
                     self._async_broadcast(f["version"], self.tier_of(c))))
-                if not _finite(upload):
+                if not finite(upload):
                     res.status, res.error = Status.REJECTED, "upload contains NaN or Inf"
                 else:
                     buffer.append(AsyncUpdate(c, res.num_samples, upload, staleness,

@@ -19,8 +19,18 @@ import time
 import traceback
 from typing import Any
 
-from fedray.methods.base import ClientContext, ClientResult, EvalResult, Status
+from fedray.methods.base import (
+    ClientContext,
+    ClientResult,
+    EvalResult,
+    State,
+    Status,
+    accumulate,
+    finite,
+)
 from fedray.payload import Payload
+
+Partial = tuple[State, float, list[int]]  # (Σ_i w_i Δ_i, Σ_i w_i, non-finite client ids)
 
 
 def exit_if_fatal(exc: BaseException) -> None:
@@ -54,6 +64,22 @@ class ClientExecutor:
         self.store = ClientStateStore(Storage(run_uri))
         self._broadcast_key: Any = None
         self._broadcast: dict | None = None
+        self._policy: Any = None
+
+    def reset(self, cfg: Any, algorithm_cls: type, data: Any, run_uri: str, tier: str,
+              index: int) -> dict:
+        """Become an executor of a new run (``runtime.keep_warm``): every attribute is
+        rebuilt from these arguments as ``__init__`` builds it. Returns :meth:`ready`."""
+        self.release()
+        self.__init__(cfg, algorithm_cls, data, run_uri, tier, index)  # type: ignore[misc]
+        return self.ready()
+
+    def release(self) -> None:
+        """Drop everything of the finished run: data, model, broadcast, state store."""
+        from fedray.runtime.devices import free_device_memory
+
+        self.__dict__.clear()
+        free_device_memory()
 
     def ready(self) -> dict:
         model = getattr(self.resident, "model", self.resident)
@@ -77,11 +103,21 @@ class ClientExecutor:
         return self._broadcast  # type: ignore[return-value]
 
     def run_clients(self, key: str, broadcast: Payload, round: int,
-                    clients: list[tuple[int, int | None]]) -> list[ClientResult]:
+                    clients: list[tuple[int, int | None]], reduce: bool = False
+                    ) -> list[ClientResult] | tuple[list[ClientResult], Partial]:
         """Run ``clients`` = [(client_id, state_version), ...] for ``round``; ``key`` names
-        the broadcast uniquely within the run."""
+        the broadcast uniquely within the run.
+
+        ``reduce`` (``runtime.reduce=executors``, a linear rule): the uploads stay here. Each
+        one is encoded (its bytes are what is counted), decoded as the server would, and,
+        when free of NaN and Inf, added to Σ_i w_i Δ_i in the order of ``clients``
+        (:func:`~fedray.methods.base.accumulate`, float64). Returns the results without
+        payloads and ``(Σ_i w_i Δ_i, Σ_i w_i, ids of non-finite uploads)``."""
         tensors = self._decoded(key, broadcast)
         out = []
+        total: dict[str, Any] = {}
+        weight, rejected = 0.0, []
+        policy = self._linear_policy() if reduce else None
         for cid, version in clients:
             t0 = time.perf_counter()
             try:
@@ -103,8 +139,17 @@ class ClientExecutor:
                         {"method": result.state} if result.state is not None else {})
                 if state is not None:
                     version, state_bytes = round, self.store.save(cid, round, state)
+                nbytes = payload.nbytes
+                if policy is not None:
+                    seen, payload = payload.decode(), None
+                    if finite(seen):
+                        w = policy.weight(result.num_samples)
+                        accumulate(total, seen, w)
+                        weight += w
+                    else:
+                        rejected.append(cid)
                 out.append(ClientResult(cid, round, Status.OK, result.num_samples, payload,
-                                        metrics, upload_bytes=payload.nbytes,
+                                        metrics, upload_bytes=nbytes,
                                         seconds=time.perf_counter() - t0,
                                         executor=self.name, state_version=version,
                                         state_bytes=state_bytes or 0))
@@ -114,7 +159,13 @@ class ClientExecutor:
                 out.append(ClientResult(cid, round, Status.ERROR, error=tb,
                                         seconds=time.perf_counter() - t0,
                                         executor=self.name))
-        return out
+        return (out, (total, weight, rejected)) if reduce else out
+
+    def _linear_policy(self) -> Any:
+        """The run's aggregation rule, for its weights w_i (made once per run)."""
+        if self._policy is None:
+            self._policy = self.algorithm.make_policy()
+        return self._policy
 
     def _load_state(self, cid: int, version: int | None) -> tuple[Any, Any]:
         """(the method's state, the transform chain's memory) the client left last time;

@@ -18,6 +18,7 @@ import yaml
 
 from fedray.config import ExperimentConfig, load_config
 from fedray.progress import Progress
+from fedray.runtime import warm
 from fedray.spec import ConfigError, redact
 from fedray.storage import Storage, read_marker
 from fedray.tracking import Tracker
@@ -106,6 +107,28 @@ def settled(cfg: ExperimentConfig) -> ExperimentConfig:
     return cfg
 
 
+def check_reduce(cfg: ExperimentConfig, algorithm_cls: type) -> None:
+    """``runtime.reduce=executors`` sums uploads where they are made, so nothing on the
+    server may need a single upload: a linear synchronous rule, no update transforms, no
+    central DP, no participation rule that picks reporters after the fact."""
+    if cfg.runtime.reduce != "executors":
+        return
+    from fedray.registry import make_method
+
+    algorithm = make_method(algorithm_cls, cfg)
+    policy, fl = algorithm.make_policy(), cfg.fleet
+    why = ("its aggregation rule needs every upload" if not policy.linear
+           or policy.buffer_size is not None
+           else "update transforms are decoded on the server" if algorithm.update_chain()
+           else "central DP clips every upload on the server" if cfg.dp.enabled
+           else "fleet.availability, fleet.deadline_s and fleet.overcommit pick the "
+                "reporters after the round" if fl.availability or fl.deadline_s is not None
+           or fl.overcommit else None)
+    if why:
+        raise ConfigError("runtime.reduce", "executors",
+                          f"driver for {cfg.algorithm['name']} here: {why}")
+
+
 def head_node_id() -> str:
     """The Ray head node's id (the node that outlives the workers), else this process's."""
     import ray
@@ -130,6 +153,7 @@ class Experiment:
 
         self.cfg, self.resume = cfg, resume
         self.algorithm_cls = algorithm_cls or registry.method(cfg.algorithm["name"])
+        check_reduce(cfg, self.algorithm_cls)
         self.run_dir = run_dir or cfg.run_dir or default_run_dir(cfg)
         self.storage = open_run_dir(self.run_dir)
         self.locked = False
@@ -179,14 +203,27 @@ class Experiment:
         except Exception:
             self.release()
             raise
+        keep = self.cfg.runtime.keep_warm
+        head = head_node_id()
+        self.driver_key = warm.shape_key("driver", {"node": head}, {})
+        wanted: dict[str, int] = {self.driver_key: 1} if keep else {}
+        if keep:
+            for tier in self.cfg.runtime.tiers:
+                key = ExecutorPool.warm_key_of(self.cfg, tier)
+                wanted[key] = wanted.get(key, 0) + tier.executors
+        warm.retain(wanted)  # idle actors this run cannot use free their resources first
         self.pool = ExecutorPool(self.cfg, self.algorithm_cls, ray.put(self.data),
-                                 self.storage.uri)
-        # the driver lives on the head node (where a submitted job's entry point runs):
-        # losing a worker node never takes the round loop with it
-        here = NodeAffinitySchedulingStrategy(head_node_id(), soft=False)
-        self.driver = ray.remote(Driver).options(
-            num_cpus=0, max_restarts=0, scheduling_strategy=here).remote(
-            self.cfg, self.algorithm_cls, self.pool, self.storage.uri)
+                                 self.storage.uri, warm=keep)
+        self.driver = warm.take(self.driver_key) if keep else None
+        if self.driver is None:
+            # the driver lives on the head node (where a submitted job's entry point runs):
+            # losing a worker node never takes the round loop with it
+            here = NodeAffinitySchedulingStrategy(head, soft=False)
+            self.driver = ray.remote(Driver).options(
+                num_cpus=0, max_restarts=0, scheduling_strategy=here).remote(
+                self.cfg, self.algorithm_cls, self.pool, self.storage.uri)
+        else:
+            self.driver.reset.remote(self.cfg, self.algorithm_cls, self.pool, self.storage.uri)
         try:
             self.info = ray.get(self.driver.setup.remote(self.resume))
             if self.tracker is not None:
@@ -228,8 +265,29 @@ class Experiment:
         self.storage.write_bytes("summary.json", json.dumps(summary, indent=2).encode())
         if self.tracker is not None:
             self.tracker.close(summary)
+        if self.cfg.runtime.keep_warm:
+            self._park()
         self.release()
         return summary
+
+    def _park(self) -> None:
+        """Hand the driver and the executors this process created back to
+        :mod:`fedray.runtime.warm`, emptied; replacements the driver created are killed
+        (they would die with it). Anything that fails here is left to :meth:`release`."""
+        import ray
+
+        handles = ray.get(self.driver.executor_handles.remote())
+        tier_keys = {t.name: self.pool.warm_key(t.name) for t in self.cfg.runtime.tiers}
+        mine = {a._actor_id for hs in self.pool.executors.values() for a in hs}
+        execs = [(tier, a) for tier, hs in handles.items() for a in hs]
+        ray.get([self.driver.release.remote()] + [a.release.remote() for _, a in execs])
+        for tier, a in execs:
+            if a._actor_id in mine:
+                warm.give(tier_keys[tier], a)
+            else:
+                ray.kill(a)
+        warm.give(self.driver_key, self.driver)
+        self.driver = self.pool = None
 
     def release(self) -> None:
         import ray
@@ -250,7 +308,7 @@ class Experiment:
         if self.pool is not None:
             self.pool.shutdown()
             self.pool = None
-        if self.started_ray:
+        if self.started_ray and not self.cfg.runtime.keep_warm:
             ray.shutdown()
             self.started_ray = False
         if self.locked:  # last: nothing of this run writes any more

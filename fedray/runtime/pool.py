@@ -20,6 +20,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
 from fedray.runtime.devices import LOCAL_PLACEMENT_TIMEOUT_S
 from fedray.runtime.executor import ClientExecutor
+from fedray.runtime.warm import shape_key, take
 
 
 class PlacementError(RuntimeError):
@@ -102,7 +103,7 @@ class ExecutorPool:
     then handed to the driver, which calls :meth:`wait_placed` and :meth:`run`."""
 
     def __init__(self, cfg: Any, algorithm_cls: type, data_ref: Any, run_uri: str,
-                 inflight: int = 2):
+                 inflight: int = 2, warm: bool = False):
         self.cfg, self.algorithm_cls, self.data_ref, self.run_uri = (
             cfg, algorithm_cls, data_ref, run_uri)
         self.inflight = inflight
@@ -113,8 +114,34 @@ class ExecutorPool:
         self.generation: dict[tuple[str, int], int] = {}
         self.booting: dict[tuple[str, int], tuple[Any, float]] = {}  # replacement: (ready, since)
         self.info: list[dict] = []
+        self.boot: dict[tuple[str, int], Any] = {}  # first placement: ready (or reset) refs
+        self.reused: set[tuple[str, int]] = set()  # slots given a warm executor
         for name, tier in self.tiers.items():
-            self.executors[name] = [self._spawn(name, i) for i in range(tier.executors)]
+            self.executors[name] = [self._place(name, i, warm) for i in range(tier.executors)]
+
+    @staticmethod
+    def warm_key_of(cfg: Any, tier: Any) -> str:
+        """The :mod:`fedray.runtime.warm` key of ``tier``'s executors: resource shape and the
+        process settings a reset cannot undo."""
+        rt = cfg.runtime
+        return shape_key("executor", executor_options(cfg, tier),
+                         {"threads": rt.threads_per_executor, "deterministic": rt.deterministic})
+
+    def warm_key(self, tier: str) -> str:
+        return self.warm_key_of(self.cfg, self.tiers[tier])
+
+    def _place(self, tier: str, index: int, warm: bool) -> Any:
+        """A warm executor of the tier's shape reset for this run, else a new one; its
+        readiness is awaited by :meth:`wait_placed`."""
+        actor = take(self.warm_key(tier)) if warm else None
+        if actor is None:
+            actor = self._spawn(tier, index)
+            self.boot[(tier, index)] = actor.ready.remote()
+        else:
+            self.reused.add((tier, index))
+            self.boot[(tier, index)] = actor.reset.remote(
+                self.cfg, self.algorithm_cls, self.data_ref, self.run_uri, tier, index)
+        return actor
 
     @property
     def actor_cls(self) -> Any:
@@ -134,11 +161,29 @@ class ExecutorPool:
             self.cfg, self.algorithm_cls, self.data_ref, self.run_uri, tier, index)
 
     def wait_placed(self) -> None:
-        handles = [(t, i, a) for t, hs in self.executors.items() for i, a in enumerate(hs)]
-        refs = {a.ready.remote(): (t, i) for t, i, a in handles}
+        refs = {ref: slot for slot, ref in self.boot.items()}
+        self.boot = {}
         timeout = self.placement_timeout
         ready, missing = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
-        self.info = ray.get(ready)
+        info = {}
+        for ref in ready:
+            try:
+                info[refs[ref]] = ray.get(ref)
+            except (RayActorError, ActorDiedError, ActorUnavailableError):
+                if refs[ref] not in self.reused:
+                    raise
+                tier, index = refs[ref]  # a warm executor that died while idle: a new one
+                self.reused.discard((tier, index))
+                self.executors[tier][index] = self._spawn(tier, index)
+                more = self.executors[tier][index].ready.remote()
+                done, _ = ray.wait([more], timeout=timeout)
+                if not done:
+                    missing.append(more)
+                    refs[more] = (tier, index)
+                else:
+                    info[(tier, index)] = ray.get(more)
+        self.info = [info[k] for k in sorted(info, key=lambda s: (list(self.tiers).index(s[0]),
+                                                                  s[1]))]
         if missing:
             lost = sorted({refs[r][0] for r in missing})
             self.shutdown()

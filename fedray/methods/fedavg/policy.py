@@ -24,12 +24,28 @@ def weighted_mean(updates: list[tuple[int, int, State]], weighted: bool = True) 
 
 
 class FedAvgPolicy(AggregationPolicy):
+    """Linear: with ``runtime.reduce=executors`` the mean is Σ_i w_i Δ_i / Σ_i w_i from sums
+    the executors reduced, instead of Σ_i (w_i / Σ_j w_j) Δ_i here — equal up to rounding,
+    and as deterministic (the executors' groups and their order do not depend on how many
+    executors there are)."""
+
+    linear = True
+
     def __init__(self, server_lr: float = 1.0, weighted: bool = True):
         self.server_lr = server_lr
         self.weighted = weighted
 
+    def weight(self, num_samples: int) -> float:
+        return float(num_samples) if self.weighted else 1.0
+
     def aggregate(self, global_state, updates, round):
-        mean = weighted_mean(updates, self.weighted)
+        return self.step(global_state, weighted_mean(updates, self.weighted))
+
+    def aggregate_sum(self, global_state, total, weight, round):
+        return self.step(global_state, {k: v / weight for k, v in total.items()})
+
+    def step(self, global_state: State, mean: State) -> tuple[State, dict[str, float]]:
+        """θ + η_s · mean, in float64, back to float32."""
         new = {k: (v.astype(np.float64) + self.server_lr * mean[k]).astype(np.float32)
                if k in mean else v for k, v in global_state.items()}
         norm = float(np.sqrt(sum(float((m * m).sum()) for m in mean.values())))

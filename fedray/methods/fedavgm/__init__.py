@@ -39,9 +39,19 @@ class FedAvgMPolicy(AggregationPolicy):
         self.server_lr, self.momentum, self.weighted = server_lr, momentum, weighted
         self.velocity: dict[str, np.ndarray] = {}
 
+    linear = True
+
+    def weight(self, num_samples: int) -> float:
+        return float(num_samples) if self.weighted else 1.0
+
     def aggregate(self, global_state: State, updates: list[tuple[int, int, State]],
                   round: int) -> tuple[State, dict[str, float]]:
-        mean = weighted_mean(updates, self.weighted)
+        return self.step(global_state, weighted_mean(updates, self.weighted))
+
+    def aggregate_sum(self, global_state, total, weight, round):
+        return self.step(global_state, {k: v / weight for k, v in total.items()})
+
+    def step(self, global_state: State, mean: State) -> tuple[State, dict[str, float]]:
         new = dict(global_state)
         for k, d in mean.items():
             v = self.momentum * self.velocity.get(k, 0.0) + d

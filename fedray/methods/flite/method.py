@@ -82,6 +82,8 @@ def latent_layout(names: list[str], d: int) -> list[tuple[str, int]]:
 class FlitePolicy(FedAvgPolicy):
     """Mean of the latents (FedAvg in latent space, Eq. 2) plus the identity check."""
 
+    linear = False  # the identity check needs every latent
+
     def __init__(self, params: FliteParams, layout: list[tuple[str, int]], checker: Any):
         super().__init__(server_lr=1.0, weighted=params.weighted)
         self.layout, self.checker = layout, checker

@@ -1,0 +1,82 @@
+"""``runtime.reduce=executors``: linear rules summed where the uploads are made — the same
+bits for any executor count, the driver's result up to float64 rounding, the same bytes,
+and refused where the server needs each upload."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from test_runtime import assert_bitwise_equal, final_state
+
+from fedray.methods.base import accumulate
+from fedray.runtime import Experiment, run_experiment
+from fedray.runtime.driver import Driver, even_groups
+from fedray.spec import ConfigError
+
+BASE = {"clients.fraction": 0.67, "local.momentum": 0.5, "local.keep_optimizer_state": "true",
+        "rounds": 3}
+
+
+def tiers(n: int) -> str:
+    return f"[{{name: default, executors: {n}, num_cpus: 0.5}}]"
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("method", [{"algorithm.name": "fedavg"},
+                                    {"algorithm.name": "fedavgm", "algorithm.weighted": False}])
+def test_the_same_bits_for_any_executor_count_and_the_drivers_result(ray_session, tiny_cfg,
+                                                                      tmp_path, method):
+    runs = {}
+    for name, extra in (("driver", {"runtime.reduce": "driver"}),
+                        ("ex1", {"runtime.reduce": "executors", "runtime.tiers": tiers(1)}),
+                        ("ex3", {"runtime.reduce": "executors", "runtime.tiers": tiers(3)})):
+        cfg = tiny_cfg(**{**BASE, **method, **extra})
+        run_experiment(cfg, str(tmp_path / name), progress=False)
+        runs[name] = (final_state(tmp_path / name),
+                      pq.read_table(tmp_path / name / "rounds.parquet").to_pandas())
+    assert_bitwise_equal(runs["ex1"][0], runs["ex3"][0])
+    driver, reduced = runs["driver"][0], runs["ex3"][0]
+    for k in driver:
+        np.testing.assert_allclose(reduced[k], driver[k], rtol=0, atol=1e-6)
+    for col in ("upload_bytes", "download_bytes", "ok", "rejected"):  # one byte ledger
+        assert list(runs["driver"][1][col]) == list(runs["ex3"][1][col]), col
+
+
+def test_groups_are_near_equal_runs_in_client_order():
+    assert even_groups(list(range(50)), 8) == [list(range(a, b)) for a, b in zip(
+        [0, 7, 14, 20, 26, 32, 38, 44], [7, 14, 20, 26, 32, 38, 44, 50], strict=True)]
+    assert even_groups([3, 5], 8) == [[3], [5]]
+    sizes = [len(g) for g in even_groups(list(range(1001)), 8)]
+    assert sum(sizes) == 1001 and max(sizes) - min(sizes) == 1
+
+
+def test_partials_are_added_in_group_order_whatever_order_they_came_in():
+    rng = np.random.default_rng(0)
+    groups = [((p, c), {"w": rng.standard_normal(5).astype(np.float32) * 10.0 ** (3 * c)},
+               float(c + 1)) for p, c in ((1, 0), (1, 4), (1, 9), (2, 4))]
+    expected: dict = {}
+    for _, part, _ in groups:
+        accumulate(expected, part, 1.0)
+    for order in ([3, 2, 1, 0], [2, 0, 3, 1]):
+        total, weight = Driver._combine([groups[i] for i in order])
+        assert weight == 1 + 5 + 10 + 5
+        assert np.array_equal(total["w"], expected["w"])
+    a: dict = {}
+    accumulate(a, {"w": np.array([1.5], np.float32)}, 3.0)
+    accumulate(a, {"w": np.array([0.25], np.float32)}, 2.0)
+    assert a["w"].dtype == np.float64 and a["w"][0] == 5.0
+
+
+@pytest.mark.parametrize("extra, why", [
+    ({"payload.transforms": "[topk]"}, "update transforms"),
+    ({"dp.enabled": "true", "dp.noise_multiplier": 1.0}, "central DP"),
+    ({"fleet.deadline_s": 100}, "fleet.availability"),
+    ({"algorithm.name": "fedbuff", "algorithm.concurrency": 4}, "needs every upload"),
+])
+def test_refused_where_the_server_needs_each_upload(tiny_cfg, tmp_path, extra, why):
+    cfg = tiny_cfg(**{"runtime.reduce": "executors", **extra})
+    with pytest.raises(ConfigError, match=why) as e:
+        Experiment(cfg, str(tmp_path / "run"))
+    assert "runtime.reduce" in str(e.value)
+    assert not (tmp_path / "run").exists()
