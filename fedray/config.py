@@ -209,7 +209,8 @@ class RuntimeConfig:
     checkpoint_every: int = spec(1, ge=1)
     chunk_size: int | None = spec(None, ge=1, help="clients per executor call (default: two "
                                                    "calls per executor; with reduce=executors "
-                                                   "8 near-equal calls)")
+                                                   "8 near-equal calls per tier, so a tier "
+                                                   "with more executors needs this set)")
     reduce: Literal["driver", "executors"] = spec(
         "driver", help="where a linear rule's (FedAvg, FedProx, FedAvgM, FAVoR) uploads are "
                        "summed. driver: every upload goes to the driver, which sums them in "

@@ -4,18 +4,44 @@ and refused where the server needs each upload."""
 
 from __future__ import annotations
 
+import glob
+import os
+import sys
+import tempfile
+
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from ray import cloudpickle as ray_cloudpickle
 from test_runtime import assert_bitwise_equal, final_state
 
 from fedray.methods.base import accumulate
+from fedray.methods.fedavg.method import FedAvg
 from fedray.runtime import Experiment, run_experiment
 from fedray.runtime.driver import Driver, even_groups
 from fedray.spec import ConfigError
 
-BASE = {"clients.fraction": 0.67, "local.momentum": 0.5, "local.keep_optimizer_state": "true",
-        "rounds": 3}
+ray_cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+# 24 clients, all sampled: 8 groups of 3
+BASE = {"clients.num_clients": 24, "clients.fraction": 1.0, "local.momentum": 0.5,
+        "local.keep_optimizer_state": "true", "rounds": 3}
+MARKS = os.path.join(tempfile.gettempdir(), "fedray-test-transient")
+
+
+class TransientFedAvg(FedAvg):
+    """Clients 4 and 10 fail their first attempt of each round, then succeed (a marker file
+    per run, round and client, on the machine all executors share)."""
+
+    name = "transient-fedavg"
+
+    def client_update(self, ctx, broadcast):
+        if ctx.client_id in (4, 10):
+            mark = f"{MARKS}-{ctx.seed}-{ctx.round}-{ctx.client_id}"
+            if not os.path.exists(mark):
+                open(mark, "w").close()
+                raise RuntimeError("transient")
+        return super().client_update(ctx, broadcast)
 
 
 def tiers(n: int) -> str:
@@ -23,16 +49,25 @@ def tiers(n: int) -> str:
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("method", [{"algorithm.name": "fedavg"},
-                                    {"algorithm.name": "fedavgm", "algorithm.weighted": False}])
+@pytest.mark.parametrize("method, cls", [
+    ({"algorithm.name": "fedavg"}, TransientFedAvg),
+    ({"algorithm.name": "fedavgm", "algorithm.weighted": False}, None)])
 def test_the_same_bits_for_any_executor_count_and_the_drivers_result(ray_session, tiny_cfg,
-                                                                      tmp_path, method):
+                                                                      tmp_path, method, cls):
+    """With transient client errors too: the retried clients' sums come after the first
+    pass's groups, whichever executor ran what."""
     runs = {}
     for name, extra in (("driver", {"runtime.reduce": "driver"}),
                         ("ex1", {"runtime.reduce": "executors", "runtime.tiers": tiers(1)}),
                         ("ex3", {"runtime.reduce": "executors", "runtime.tiers": tiers(3)})):
+        for mark in glob.glob(f"{MARKS}-*"):
+            os.unlink(mark)
         cfg = tiny_cfg(**{**BASE, **method, **extra})
-        run_experiment(cfg, str(tmp_path / name), progress=False)
+        run_experiment(cfg, str(tmp_path / name), progress=False, algorithm_cls=cls)
+        if cls is not None:
+            clients = pq.read_table(tmp_path / name / "clients.parquet").to_pandas()
+            retried = clients[clients["client_id"].isin([4, 10])]
+            assert (retried["attempts"] == 2).all() and (retried["status"] == "ok").all()
         runs[name] = (final_state(tmp_path / name),
                       pq.read_table(tmp_path / name / "rounds.parquet").to_pandas())
     assert_bitwise_equal(runs["ex1"][0], runs["ex3"][0])

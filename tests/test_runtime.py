@@ -283,11 +283,14 @@ class PoisonFedAvg(FedAvg):
         return super().client_update(ctx, broadcast)
 
 
+@pytest.mark.parametrize("reduce", ["driver", "executors"])
 def test_a_client_that_kills_every_executor_is_marked_error_and_the_round_goes_on(
-        ray_session, tiny_cfg, tmp_path):
+        ray_session, tiny_cfg, tmp_path, reduce):
     """It used to be re-queued until runtime.max_executor_restarts aborted the run. Now each
-    death is one attempt; after a death its batch-mates run alone, so only it fails."""
-    cfg = tiny_cfg(**{"rounds": 1, "runtime.max_client_retries": 2,
+    death is one attempt; after a death its batch-mates run alone, so only it fails.
+    Reducing on the executors, the batch is first re-run whole once (its sum must not
+    depend on the death), then its clients run alone."""
+    cfg = tiny_cfg(**{"rounds": 1, "runtime.max_client_retries": 2, "runtime.reduce": reduce,
                       "runtime.tiers": "[{name: default, executors: 2, num_cpus: 0.5}]"})
     summary = run_experiment(cfg, str(tmp_path / "p"), progress=False,
                              algorithm_cls=PoisonFedAvg)

@@ -77,21 +77,23 @@ def test_idle_actors_of_another_shape_free_their_cpus(warm_registry, tiny_cfg, t
 def test_an_unfinished_run_keeps_nothing_and_a_dead_idle_executor_is_replaced(
         warm_registry, tiny_cfg, tmp_path):
     keep = tiny_cfg(**{**A, "runtime.keep_warm": "true"})
+    run_experiment(keep, str(tmp_path / "w1"), progress=False)
+    assert sorted(warm_registry.idle().values()) == [1, 2]
     exp = Experiment(keep, str(tmp_path / "cut"))
-    exp.start()
+    exp.start()  # takes the warm actors
     exp.step()
-    exp.release()  # interrupted: the actors may hold anything, so they are killed
+    exp.release()  # interrupted: they may hold anything, so they are killed
     assert warm_registry.idle() == {}
 
-    run_experiment(keep, str(tmp_path / "w1"), progress=False)
+    run_experiment(keep, str(tmp_path / "w2"), progress=False)
     key = next(k for k in warm_registry.idle() if "executor" in k)
     victim = warm_registry.take(key)
     ray.kill(victim)  # dies while idle
     warm_registry.give(key, victim)
-    run_experiment(keep, str(tmp_path / "w2"), progress=False)
+    run_experiment(keep, str(tmp_path / "w3"), progress=False)
     # its replacement was created by the driver (and would die with it): not kept
     assert sorted(warm_registry.idle().values()) == [1, 1]
-    run_experiment(keep, str(tmp_path / "w3"), progress=False)
+    run_experiment(keep, str(tmp_path / "w4"), progress=False)
     assert sorted(warm_registry.idle().values()) == [1, 2]
-    for run in ("w2", "w3"):
+    for run in ("w2", "w3", "w4"):
         assert_bitwise_equal(final_state(tmp_path / "w1"), final_state(tmp_path / run))

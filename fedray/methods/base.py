@@ -51,9 +51,15 @@ def accumulate(acc: dict[str, np.ndarray], tensors: Mapping[str, np.ndarray],
     """``acc += weight * tensors`` in float64, tensor by tensor (a missing key starts at 0):
     the one step of every weighted sum a linear rule's executors reduce
     (:attr:`AggregationPolicy.linear`), so the executors and any reference loop add the
-    same bits in the same order."""
-    for name, value in tensors.items():
-        term = np.multiply(value, weight, dtype=np.float64)
+    same bits in the same order. All or nothing: a tensor whose shape differs from the sum's
+    raises before anything is added."""
+    terms = {name: np.multiply(value, weight, dtype=np.float64)
+             for name, value in tensors.items()}
+    for name, term in terms.items():
+        if name in acc and acc[name].shape != term.shape:
+            raise ValueError(f"upload tensor {name!r} has shape {term.shape}, the sum "
+                             f"{acc[name].shape}")
+    for name, term in terms.items():
         if name in acc:
             acc[name] += term
         else:

@@ -219,35 +219,57 @@ class Driver:
     # ------------------------------------------------------------------ one round
 
     def _jobs(self, method: str, clients: list[int], bcast: dict[str, tuple], round: int,
-              item=lambda c: c, alone: set[int] = frozenset(), reduce: bool = False
-              ) -> list[tuple[str, str, tuple]]:
-        """Pool jobs running ``method`` over ``clients``: grouped by tier, in batches; the
-        clients in ``alone`` (whose batch killed its executor) one per job. ``reduce``: each
-        batch sums its uploads on its executor (:meth:`ClientExecutor.run_clients`)."""
+              item=lambda c: c, alone: set[int] = frozenset()) -> list[tuple[str, str, tuple]]:
+        """Pool jobs running ``method`` over ``clients``: grouped by tier, in batches of
+        ``runtime.chunk_size`` or two per executor; the clients in ``alone`` (whose batch
+        killed its executor) one per job."""
+        jobs = []
+        for tier, cids in self._by_tier(clients).items():
+            key, ref, _ = bcast[tier]
+            batched = [c for c in cids if c not in alone]
+            size = self.cfg.runtime.chunk_size or max(1, math.ceil(
+                len(batched) / (2 * len(self.pool.executors[tier]))))
+            for part in chunks(batched, size) + [[c] for c in cids if c in alone]:
+                jobs.append((tier, method, (key, ref, round, [item(c) for c in part])))
+        return jobs
+
+    def _by_tier(self, clients: list[int]) -> dict[str, list[int]]:
         by_tier: dict[str, list[int]] = {}
         for c in clients:
             by_tier.setdefault(self.tier_of(c), []).append(c)
-        jobs = []
-        for tier, cids in by_tier.items():
-            key, ref, _ = bcast[tier]
-            batched = [c for c in cids if c not in alone]
-            parts = self._batches(batched, tier, reduce) if batched else []
-            for part in parts + [[c] for c in cids if c in alone]:
-                args = (key, ref, round, [item(c) for c in part])
-                jobs.append((tier, method, args + (True,) if reduce else args))
-        return jobs
+        return by_tier
 
-    def _batches(self, clients: list[int], tier: str, reduce: bool = False) -> list[list[int]]:
-        """The clients of one tier cut into executor calls: ``runtime.chunk_size`` each, or
-        two calls per executor. With ``reduce`` a call is a summation group, whose members
-        must not depend on the executor count: 8 groups of near-equal size (so that 1, 2,
-        4 or 8 executors get equal shares), unless ``runtime.chunk_size``."""
+    def _reduce_jobs(self, clients: list[int], bcast: dict[str, tuple], round: int,
+                     passes: int, again: dict[tuple[int, ...], tuple[int, int]],
+                     alone: set[int], item) -> tuple[list[tuple[str, str, tuple]],
+                                                      dict[int, tuple[int, int]]]:
+        """``runtime.reduce=executors``: the summation groups of one pass over ``clients``
+        (sorted), one executor call each, and each group's key (pass, first client), the
+        order its partial sum is added in. A group is 8 near-equal runs of a tier's clients
+        (``runtime.chunk_size`` each if set), whatever the executor count; a group whose
+        executor died is re-run once whole under its old key (``again``); after a second
+        death its clients run alone (``alone``). Returns (jobs, {first client: key})."""
+        jobs, keys = [], {}
         size = self.cfg.runtime.chunk_size
-        if reduce:
-            return even_groups(clients, math.ceil(len(clients) / size) if size else 8)
-        if not size:
-            size = max(1, math.ceil(len(clients) / (2 * len(self.pool.executors[tier]))))
-        return chunks(clients, size)
+        for tier, cids in self._by_tier(clients).items():
+            left = set(cids)
+            groups = []
+            for members, key in again.items():
+                if left.issuperset(members):
+                    groups.append((key, list(members)))
+                    left -= set(members)
+            single = [c for c in sorted(left) if c in alone]
+            rest = [c for c in sorted(left) if c not in alone]
+            if rest:
+                groups += [((passes, g[0]), g) for g in even_groups(
+                    rest, math.ceil(len(rest) / size) if size else 8)]
+            groups += [((passes, c), [c]) for c in single]
+            key_b, ref, _ = bcast[tier]
+            for key, members in groups:
+                keys[members[0]] = key
+                jobs.append((tier, "run_clients",
+                             (key_b, ref, round, [item(c) for c in members], True)))
+        return jobs, keys
 
     def _broadcasts(self, round: int, tiers: set[str], kind: str) -> dict[str, tuple]:
         """One encoded broadcast per tier, each ``ray.put`` once."""
@@ -311,29 +333,38 @@ class Driver:
         partials: list[tuple[tuple[int, int], State, float]] = []
         nonfinite: set[int] = set()
         alone: set[int] = set()  # clients of a batch whose executor died: isolated
+        again: dict[tuple[int, ...], tuple[int, int]] = {}  # reduce: group -> its sum's key
+        keys: dict[int, tuple[int, int]] = {}
         passes = 0
         while todo:
             passes += 1
             for c in todo:
                 attempts[c] += 1
-            jobs = self._jobs("run_clients", todo, bcast, r,
-                              item=lambda c: (c, self.versions.get(c)), alone=alone,
-                              reduce=reduce)
+            item = lambda c: (c, self.versions.get(c))  # noqa: E731
+            if reduce:
+                jobs, keys = self._reduce_jobs(sorted(todo), bcast, r, passes, again, alone,
+                                               item)
+                again = {}
+            else:
+                jobs = self._jobs("run_clients", todo, bcast, r, item=item, alone=alone)
             todo = []
-            # reducing, a dead executor's batch is re-run whole: its sum is one group
-            for batch in self.pool.run(jobs, requeue_dead=reduce):
-                if reduce:
-                    batch, (total, weight, bad) = batch
-                    partials.append(((passes, batch[0].client_id), total, weight))
-                    nonfinite.update(bad)
+            for batch in self.pool.run(jobs, requeue_dead=False):
                 if isinstance(batch, DeadJob):  # counts as a failed attempt of each client
                     cids = [c for c, _ in batch.args[3]]
-                    alone.update(cids)
+                    if reduce and not alone & set(cids) and keys[cids[0]][0] == passes:
+                        # re-run whole once, under its key: the same sum as without the death
+                        again[tuple(cids)] = keys[cids[0]]
+                    else:
+                        alone.update(cids)
                     batch = [ClientResult(c, r, Status.ERROR, executor=batch.executor,
                                           error=f"its executor {batch.reason} while running "
                                                 f"it (with {len(cids)} client(s) in the "
                                                 f"batch)")
                              for c in cids]
+                elif reduce:
+                    batch, (total, weight, bad) = batch
+                    partials.append((keys[batch[0].client_id], total, weight))
+                    nonfinite.update(bad)
                 for res in batch:
                     if res.status is Status.ERROR and attempts[res.client_id] <= \
                             cfg.runtime.max_client_retries:

@@ -184,6 +184,7 @@ class Experiment:
                 self.storage.write_parquet("partition.parquet", self.data.partition_table())
         self.driver: Any = None
         self.pool: Any = None
+        self.failed = False  # a round raised: nothing of this run is kept warm
         self.started_ray = False
         self.round = 0
         self.rows: list[dict] = []
@@ -223,7 +224,17 @@ class Experiment:
                 num_cpus=0, max_restarts=0, scheduling_strategy=here).remote(
                 self.cfg, self.algorithm_cls, self.pool, self.storage.uri)
         else:
-            self.driver.reset.remote(self.cfg, self.algorithm_cls, self.pool, self.storage.uri)
+            try:  # a warm driver that died while idle: a new one
+                ray.get(self.driver.reset.remote(self.cfg, self.algorithm_cls, self.pool,
+                                                 self.storage.uri))
+            except ray.exceptions.RayActorError:
+                here = NodeAffinitySchedulingStrategy(head, soft=False)
+                self.driver = ray.remote(Driver).options(
+                    num_cpus=0, max_restarts=0, scheduling_strategy=here).remote(
+                    self.cfg, self.algorithm_cls, self.pool, self.storage.uri)
+            except Exception:
+                self.release()
+                raise
         try:
             self.info = ray.get(self.driver.setup.remote(self.resume))
             if self.tracker is not None:
@@ -246,8 +257,12 @@ class Experiment:
         try:
             row = ray.get(self.driver.run_round.remote())
         except ray.exceptions.RayTaskError as e:
+            self.failed = True
             if isinstance(e.cause, RoundFailedError):
                 raise e.cause from None
+            raise
+        except BaseException:
+            self.failed = True
             raise
         self.round = row["round"]
         self.rows.append(row)
@@ -265,7 +280,7 @@ class Experiment:
         self.storage.write_bytes("summary.json", json.dumps(summary, indent=2).encode())
         if self.tracker is not None:
             self.tracker.close(summary)
-        if self.cfg.runtime.keep_warm:
+        if self.cfg.runtime.keep_warm and self.done and not self.failed:
             self._park()
         self.release()
         return summary
@@ -279,13 +294,21 @@ class Experiment:
         handles = ray.get(self.driver.executor_handles.remote())
         tier_keys = {t.name: self.pool.warm_key(t.name) for t in self.cfg.runtime.tiers}
         mine = {a._actor_id for hs in self.pool.executors.values() for a in hs}
-        execs = [(tier, a) for tier, hs in handles.items() for a in hs]
-        ray.get([self.driver.release.remote()] + [a.release.remote() for _, a in execs])
-        for tier, a in execs:
-            if a._actor_id in mine:
-                warm.give(tier_keys[tier], a)
-            else:
-                ray.kill(a)
+        keep = [(tier, a) for tier, hs in handles.items() for a in hs if a._actor_id in mine]
+        for hs in handles.values():
+            for a in hs:
+                if a._actor_id not in mine:
+                    ray.kill(a)
+        refs = [self.driver.release.remote()] + [a.release.remote() for _, a in keep]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=60)
+        try:
+            ray.get(done)
+        except Exception:  # noqa: BLE001 — one of them is gone: release() kills the rest
+            return
+        if len(done) < len(refs):
+            return
+        for tier, a in keep:
+            warm.give(tier_keys[tier], a)
         warm.give(self.driver_key, self.driver)
         self.driver = self.pool = None
 

@@ -57,7 +57,12 @@ def take(key: str) -> Any | None:
     """An idle actor of ``key``, now the caller's, or None."""
     _current()
     idle = _IDLE.get(key)
-    return idle.pop() if idle else None
+    if not idle:
+        return None
+    actor = idle.pop()
+    if not idle:
+        del _IDLE[key]
+    return actor
 
 
 def give(key: str, actor: Any) -> None:
