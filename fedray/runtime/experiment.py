@@ -215,23 +215,20 @@ class Experiment:
         warm.retain(wanted)  # idle actors this run cannot use free their resources first
         self.pool = ExecutorPool(self.cfg, self.algorithm_cls, ray.put(self.data),
                                  self.storage.uri, warm=keep)
+        args = (self.cfg, self.algorithm_cls, self.pool, self.storage.uri)
+        # the driver lives on the head node (where a submitted job's entry point runs):
+        # losing a worker node never takes the round loop with it
+        new_driver = ray.remote(Driver).options(
+            num_cpus=0, max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False))
         self.driver = warm.take(self.driver_key) if keep else None
         if self.driver is None:
-            # the driver lives on the head node (where a submitted job's entry point runs):
-            # losing a worker node never takes the round loop with it
-            here = NodeAffinitySchedulingStrategy(head, soft=False)
-            self.driver = ray.remote(Driver).options(
-                num_cpus=0, max_restarts=0, scheduling_strategy=here).remote(
-                self.cfg, self.algorithm_cls, self.pool, self.storage.uri)
+            self.driver = new_driver.remote(*args)
         else:
-            try:  # a warm driver that died while idle: a new one
-                ray.get(self.driver.reset.remote(self.cfg, self.algorithm_cls, self.pool,
-                                                 self.storage.uri))
-            except ray.exceptions.RayActorError:
-                here = NodeAffinitySchedulingStrategy(head, soft=False)
-                self.driver = ray.remote(Driver).options(
-                    num_cpus=0, max_restarts=0, scheduling_strategy=here).remote(
-                    self.cfg, self.algorithm_cls, self.pool, self.storage.uri)
+            try:
+                ray.get(self.driver.reset.remote(*args))
+            except ray.exceptions.RayActorError:  # a warm driver that died while idle
+                self.driver = new_driver.remote(*args)
             except Exception:
                 self.release()
                 raise
