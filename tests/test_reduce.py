@@ -13,6 +13,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from ray import cloudpickle as ray_cloudpickle
+from test_favor_policies import overrides as favor_overrides
+from test_favor_policies import tiny  # noqa: F401 — the tiny Qwen2 + ASCE fixture
 from test_runtime import assert_bitwise_equal, final_state
 
 from fedray.methods.base import accumulate
@@ -115,3 +117,27 @@ def test_refused_where_the_server_needs_each_upload(tiny_cfg, tmp_path, extra, w
         Experiment(cfg, str(tmp_path / "run"))
     assert "runtime.reduce" in str(e.value)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.ray
+def test_favor_shared_adapters_summed_on_the_executors(ray_session, tiny, tmp_path):  # noqa: F811
+    """FAVoR's server (the uniform mean of the shared LoRA deltas, eqs. 14–15) is linear:
+    reduced on the executors it gives the driver's adapters up to float64 rounding."""
+    from fedray.config import load_config
+    from fedray.data import build_data
+    from fedray.data.authors import generate_corpus
+
+    csv = generate_corpus(tmp_path / "a.csv", num_authors=5, seed=0, posts=(10, 12))
+    states = {}
+    for mode in ("driver", "executors"):
+        cfg = load_config(None, favor_overrides(tiny, csv) + [
+            "clients.num_clients=5", "clients.per_round=3", "rounds=2", "eval.clients=none",
+            "eval.every=0", "runtime.tiers=[{name: lm, executors: 1, num_cpus: 0.5}]",
+            "runtime.placement_timeout_s=300", f"runtime.reduce={mode}"])
+        run_experiment(cfg, str(tmp_path / mode), progress=False, data=build_data(cfg))
+        states[mode] = final_state(tmp_path / mode)
+        rounds = pq.read_table(tmp_path / mode / "rounds.parquet").to_pandas()
+        assert (rounds["ok"] == 3).all() and (rounds["policy/update_norm"] > 0).all()
+    assert states["driver"].keys() == states["executors"].keys()
+    for k, v in states["driver"].items():
+        np.testing.assert_allclose(states["executors"][k], v, rtol=0, atol=1e-6)
