@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -119,12 +118,11 @@ def reduce_in_groups(cfg, policy, state: dict, ups: list, r: int) -> dict:
     runs of the client-ordered sample), the groups' sums added in order, then the policy's
     step."""
     from fedray.methods.base import accumulate
-    from fedray.runtime.driver import even_groups
+    from fedray.runtime.driver import summation_groups
 
-    size = cfg.runtime.chunk_size
     total: dict = {}
     weight = 0.0
-    for group in even_groups(ups, math.ceil(len(ups) / size) if size else 8):
+    for group in summation_groups(ups, cfg.runtime.chunk_size):
         part: dict = {}
         for _, n_samples, upload in group:
             accumulate(part, upload, policy.weight(n_samples))

@@ -244,6 +244,18 @@ def test_same_result_with_any_executor_count_and_after_resume(ray_session, tmp_p
         assert np.array_equal(a[k], b[k]) and np.array_equal(a[k], c[k]), k
 
 
+def run_clean(cfg, run_dir):
+    """Run ``cfg`` on Ray into ``run_dir``; every client ok and the final state finite.
+    Returns (the clients' metrics, the final global state)."""
+    summary = run_experiment(cfg, str(run_dir), progress=False)
+    assert summary["client_failures"] == 0
+    clients = read_metrics(str(run_dir), "clients").to_pandas()
+    assert (clients["status"] == "ok").all()
+    g = final_state(run_dir)
+    assert all(np.isfinite(v).all() for v in g.values())
+    return clients, g
+
+
 @pytest.mark.ray
 @pytest.mark.parametrize("algorithm,method", [
     ("drod", "bic"), ("fjord", "derpp"), ("depth_fedavg", "ewc"), ("fedrolex", "er"),
@@ -253,12 +265,7 @@ def test_every_method_and_objective_runs_on_ray(ray_session, tmp_path, algorithm
     if algorithm == "depth_fedavg":
         extra["model.exits"] = "true"
     cfg = drod_cfg(**extra)
-    summary = run_experiment(cfg, str(tmp_path / "run"), progress=False)
-    assert summary["client_failures"] == 0
-    clients = read_metrics(str(tmp_path / "run"), "clients").to_pandas()
-    assert (clients["status"] == "ok").all()
-    g = final_state(tmp_path / "run")
-    assert all(np.isfinite(v).all() for v in g.values())
+    clients, g = run_clean(cfg, tmp_path / "run")
     if method == "bic":
         fitted = clients.groupby("round")["bic_alpha"].apply(lambda v: v.notna().all())
         assert fitted.tolist() == [False, False, False, True]  # once, at task 1's end

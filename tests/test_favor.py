@@ -12,15 +12,13 @@ from fedray.config import ConfigError, load_config
 from fedray.methods.base import ClientContext
 
 
-@pytest.fixture(scope="module")
-def base_dir(tmp_path_factory):
-    """A tiny random Qwen2 with a BPE tokenizer, saved like a hub model."""
+def save_tiny_lm(out) -> str:
+    """A tiny random Qwen2 with a BPE tokenizer, saved like a hub model into ``out``."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from fedray.methods.favor.lm import train_tokenizer
 
-    out = tmp_path_factory.mktemp("lm")
     tok = train_tokenizer(["Hello world, this is a tiny corpus :) ..."] * 30, 300)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(Qwen2Config(
@@ -29,6 +27,11 @@ def base_dir(tmp_path_factory):
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return str(out)
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory):
+    return save_tiny_lm(tmp_path_factory.mktemp("lm"))
 
 
 def make(base_dir, variant, **extra):

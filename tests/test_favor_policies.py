@@ -19,21 +19,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A tiny random Qwen2 (BPE tokenizer) and a tiny random ASCE, saved like hub models."""
-    import torch
     from test_asce import tiny_backbone
-    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, Qwen2Config
+    from test_favor import save_tiny_lm
+    from transformers import AutoModel, AutoTokenizer
 
     from fedray.methods.favor.asce import StyleEncoder, save_asce
-    from fedray.methods.favor.lm import train_tokenizer
 
     root = tmp_path_factory.mktemp("favor-policies")
-    tok = train_tokenizer(["Hello world, this is a tiny corpus :) ..."] * 30, 300)
-    torch.manual_seed(0)
-    lm = AutoModelForCausalLM.from_config(Qwen2Config(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2))
-    lm.save_pretrained(root / "lm")
-    tok.save_pretrained(root / "lm")
+    save_tiny_lm(root / "lm")
     bb = tiny_backbone(root / "bb")
     save_asce(StyleEncoder(AutoModel.from_pretrained(bb)), AutoTokenizer.from_pretrained(bb),
               str(root / "asce"), {})

@@ -87,6 +87,13 @@ def even_groups(items: list, groups: int) -> list[list]:
     return [items[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
 
 
+def summation_groups(items: list, chunk_size: int | None) -> list[list]:
+    """``runtime.reduce=executors``'s groups of one tier's sorted clients: 8 near-equal runs
+    (so that 1, 2, 4 or 8 executors get equal shares), or runs of ``chunk_size``; never a
+    function of the executor count."""
+    return even_groups(items, math.ceil(len(items) / chunk_size) if chunk_size else 8)
+
+
 @dataclass
 class Evaluation:
     """One round's scores: per client (its local test split) and per tier (global test)."""
@@ -250,7 +257,6 @@ class Driver:
         executor died is re-run once whole under its old key (``again``); after a second
         death its clients run alone (``alone``). Returns (jobs, {first client: key})."""
         jobs, keys = [], {}
-        size = self.cfg.runtime.chunk_size
         for tier, cids in self._by_tier(clients).items():
             left = set(cids)
             groups = []
@@ -261,8 +267,8 @@ class Driver:
             single = [c for c in sorted(left) if c in alone]
             rest = [c for c in sorted(left) if c not in alone]
             if rest:
-                groups += [((passes, g[0]), g) for g in even_groups(
-                    rest, math.ceil(len(rest) / size) if size else 8)]
+                groups += [((passes, g[0]), g)
+                           for g in summation_groups(rest, self.cfg.runtime.chunk_size)]
             groups += [((passes, c), [c]) for c in single]
             key_b, ref, _ = bcast[tier]
             for key, members in groups:
@@ -372,7 +378,8 @@ class Driver:
                     else:
                         final[res.client_id] = res
                         if res.ok and not reduce:  # decoded while the others still train
-                            decoded[res.client_id] = self._decode(res, bcast, shapes)
+                            decoded[res.client_id] = self._decode(
+                                res, bcast[self.tier_of(res.client_id)], shapes)
         download = self._charge_download(sampled, attempts, bcast)
         poisson = self.privacy is not None and self.privacy.sampling == "poisson"
         times, duration = self._time_round(sampled, final, download,
@@ -433,13 +440,13 @@ class Driver:
             weight += w
         return total, weight
 
-    def _decode(self, res: ClientResult, bcast: dict[str, tuple], shapes: dict[str, tuple]
+    def _decode(self, res: ClientResult, bcast: tuple, shapes: dict[str, tuple]
                 ) -> tuple[dict[str, np.ndarray], bool]:
-        """A client's upload as the policy sees it (codec and transform chain undone) and
-        whether it is free of NaN and Inf — checked after decoding, where a NaN can no longer
-        hide in integer codes (bf16 bits, int8)."""
-        upload = self.chain.server(res.payload.decode(), shapes,
-                                   self._reference(bcast[self.tier_of(res.client_id)]))
+        """A client's upload as the policy sees it (codec and transform chain undone, against
+        the broadcast ``(key, ref, nbytes)`` it trained from) and whether it is free of NaN
+        and Inf — checked after decoding, where a NaN can no longer hide in integer codes
+        (bf16 bits, int8)."""
+        upload = self.chain.server(res.payload.decode(), shapes, self._reference(bcast))
         return upload, finite(upload)
 
     def _dp_row(self) -> dict[str, float]:
@@ -676,9 +683,9 @@ class Driver:
             staleness = self.round - f["version"]
             client_extra[c] = {"sim_seconds": finish - f["start"], "staleness": staleness}
             if res.ok:
-                upload = self.chain.server(res.payload.decode(), shapes, self._reference(
-                    self._async_broadcast(f["version"], self.tier_of(c))))
-                if not finite(upload):
+                upload, clean = self._decode(
+                    res, self._async_broadcast(f["version"], self.tier_of(c)), shapes)
+                if not clean:
                     res.status, res.error = Status.REJECTED, "upload contains NaN or Inf"
                 else:
                     buffer.append(AsyncUpdate(c, res.num_samples, upload, staleness,
