@@ -118,7 +118,7 @@ def reduce_in_groups(cfg, policy, state: dict, ups: list, r: int) -> dict:
     runs of the client-ordered sample), the groups' sums added in order, then the policy's
     step."""
     from fedray.methods.base import accumulate
-    from fedray.runtime.driver import summation_groups
+    from fedray.runtime.dispatch import summation_groups
 
     total: dict = {}
     weight = 0.0

@@ -122,7 +122,7 @@ def run(config: Path | None = typer.Argument(
         as_json: bool = JSON_OPT) -> None:
     """Run a federated experiment (or resume one) and print its summary."""
     from fedray.runtime import resume_config, run_experiment
-    from fedray.runtime.driver import RoundFailedError
+    from fedray.runtime.jobs import RoundFailedError
     from fedray.runtime.pool import PlacementError
     from fedray.storage import StateFileError
 

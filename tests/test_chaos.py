@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from fedray import checkpoint
 from fedray.metrics import read_metrics
 from fedray.storage import Storage
 
@@ -34,14 +35,14 @@ def test_driver_killed_mid_round_then_resumed_is_bitwise_the_same(ray_session, t
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(pending)
     exp.release()
-    assert Storage(str(tmp_path / "cut")).read_checkpoint()["round"] == 2
+    assert checkpoint.read(Storage(str(tmp_path / "cut")))["server"]["round"] == 2
     resumed = run_experiment(cfg, str(tmp_path / "cut"), resume=True, progress=False)
     assert resumed["rounds"] == 4 and resumed["rounds_this_session"] == 2
-    a = Storage(str(tmp_path / "full")).read_checkpoint()
-    b = Storage(str(tmp_path / "cut")).read_checkpoint()
-    assert all(np.array_equal(a["global_state"][k], b["global_state"][k])
-               for k in a["global_state"])
-    assert a["totals"] == b["totals"]
+    a = checkpoint.read(Storage(str(tmp_path / "full")))
+    b = checkpoint.read(Storage(str(tmp_path / "cut")))
+    assert all(np.array_equal(a["server"]["params"][k], b["server"]["params"][k])
+               for k in a["server"]["params"])
+    assert a["ledger"]["totals"] == b["ledger"]["totals"]
     cols = ["round", "train_loss", "global_accuracy", "upload_bytes", "cum_bytes"]
     full = read_metrics(str(tmp_path / "full"), "rounds").select(cols).to_pylist()
     cut = read_metrics(str(tmp_path / "cut"), "rounds").select(cols).to_pylist()

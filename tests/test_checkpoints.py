@@ -69,8 +69,10 @@ def test_resume_after_the_newest_checkpoint_is_damaged(ray_session, tiny_cfg, tm
     (tmp_path / "cut/checkpoints/000003.npz").write_bytes(b"damaged")
     summary = run_experiment(cfg, str(tmp_path / "cut"), resume=True, progress=False)
     assert summary["rounds"] == 4 and summary["rounds_this_session"] == 2  # from round 2
-    a = Storage(str(tmp_path / "full")).read_checkpoint()
-    b = Storage(str(tmp_path / "cut")).read_checkpoint()
-    assert all(np.array_equal(a["global_state"][k], b["global_state"][k])
-               for k in a["global_state"])
-    assert a["versions"] == b["versions"]
+    from fedray import checkpoint
+
+    a = checkpoint.read(Storage(str(tmp_path / "full")))
+    b = checkpoint.read(Storage(str(tmp_path / "cut")))
+    assert all(np.array_equal(a["server"]["params"][k], b["server"]["params"][k])
+               for k in a["server"]["params"])
+    assert a["clients"]["versions"] == b["clients"]["versions"]

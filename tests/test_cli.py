@@ -15,6 +15,7 @@ import pytest
 from conftest import strict_json, tiny_overrides
 from typer.testing import CliRunner
 
+from fedray import checkpoint
 from fedray.cli import app
 from fedray.storage import Storage
 
@@ -127,7 +128,7 @@ def test_kill_then_resume_reaches_uninterrupted_state(ray_session, tmp_path):
     assert summary["rounds"] == 6 and summary["rounds_this_session"] == 6 - cut_at
 
     def final(d):
-        return Storage(str(d)).read_checkpoint()["global_state"]
+        return checkpoint.read(Storage(str(d)))["server"]["params"]
 
     a, b = final(tmp_path / "full"), final(tmp_path / "cut")
     assert all(np.array_equal(a[k], b[k]) for k in a)

@@ -33,6 +33,7 @@ def test_chain_decode_then_average_equals_decompress_then_average():
 @pytest.mark.parametrize("algo,extra", [("topk", {"algorithm.density": 0.1}),
                                         ("powersgd", {"algorithm.rank": 2})])
 def test_compressed_runs_with_error_feedback(ray_session, tiny_cfg, tmp_path, algo, extra):
+    from fedray import checkpoint
     from fedray.payload import Payload
     from fedray.runtime import run_experiment
     from fedray.storage import Storage
@@ -40,13 +41,14 @@ def test_compressed_runs_with_error_feedback(ray_session, tiny_cfg, tmp_path, al
     cfg = tiny_cfg(**{"algorithm.name": algo, "rounds": 3, **extra})
     summary = run_experiment(cfg, str(tmp_path / algo), progress=False)
     storage = Storage(str(tmp_path / algo))
-    ck = storage.read_checkpoint()
-    assert set(ck["versions"]) == set(range(6))
-    state = storage.read_state(f"client_state/00000/00000000/{ck['versions'][0]:06d}.npz")
+    ck = checkpoint.read(storage)
+    assert set(ck["clients"]["versions"]) == set(range(6))
+    version = ck["clients"]["versions"][0]
+    state = storage.read_state(f"client_state/00000/00000000/{version:06d}.npz")
     error = state["transforms"]["error"]
-    assert set(error) == set(ck["global_state"])
+    assert set(error) == set(ck["server"]["params"])
     assert any(np.abs(e).sum() > 0 for e in error.values())
-    shapes = {k: v.shape for k, v in ck["global_state"].items()}
+    shapes = {k: v.shape for k, v in ck["server"]["params"].items()}
     ones = {k: np.ones(s, np.float32) for k, s in shapes.items()}
     upload = topk_compress(ones, None, extra["algorithm.density"]).upload if algo == "topk" \
         else powersgd_compress(ones, None, extra["algorithm.rank"], None, seed=0, round=1,
@@ -55,7 +57,7 @@ def test_compressed_runs_with_error_feedback(ray_session, tiny_cfg, tmp_path, al
     clients = pq.read_table(tmp_path / algo / "clients.parquet").to_pandas()
     trained = clients[clients["sampled"]]
     assert (trained["upload_bytes"] == expected).all()
-    assert expected < Payload.encode(ck["global_state"]).nbytes / 2
+    assert expected < Payload.encode(ck["server"]["params"]).nbytes / 2
     assert summary["final_global_accuracy"] > 0.2
 
 
@@ -78,6 +80,7 @@ def test_transform_chain_on_any_method(ray_session, tiny_cfg, tmp_path, algo):
     then ranks by the norm of the decoded update the server averages (no client norm)."""
     from conftest import full_and_resumed
 
+    from fedray import checkpoint
     from fedray.metrics import read_metrics
     from fedray.payload import Payload
     from fedray.storage import Storage
@@ -88,23 +91,23 @@ def test_transform_chain_on_any_method(ray_session, tiny_cfg, tmp_path, algo):
                       "payload.transforms": "[{name: topk, density: 0.2}, int8]", **extra})
     full, resumed = full_and_resumed(cfg, tmp_path)
     storage = Storage(str(tmp_path / "full"))
-    ck = storage.read_checkpoint()
-    shapes = {k: v.shape for k, v in ck["global_state"].items()}
+    ck = checkpoint.read(storage)
+    shapes = {k: v.shape for k, v in ck["server"]["params"].items()}
     chain = TransformChain([TopK(0.2), Quantize(8)])
     dummy = {k: np.ones(s, np.float32) for k, s in shapes.items()}  # ORDERS: no norm sent,
     upload = chain.client(dummy, shapes, None, seed=0, round=1, client=0)[0]
     clients = read_metrics(str(tmp_path / "full"), "clients").to_pandas()
     trained = clients[clients["sampled"]]
     assert (trained["upload_bytes"] == Payload.encode(upload).nbytes).all()
-    dense = Payload.encode(ck["global_state"]).nbytes
+    dense = Payload.encode(ck["server"]["params"]).nbytes
     assert trained["upload_bytes"].max() < dense / 3
     assert (trained["sent_quantized"] > 0).all() and (trained["sent_indices"] > 0).all()
-    version = ck["versions"][0]
+    version = ck["clients"]["versions"][0]
     state = storage.read_state(f"client_state/00000/00000000/{version:06d}.npz")
     assert set(state["transforms"]["error"]) == set(shapes)
     assert full["final_global_accuracy"] > 0.2
-    a = Storage(str(tmp_path / "full")).read_checkpoint()["global_state"]
-    b = Storage(str(tmp_path / "cut")).read_checkpoint()["global_state"]
+    a = checkpoint.read(Storage(str(tmp_path / "full")))["server"]["params"]
+    b = checkpoint.read(Storage(str(tmp_path / "cut")))["server"]["params"]
     assert all(np.array_equal(a[k], b[k]) for k in a)
 
 

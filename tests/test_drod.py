@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from conftest import full_and_resumed, run_job
 
+from fedray import checkpoint
 from fedray.config import ConfigError, load_config
 from fedray.data import build_data
 from fedray.methods.base import ClientContext
@@ -37,7 +38,7 @@ def drod_cfg(**extra):
 
 
 def final_state(run_dir):
-    return Storage(str(run_dir)).read_checkpoint()["global_state"]
+    return checkpoint.read(Storage(str(run_dir)))["server"]["params"]
 
 
 def context(cfg, data, alg, cid, round, resident, state=None):

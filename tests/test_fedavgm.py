@@ -61,13 +61,14 @@ def test_registered_with_its_knobs():
 def test_fedavgm_learns_and_resumes_bitwise(ray_session, tiny_cfg, tmp_path):
     from conftest import full_and_resumed
 
+    from fedray import checkpoint
     from fedray.storage import Storage
 
     cfg = tiny_cfg(**{"algorithm.name": "fedavgm", "algorithm.momentum": 0.5, "rounds": 4})
     full, resumed = full_and_resumed(cfg, tmp_path)
     assert full["final_global_accuracy"] > 0.2
-    a = Storage(str(tmp_path / "full")).read_checkpoint()
-    b = Storage(str(tmp_path / "cut")).read_checkpoint()
-    assert all(np.array_equal(a["global_state"][k], b["global_state"][k])
-               for k in a["global_state"])
-    assert set(a["policy_state"]["velocity"]) == set(a["global_state"])
+    a = checkpoint.read(Storage(str(tmp_path / "full")))
+    b = checkpoint.read(Storage(str(tmp_path / "cut")))
+    assert all(np.array_equal(a["server"]["params"][k], b["server"]["params"][k])
+               for k in a["server"]["params"])
+    assert set(a["policy"]["velocity"]) == set(a["server"]["params"])

@@ -91,6 +91,7 @@ def test_bad_inputs(base):
 @pytest.mark.parametrize("codec,scope", [("fp32", "vector"), ("int4", "vector"),
                                          ("int8", "layer")])
 def test_flite_runs_with_identity_check(ray_session, tiny_cfg, base, tmp_path, codec, scope):
+    from fedray import checkpoint
     from fedray.runtime import run_experiment
     from fedray.storage import Storage
 
@@ -102,7 +103,7 @@ def test_flite_runs_with_identity_check(ray_session, tiny_cfg, base, tmp_path, c
     rounds = pq.read_table(tmp_path / "run" / "rounds.parquet").to_pandas()
     clients = pq.read_table(tmp_path / "run" / "clients.parquet").to_pandas()
     assert (rounds["policy/identity_error"] <= 1e-6).all()
-    z = Storage(str(tmp_path / "run")).read_checkpoint()["global_state"]
+    z = checkpoint.read(Storage(str(tmp_path / "run")))["server"]["params"]
     assert set(z) == {"z"} and z["z"].shape == (32,) and np.abs(z["z"]).sum() > 0
     upload = {"z": z["z"]} if scope == "vector" else {
         f"z/{n}": z["z"][i * 16:(i + 1) * 16] for i, n in enumerate(["0.weight", "3.weight"])}

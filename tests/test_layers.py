@@ -20,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 GROUND = {"fedray", "fedray.spec", "fedray.registry", "fedray.config", "fedray.storage",
+          "fedray.checkpoint",
           "fedray.state_store", "fedray.seeding", "fedray.payload", "fedray.compression",
           "fedray.transforms", "fedray.metrics", "fedray.plots", "fedray.console",
           "fedray.fleet", "fedray.privacy", "fedray.tracking", "fedray.progress"}

@@ -339,6 +339,7 @@ def test_orders_end_to_end_on_ray_with_resume(ray_session, tiny_cfg, tmp_path):
     import pyarrow.parquet as pq
     from conftest import full_and_resumed
 
+    from fedray import checkpoint
     from fedray.storage import Storage
 
     cfg = tiny_cfg(**{"algorithm.name": "orders", "algorithm.combine": "rank_mean",
@@ -347,12 +348,12 @@ def test_orders_end_to_end_on_ray_with_resume(ray_session, tiny_cfg, tmp_path):
     full_and_resumed(cfg, tmp_path)
 
     def final(d):
-        return Storage(str(d)).read_checkpoint()
+        return checkpoint.read(Storage(str(d)))
 
     a, b = final(tmp_path / "full"), final(tmp_path / "cut")
-    assert all(np.array_equal(a["global_state"][k], b["global_state"][k])
-               for k in a["global_state"])
-    assert a["policy_state"]["state"]["norms"] == b["policy_state"]["state"]["norms"]
+    assert all(np.array_equal(a["server"]["params"][k], b["server"]["params"][k])
+               for k in a["server"]["params"])
+    assert a["policy"]["state"]["norms"] == b["policy"]["state"]["norms"]
     clients = pq.read_table(tmp_path / "full" / "clients.parquet").to_pandas()
     trained = clients[clients["sampled"]]
     assert trained["orders/norm"].notna().all() and (trained["orders/norm"] > 0).all()

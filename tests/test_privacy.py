@@ -296,6 +296,7 @@ def test_dp_run_at_epsilon_8_learns_above_chance(ray_session, tmp_path):
 def test_dp_leaves_bytes_alone_and_resumes_bit_exact(ray_session, tiny_cfg, tmp_path):
     from conftest import full_and_resumed
 
+    from fedray import checkpoint
     from fedray.runtime import run_experiment
     from fedray.storage import Storage
 
@@ -307,10 +308,10 @@ def test_dp_leaves_bytes_alone_and_resumes_bit_exact(ray_session, tiny_cfg, tmp_
     a = read_metrics(str(tmp_path / "plain"), "clients").to_pandas()[cols]
     b = read_metrics(str(tmp_path / "full"), "clients").to_pandas()[cols]
     assert a.equals(b)  # DP changes what the server does with an upload, not its bytes
-    sa = Storage(str(tmp_path / "full")).read_checkpoint()
-    sb = Storage(str(tmp_path / "cut")).read_checkpoint()
-    assert all(np.array_equal(sa["global_state"][k], sb["global_state"][k])
-               for k in sa["global_state"])
+    sa = checkpoint.read(Storage(str(tmp_path / "full")))
+    sb = checkpoint.read(Storage(str(tmp_path / "cut")))
+    assert all(np.array_equal(sa["server"]["params"][k], sb["server"]["params"][k])
+               for k in sa["server"]["params"])
     assert sa["dp"] == sb["dp"] and full["dp"] == resumed["dp"]
     assert full["dp"]["clip_norm"] != 0.5  # adaptive clipping moved it
     ra = read_metrics(str(tmp_path / "full"), "rounds").to_pandas()

@@ -20,7 +20,8 @@ from test_runtime import assert_bitwise_equal, final_state
 from fedray.methods.base import accumulate
 from fedray.methods.fedavg.method import FedAvg
 from fedray.runtime import Experiment, run_experiment
-from fedray.runtime.driver import Driver, even_groups
+from fedray.runtime.dispatch import combine, even_groups
+from fedray.runtime.jobs import Partial
 from fedray.spec import ConfigError
 
 ray_cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -90,13 +91,14 @@ def test_groups_are_near_equal_runs_in_client_order():
 
 def test_partials_are_added_in_group_order_whatever_order_they_came_in():
     rng = np.random.default_rng(0)
-    groups = [((p, c), {"w": rng.standard_normal(5).astype(np.float32) * 10.0 ** (3 * c)},
-               float(c + 1)) for p, c in ((1, 0), (1, 4), (1, 9), (2, 4))]
+    groups = [((p, c), Partial({"w": rng.standard_normal(5).astype(np.float32)
+                                * 10.0 ** (3 * c)}, float(c + 1)))
+              for p, c in ((1, 0), (1, 4), (1, 9), (2, 4))]
     expected: dict = {}
-    for _, part, _ in groups:
-        accumulate(expected, part, 1.0)
+    for _, part in groups:
+        accumulate(expected, part.total, 1.0)
     for order in ([3, 2, 1, 0], [2, 0, 3, 1]):
-        total, weight = Driver._combine([groups[i] for i in order])
+        total, weight = combine([groups[i] for i in order])
         assert weight == 1 + 5 + 10 + 5
         assert np.array_equal(total["w"], expected["w"])
     a: dict = {}

@@ -13,6 +13,7 @@ import pytest
 from conftest import full_and_resumed
 from ray import cloudpickle as ray_cloudpickle
 
+from fedray import checkpoint
 from fedray.config import load_config
 from fedray.methods.fedavg.method import FedAvg
 from fedray.payload import Payload
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.ray
 
 
 def final_state(run_dir):
-    return Storage(str(run_dir)).read_checkpoint()["global_state"]
+    return checkpoint.read(Storage(str(run_dir)))["server"]["params"]
 
 
 def assert_bitwise_equal(a, b):
@@ -209,7 +210,7 @@ def test_a_round_without_enough_accepted_uploads_stops_the_run(ray_session, tiny
                                                                  tmp_path):
     """A round in which every client fails used to "succeed": the model stayed put and the
     run ended with exit 0 and untrained results."""
-    from fedray.runtime.driver import RoundFailedError
+    from fedray.runtime.jobs import RoundFailedError
 
     cfg = tiny_cfg(**{"runtime.max_client_retries": 0, "rounds": 2})
     with pytest.raises(RoundFailedError, match=r"round 1: 0 accepted uploads, "

@@ -111,6 +111,7 @@ def test_int4_weight_fedavg_on_ray_averages_dequantized_weights(ray_session, tin
     """One client, server_lr 1: the new global state is θ_0 + (dq(q(θ_1)) − θ_0), i.e. each
     tensor sits on its client's 16-level int4 grid; every upload's bytes are exactly the
     chain's encoding, and the decoded upload is not the delta the client trained."""
+    from fedray import checkpoint
     from fedray.metrics import read_metrics
     from fedray.runtime import run_experiment
     from fedray.storage import Storage
@@ -121,8 +122,8 @@ def test_int4_weight_fedavg_on_ray_averages_dequantized_weights(ray_session, tin
                       "payload.transforms": "[weights, int4]",
                       "payload.error_feedback": "false"})
     run_experiment(cfg, str(tmp_path / "w4"), progress=False)
-    ck = Storage(str(tmp_path / "w4")).read_checkpoint()
-    state = ck["global_state"]
+    ck = checkpoint.read(Storage(str(tmp_path / "w4")))
+    state = ck["server"]["params"]
     for k, t in state.items():
         if t.size < 2 or t.max() == t.min():
             continue

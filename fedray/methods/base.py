@@ -33,8 +33,8 @@ import numpy as np
 State = dict[str, np.ndarray]
 
 __all__ = ["AggregationPolicy", "Algorithm", "AsyncUpdate", "ClientContext", "ClientData",
-           "ClientOutput", "ClientResult", "EvalResult", "ReportSection", "State", "Status",
-           "accumulate", "finite"]
+           "ClientOutput", "ClientResult", "ClientSampler", "Draw", "EvalResult",
+           "ReportSection", "State", "Status", "accumulate", "finite"]
 
 
 def finite(tensors: Mapping[str, np.ndarray]) -> bool:
@@ -171,6 +171,34 @@ class EvalResult:
         rest = {k: float(v) for k, v in scores.items() if k not in ("loss", "accuracy", "n")}
         return cls(float(scores.get("loss", math.nan)), float(scores.get("accuracy", math.nan)),
                    float(scores.get("n", 0.0)), rest)
+
+
+@dataclass
+class Draw:
+    """Who takes part in one synchronous round. ``clients``: sorted client ids (a draw may
+    over-commit: more than ``reports``); ``reports``: how many reports close the round (its
+    K). An empty draw either waits (``wait``: nobody is online, the clock jumps to the next
+    client who comes online) or passes as an idle round at once (an empty Poisson draw)."""
+
+    clients: list[int]
+    reports: int
+    wait: bool = True
+
+
+@runtime_checkable
+class ClientSampler(Protocol):
+    """The client-selection extension point: who takes part in round ``round`` at
+    simulated time ``sim_time``. The runtime's samplers (uniform, Poisson, fleet-available,
+    :mod:`fedray.runtime.sampler`) implement it; a method supplies its own through
+    :meth:`Algorithm.make_sampler`. A draw must be a pure function of (seed, round,
+    sim_time, its own state), so that it is the same whatever the executor count; its state
+    is checkpointed with the round."""
+
+    def draw(self, round: int, sim_time: float) -> Draw: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 @dataclass
@@ -332,6 +360,12 @@ class Algorithm:
 
     def make_policy(self) -> AggregationPolicy:
         raise NotImplementedError
+
+    def make_sampler(self, default: ClientSampler, fleet: Any) -> ClientSampler:
+        """Who takes part in each synchronous round (client selection): by default the
+        runtime's ``default`` (uniform, Poisson with central DP, or among the clients the
+        ``fleet`` has online). Override to select clients another way."""
+        return default
 
     # ------------------------------------------------------------------ hooks
 

@@ -1,10 +1,11 @@
 """ClientExecutor: a Ray actor that keeps the heavy things resident (model, data) and runs
 the updates of the virtual clients it is handed, one after another.
 
-It knows nothing of the round loop: it receives a broadcast ObjectRef, a round and a batch
-of client ids (with the state version each client must start from) and returns one
-:class:`ClientResult` per client. A client whose update raises is returned with status
-``error`` (the driver decides whether to re-run it); everything else is the algorithm's.
+It knows nothing of the round loop: it receives typed jobs (:mod:`fedray.runtime.jobs`: a
+broadcast, a round and the clients with the state version each must start from) and
+returns typed results, one :class:`ClientResult` per client. A client whose update raises
+is returned with status ``error`` (the driver decides whether to re-run it); everything
+else is the algorithm's.
 
 Its device is what Ray granted it (:func:`fedray.runtime.devices.worker_device`): CUDA only
 with a GPU share. After an error that poisons the CUDA context (illegal memory access,
@@ -29,8 +30,16 @@ from fedray.methods.base import (
     finite,
 )
 from fedray.payload import Payload
-
-Partial = tuple[State, float, list[int]]  # (Σ_i w_i Δ_i, Σ_i w_i, non-finite client ids)
+from fedray.runtime.jobs import (
+    Broadcast,
+    EvalBatch,
+    EvalJob,
+    GlobalEvalJob,
+    GlobalScore,
+    Partial,
+    TrainBatch,
+    TrainJob,
+)
 
 
 def exit_if_fatal(exc: BaseException) -> None:
@@ -96,70 +105,75 @@ class ClientExecutor:
     def init_global_state(self, seed: int) -> Payload:
         return Payload.encode(self.algorithm.init_global_state(self.resident, seed), "fp32")
 
-    def _decoded(self, key: str, broadcast: Payload) -> dict:
-        """Decode each broadcast once per executor, however many of its clients use it."""
-        if key != self._broadcast_key:
-            self._broadcast, self._broadcast_key = broadcast.decode(), key
+    def _decoded(self, broadcast: Broadcast) -> dict:
+        """Decode each broadcast once per executor, however many of its clients use it (the
+        payload is fetched from the object store only for a key not decoded yet)."""
+        if broadcast.key != self._broadcast_key:
+            import ray
+
+            self._broadcast = None
+            self._broadcast = ray.get(broadcast.ref).decode()
+            self._broadcast_key = broadcast.key
         return self._broadcast  # type: ignore[return-value]
 
-    def run_clients(self, key: str, broadcast: Payload, round: int,
-                    clients: list[tuple[int, int | None]], reduce: bool = False
-                    ) -> list[ClientResult] | tuple[list[ClientResult], Partial]:
-        """Run ``clients`` = [(client_id, state_version), ...] for ``round``; ``key`` names
-        the broadcast uniquely within the run.
+    def run_clients(self, job: TrainJob) -> TrainBatch:
+        """Run the job's clients, each from the client-state version it names, for the
+        job's round.
 
-        ``reduce`` (``runtime.reduce=executors``, a linear rule): the uploads stay here. Each
-        one is encoded (its bytes are what is counted), decoded as the server would, and,
-        when free of NaN and Inf, added to Σ_i w_i Δ_i in the order of ``clients``
-        (:func:`~fedray.methods.base.accumulate`, float64). Returns the results without
-        payloads and ``(Σ_i w_i Δ_i, Σ_i w_i, ids of non-finite uploads)``."""
-        tensors = self._decoded(key, broadcast)
-        out = []
-        total: dict[str, Any] = {}
-        weight, rejected = 0.0, []
-        policy = self._linear_policy() if reduce else None
-        for cid, version in clients:
-            t0 = time.perf_counter()
-            try:
-                method_state, memory = self._load_state(cid, version)
-                ctx = self._context(cid, round, method_state)
-                result = self.algorithm.client_update(ctx, tensors)
-                upload, metrics = result.upload, dict(result.metrics)
-                if self.chain:
-                    shapes = {k: tensors[k].shape for k in upload if k in tensors}
-                    upload, memory, sent = self.chain.client(
-                        upload, shapes, memory, seed=self.cfg.seed, round=round, client=cid,
-                        reference=tensors if self.chain.needs_reference else None)
-                    metrics |= sent
-                payload = Payload.encode(upload, self.cfg.payload.upload)
-                version = state_bytes = None
-                state = result.state
-                if self.chain.stateful:
-                    state = {"transforms": memory} | (
-                        {"method": result.state} if result.state is not None else {})
-                if state is not None:
-                    version, state_bytes = round, self.store.save(cid, round, state)
-                nbytes = payload.nbytes
-                if policy is not None:
-                    seen, payload = payload.decode(), None
-                    if finite(seen):
-                        w = policy.weight(result.num_samples)
-                        accumulate(total, seen, w)
-                        weight += w
-                    else:
-                        rejected.append(cid)
-                out.append(ClientResult(cid, round, Status.OK, result.num_samples, payload,
-                                        metrics, upload_bytes=nbytes,
-                                        seconds=time.perf_counter() - t0,
-                                        executor=self.name, state_version=version,
-                                        state_bytes=state_bytes or 0))
-            except Exception as e:  # noqa: BLE001 — reported per client, never swallowed
-                exit_if_fatal(e)
-                tb = traceback.format_exception_only(type(e), e)[-1].strip()
-                out.append(ClientResult(cid, round, Status.ERROR, error=tb,
-                                        seconds=time.perf_counter() - t0,
-                                        executor=self.name))
-        return (out, (total, weight, rejected)) if reduce else out
+        A reduced job (``runtime.reduce=executors``, a linear rule) keeps the uploads here:
+        each one is encoded (its bytes are what is counted), decoded as the server would,
+        and, when free of NaN and Inf, added to Σ_i w_i Δ_i in the job's client order
+        (:func:`~fedray.methods.base.accumulate`, float64); the results come back without
+        payloads, with the :class:`~fedray.runtime.jobs.Partial`."""
+        tensors = self._decoded(job.broadcast)
+        partial = Partial({}, 0.0) if job.reduce else None
+        policy = self._linear_policy() if job.reduce else None
+        out = [self._run_one(slot.client, slot.version, job.round, tensors, policy, partial)
+               for slot in job.clients]
+        return TrainBatch(out, partial)
+
+    def _run_one(self, cid: int, version: int | None, round: int, tensors: State,
+                 policy: Any, partial: Partial | None) -> ClientResult:
+        """One client's update, through the transform chain and the codec; its state
+        written back; with ``partial``, its decoded upload added to the sum."""
+        t0 = time.perf_counter()
+        try:
+            method_state, memory = self._load_state(cid, version)
+            ctx = self._context(cid, round, method_state)
+            result = self.algorithm.client_update(ctx, tensors)
+            upload, metrics = result.upload, dict(result.metrics)
+            if self.chain:
+                shapes = {k: tensors[k].shape for k in upload if k in tensors}
+                upload, memory, sent = self.chain.client(
+                    upload, shapes, memory, seed=self.cfg.seed, round=round, client=cid,
+                    reference=tensors if self.chain.needs_reference else None)
+                metrics |= sent
+            payload = Payload.encode(upload, self.cfg.payload.upload)
+            version = state_bytes = None
+            state = result.state
+            if self.chain.stateful:
+                state = {"transforms": memory} | (
+                    {"method": result.state} if result.state is not None else {})
+            if state is not None:
+                version, state_bytes = round, self.store.save(cid, round, state)
+            nbytes = payload.nbytes
+            if partial is not None:
+                seen, payload = payload.decode(), None
+                if finite(seen):
+                    w = policy.weight(result.num_samples)
+                    accumulate(partial.total, seen, w)
+                    partial.weight += w
+                else:
+                    partial.nonfinite.append(cid)
+            return ClientResult(cid, round, Status.OK, result.num_samples, payload, metrics,
+                                upload_bytes=nbytes, seconds=time.perf_counter() - t0,
+                                executor=self.name, state_version=version,
+                                state_bytes=state_bytes or 0)
+        except Exception as e:  # noqa: BLE001 — reported per client, never swallowed
+            exit_if_fatal(e)
+            tb = traceback.format_exception_only(type(e), e)[-1].strip()
+            return ClientResult(cid, round, Status.ERROR, error=tb,
+                                seconds=time.perf_counter() - t0, executor=self.name)
 
     def _linear_policy(self) -> Any:
         """The run's aggregation rule, for its weights w_i (made once per run)."""
@@ -184,37 +198,37 @@ class ClientExecutor:
         return ClientContext(cid, round, self.cfg.seed, self.tier, x_tr, y_tr, x_te, y_te,
                              self.resident, self.device, state, extra)
 
-    def evaluate_clients(self, key: str, broadcast: Payload, round: int, clients: list[int]
-                         ) -> list[tuple[int, EvalResult]]:
+    def evaluate_clients(self, job: EvalJob) -> EvalBatch:
         """The broadcast model on each client's local test split (personalized accuracy),
         and, with ``eval.finetune_epochs``, after that much local fine-tuning."""
-        tensors = self._decoded(key, broadcast)
+        tensors = self._decoded(job.broadcast)
         epochs = self.cfg.eval.finetune_epochs
-        out = []
+        round = job.round
+        out = {}
         try:
-            for cid in clients:
+            for cid in job.clients:
                 ctx = self._context(cid, round)
                 res = EvalResult.of(self.algorithm.evaluate(self.resident, tensors, ctx.x_test,
                                                             ctx.y_test, self.device))
                 if epochs:
                     res.finetuned = EvalResult.of(
                         self.algorithm.finetune_evaluate(ctx, tensors, epochs))
-                out.append((cid, res))
+                out[cid] = res
         except Exception as e:
             exit_if_fatal(e)
             raise
-        return out
+        return EvalBatch(out)
 
-    def evaluate_global(self, key: str, broadcast: Payload) -> tuple[str, EvalResult]:
+    def evaluate_global(self, job: GlobalEvalJob) -> GlobalScore:
         """The broadcast model on the global test set, tagged with the broadcast key."""
-        tensors = self._decoded(key, broadcast)
+        tensors = self._decoded(job.broadcast)
         try:
             scores = self.algorithm.evaluate(self.resident, tensors, self.data.x_test,
                                              self.data.y_test, self.device)
         except Exception as e:
             exit_if_fatal(e)
             raise
-        return key, EvalResult.of(scores)
+        return GlobalScore(job.broadcast.key, EvalResult.of(scores))
 
     def raise_error(self, message: str) -> None:
         """Raise ``RuntimeError(message)`` here as a client update would (used by tests of

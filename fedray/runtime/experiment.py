@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from fedray import checkpoint
 from fedray.config import ExperimentConfig, load_config
 from fedray.progress import Progress
 from fedray.runtime import warm
@@ -161,7 +162,7 @@ class Experiment:
             if not self.storage.exists("config.yaml"):
                 raise ConfigError("--resume", self.run_dir, "a run directory holding "
                                                             "config.yaml")
-            self.storage.read_checkpoint()
+            checkpoint.read(self.storage)
         elif not self.storage.is_empty() and not overwrite:
             raise ConfigError("run_dir", self.run_dir, "an empty or new directory (this one "
                               "holds files: --resume continues the run in it, --overwrite "
@@ -249,7 +250,7 @@ class Experiment:
     def step(self) -> dict:
         import ray
 
-        from fedray.runtime.driver import RoundFailedError
+        from fedray.runtime.jobs import RoundFailedError
 
         try:
             row = ray.get(self.driver.run_round.remote())

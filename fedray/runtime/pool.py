@@ -12,7 +12,6 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -20,23 +19,12 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
 from fedray.runtime.devices import LOCAL_PLACEMENT_TIMEOUT_S
 from fedray.runtime.executor import ClientExecutor
+from fedray.runtime.jobs import DeadJob, Job
 from fedray.runtime.warm import shape_key, take
 
 
 class PlacementError(RuntimeError):
     """The cluster cannot place the executors the configuration asks for."""
-
-
-@dataclass
-class DeadJob:
-    """A job whose executor died while running it (yielded by ``run(requeue_dead=False)``):
-    the executor was replaced, the job is the caller's to retry or to give up on."""
-
-    tier: str
-    method: str
-    args: tuple
-    executor: str
-    reason: str = "died"
 
 
 def executor_options(cfg: Any, tier: Any) -> dict[str, Any]:
@@ -230,21 +218,21 @@ class ExecutorPool:
                     f"were lost; cluster total {ray.cluster_resources()}, available "
                     f"{ray.available_resources()}")
 
-    def run(self, jobs: list[tuple[str, str, tuple]], requeue_dead: bool = True
-            ) -> Iterator[Any]:
-        """Run ``jobs`` = [(tier, method, args)], yield each result as it finishes.
+    def run(self, jobs: list[Job], requeue_dead: bool = True) -> Iterator[Any]:
+        """Run typed ``jobs`` (:mod:`fedray.runtime.jobs`: each names its tier and executor
+        method), yield each result as it finishes.
 
         The executor of a job that died is replaced; the job is re-queued on its tier, or,
         with ``requeue_dead=False``, handed back as a :class:`DeadJob` (a client that kills
         every executor it runs on must not be re-run forever).
         """
         pending = {t: deque() for t in self.executors}
-        for tier, method, args in jobs:
-            if tier not in pending:
-                raise KeyError(f"no executors for tier {tier!r}")
-            pending[tier].append((method, args))
+        for job in jobs:
+            if job.tier not in pending:
+                raise KeyError(f"no executors for tier {job.tier!r}")
+            pending[job.tier].append(job)
         busy: dict[tuple[str, int, int], int] = {}
-        flight: dict[Any, tuple[str, int, int, tuple[str, tuple]]] = {}
+        flight: dict[Any, tuple[str, int, int, Job]] = {}
         limit = self.cfg.runtime.call_timeout_s
         since: dict[tuple[str, int, int], float] = {}  # a busy executor's last sign of life
         hung: set[tuple[str, int, int]] = set()
@@ -266,8 +254,8 @@ class ExecutorPool:
                     if (tier, index) in self.booting:
                         continue
                     if pending[tier] and busy.get(key, 0) < cap:
-                        method, args = pending[tier].popleft()
-                        flight[getattr(actor, method).remote(*args)] = (*key, (method, args))
+                        job = pending[tier].popleft()
+                        flight[getattr(actor, job.method).remote(job)] = (*key, job)
                         if not busy.get(key):
                             since[key] = time.monotonic()
                         busy[key] = busy.get(key, 0) + 1
@@ -315,7 +303,7 @@ class ExecutorPool:
                 fill(tier)
                 reason = (f"ran past runtime.call_timeout_s={limit:g}s and was killed"
                           if (tier, index, gen) in hung else "died")
-                yield DeadJob(tier, *job, executor=f"{tier}/{index}", reason=reason)
+                yield DeadJob(job, executor=f"{tier}/{index}", reason=reason)
                 continue
             fill(tier)
             yield result

@@ -16,6 +16,7 @@ import numpy as np
 import ray
 from ray.cluster_utils import Cluster
 
+from fedray import checkpoint
 from fedray.config import load_config
 from fedray.runtime import Experiment, run_experiment
 from fedray.storage import Storage
@@ -83,8 +84,8 @@ def main() -> int:
             exp.step()
         summary = exp.close()
         assert mid["executor_restarts"] >= 1, f"the node was not lost mid-round: {mid}"
-        a = Storage(f"{tmp}/calm").read_checkpoint()["global_state"]
-        b = Storage(f"{tmp}/chaos").read_checkpoint()["global_state"]
+        a = checkpoint.read(Storage(f"{tmp}/calm"))["server"]["params"]
+        b = checkpoint.read(Storage(f"{tmp}/chaos"))["server"]["params"]
         same = all(np.array_equal(a[k], b[k]) for k in a)
         restarts = summary["executor_restarts"]
         out = {"rounds": summary["rounds"], "executor_restarts": restarts,

@@ -41,16 +41,17 @@ from fedray.seeding import derive_seed
 def final_adapters(run_dir: str, variant: str, num_clients: int
                    ) -> tuple[dict[str, np.ndarray], dict[int, dict[str, np.ndarray]]]:
     """The final global adapter and each client's deployed personal adapter (if any)."""
+    from fedray import checkpoint
     from fedray.state_store import ClientStateStore
     from fedray.storage import Storage
 
     storage = Storage(run_dir)
-    ck = storage.read_checkpoint()
+    ck = checkpoint.read(storage)
     if ck is None:
         raise FileNotFoundError(f"no checkpoint under {run_dir}")
     store = ClientStateStore(storage)
     personal = {}
-    for cid, version in ck["versions"].items():
+    for cid, version in ck["clients"]["versions"].items():
         state = store.load(cid, version)
         if variant == "favor":
             personal[cid] = {k: state["shared"][k] + state["residual"][k]
@@ -58,9 +59,9 @@ def final_adapters(run_dir: str, variant: str, num_clients: int
         elif variant in ("ditto", "local", "pfedme"):
             personal[cid] = state["personal"]
         elif variant == "feddpa":
-            personal[cid] = _mixed(ck["global_state"], state["local"],
+            personal[cid] = _mixed(ck["server"]["params"], state["local"],
                                    1 / (1 + np.exp(-state["gate"])))
-    glob = ck["global_state"]
+    glob = ck["server"]["params"]
     if variant == "feddpa":
         glob = _mixed(glob, {k: np.zeros_like(v) for k, v in glob.items()}, 0.0)
     return glob, personal

@@ -1,0 +1,136 @@
+"""The typed jobs the driver hands to executors, the typed results they hand back, and the
+error a round that cannot go on raises.
+
+One job type per executor call and one result type per job type, whatever the mode
+(``runtime.reduce``): nothing positional, no return shape that depends on a flag. A job
+carries its broadcast as a :class:`Broadcast` (its key, its object ref, its exact bytes):
+the executor fetches the payload only when it has not decoded that key already.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from fedray.methods.base import ClientResult, EvalResult, State
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """One encoded broadcast, ``ray.put`` once: ``key`` names it uniquely within the run,
+    ``nbytes`` is what each client that receives it downloads."""
+
+    key: str
+    ref: Any
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class ClientSlot:
+    """A client to run and the client-state version it must start from (None: none)."""
+
+    client: int
+    version: int | None = None
+
+
+@dataclass
+class TrainJob:
+    """Run the local updates of ``clients`` from ``broadcast`` for ``round`` (an
+    asynchronous dispatch uses its dispatch number as the round). ``reduce``
+    (``runtime.reduce=executors``): the uploads are summed on the executor and come back
+    as a :class:`Partial` instead of payloads."""
+
+    method: ClassVar[str] = "run_clients"
+    tier: str
+    broadcast: Broadcast
+    round: int
+    clients: list[ClientSlot]
+    reduce: bool = False
+
+    @property
+    def client_ids(self) -> list[int]:
+        return [s.client for s in self.clients]
+
+
+@dataclass
+class Partial:
+    """A group's uploads summed where they were computed: Σ_i w_i Δ_i (float64), Σ_i w_i,
+    and the clients whose upload held NaN or Inf (left out of the sum)."""
+
+    total: State
+    weight: float
+    nonfinite: list[int] = field(default_factory=list)
+
+
+@dataclass
+class TrainBatch:
+    """What a :class:`TrainJob` returns: one :class:`ClientResult` per client in the job's
+    order (payloads left out when reduced) and, for a reduced job, its :class:`Partial`."""
+
+    results: list[ClientResult]
+    partial: Partial | None = None
+
+
+@dataclass
+class EvalJob:
+    """Score the broadcast model on each client's local test split."""
+
+    method: ClassVar[str] = "evaluate_clients"
+    tier: str
+    broadcast: Broadcast
+    round: int
+    clients: list[int]
+
+
+@dataclass
+class EvalBatch:
+    """Scores of an :class:`EvalJob`'s clients."""
+
+    scores: dict[int, EvalResult]
+
+
+@dataclass
+class GlobalEvalJob:
+    """Score the broadcast model on the global test set."""
+
+    method: ClassVar[str] = "evaluate_global"
+    tier: str
+    broadcast: Broadcast
+
+
+@dataclass
+class GlobalScore:
+    """The global-test score of the broadcast named ``key``."""
+
+    key: str
+    result: EvalResult
+
+
+Job = TrainJob | EvalJob | GlobalEvalJob
+
+
+@dataclass
+class DeadJob:
+    """A job whose executor died while running it (yielded by ``run(requeue_dead=False)``):
+    the executor was replaced, the job is the caller's to retry or to give up on."""
+
+    job: Job
+    executor: str
+    reason: str = "died"
+
+
+class RoundFailedError(RuntimeError):
+    """A round had fewer accepted uploads than ``runtime.min_accepted``: the global model was
+    not updated and the run stops (its metrics up to and including this round are logged;
+    ``--resume`` re-runs the round)."""
+
+    def __init__(self, round: int, accepted: int, needed: int,
+                 failures: list[tuple[int, str, str | None]]):
+        self.round, self.accepted, self.needed, self.failures = round, accepted, needed, failures
+        shown = "; ".join(f"client {c} {status}: {err}" for c, status, err in failures[:3])
+        more = f" (and {len(failures) - 3} more)" if len(failures) > 3 else ""
+        super().__init__(f"round {round}: {accepted} accepted uploads, runtime.min_accepted "
+                         f"is {needed}; {shown}{more}")
+
+    def __reduce__(self):  # survives pickling (raised inside the driver actor)
+        return RoundFailedError, (self.round, self.accepted, self.needed, self.failures)

@@ -1,0 +1,54 @@
+"""The byte ledger and the simulated clock of a run.
+
+Every download is charged when it happens (the tier's broadcast once per attempt, plus the
+pretrained base the first time a client downloads anything); every completed upload is
+charged its exact encoded bytes; failures and rejections are counted. The simulated clock
+only moves forward, by what the fleet model says a round or a dispatch took.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedray.methods.base import ClientResult, Status
+
+TOTALS = ("upload_bytes", "download_bytes", "failures", "rejected")
+
+
+class Ledger:
+    def __init__(self, base_bytes: int = 0):
+        self.base_bytes = base_bytes
+        self.totals = dict.fromkeys(TOTALS, 0)
+        self.has_base: set[int] = set()
+        self.sim_time = 0.0
+
+    def charge(self, client: int, broadcast_bytes: int) -> int:
+        """One client's download: the broadcast bytes, plus the pretrained base the first
+        time the client downloads anything. Returns what it downloaded."""
+        nbytes = broadcast_bytes
+        if self.base_bytes and client not in self.has_base:
+            nbytes += self.base_bytes
+            self.has_base.add(client)
+        self.totals["download_bytes"] += nbytes
+        return nbytes
+
+    def charge_downloads(self, sampled: list[int], attempts: dict[int, int],
+                         broadcast_bytes: dict[int, int]) -> dict[int, int]:
+        """Each sampled client's broadcast once per attempt (and its base): {client: bytes}."""
+        return {c: self.charge(c, broadcast_bytes[c] * attempts[c]) for c in sampled}
+
+    def charge_uploads(self, clients: list[int], final: dict[int, ClientResult]) -> None:
+        """Every completed upload's exact bytes; failures and rejections counted."""
+        for c in clients:
+            self.totals["upload_bytes"] += final[c].upload_bytes
+            self.totals["failures"] += final[c].status is Status.ERROR
+            self.totals["rejected"] += final[c].status is Status.REJECTED
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"totals": dict(self.totals), "has_base": sorted(self.has_base),
+                "sim_time": self.sim_time}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.totals = {k: int(state["totals"][k]) for k in TOTALS}
+        self.has_base = {int(c) for c in state["has_base"]}
+        self.sim_time = float(state.get("sim_time", 0.0))

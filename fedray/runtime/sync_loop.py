@@ -1,0 +1,185 @@
+"""The synchronous round: sample, broadcast once per tier, train (with retries), time every
+client on the fleet clock, accept the uploads that report in time and are free of NaN and
+Inf, aggregate them in client-id order (or the executors' partial sums), evaluate, log.
+
+The fleet (:mod:`fedray.fleet`) times every client in simulated seconds from the byte
+ledger and its device profile, and applies the participation rules: only online clients
+are sampled; over-commitment samples ``ceil((1 + o) K)`` and aggregates the first ``K`` to
+finish; dropouts, offline clients and clients past the deadline do not report; a round
+with fewer than ``fleet.min_reports`` reports is logged as failed and leaves the model
+unchanged; fewer than ``runtime.min_accepted`` accepted uploads stop the run
+(:class:`~fedray.runtime.jobs.RoundFailedError`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from fedray.methods.base import ClientResult, State, Status
+from fedray.runtime.dispatch import Trained, combine
+from fedray.runtime.jobs import RoundFailedError
+from fedray.runtime.parts import RoundParts
+from fedray.runtime.rows import Evaluation, RoundRecord
+
+LOST = (Status.DROPPED, Status.LATE, Status.SURPLUS)
+
+
+class SyncLoop:
+    """Drives the parts one synchronous round at a time (stateless: everything it needs
+    to continue is in the parts)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def inflight_clients(self) -> dict[int, int]:
+        """Nobody is in flight between synchronous rounds."""
+        return {}
+
+    def step(self, p: RoundParts) -> dict:
+        """Run the next round; return its metrics row."""
+        t0 = time.perf_counter()
+        r = p.server.round + 1
+        draw = p.sampler.draw(r, p.ledger.sim_time)
+        sampled = draw.clients
+        if not sampled:
+            return self.idle(p, r, t0, wait=draw.wait)
+        p.clients.touched.update(sampled)
+        p.tiers.remember(sampled)
+        drop = p.fleet.dropped(r, np.array(sampled, dtype=np.int64))
+        params = p.server.params
+        bcast = p.dispatcher.broadcasts(lambda tier: p.policy.broadcast(params, r, tier),
+                                        {p.tiers.of(c) for c in sampled}, f"{r}:train")
+        restarts_before = p.dispatcher.restarts
+        trained = p.dispatcher.train([c for c, d in zip(sampled, drop, strict=True) if not d],
+                                     bcast, r, p.clients.version, p.server.shapes())
+        for c, d in zip(sampled, drop, strict=True):
+            if d:
+                trained.attempts[c] = 1
+                trained.final[c] = ClientResult(c, r, Status.DROPPED,
+                                                error="dropped out mid-round")
+        final, attempts = trained.final, trained.attempts
+        download = p.ledger.charge_downloads(sampled, attempts,
+                                             {c: bcast[p.tiers.of(c)].nbytes for c in sampled})
+        times, duration = time_round(p, sampled, final, download, draw.reports)
+        accepted = accept(p, trained)
+        p.ledger.charge_uploads(sampled, final)
+        restarts = p.dispatcher.restarts - restarts_before
+        p.ledger.sim_time += duration
+        lost = sum(final[c].status in LOST for c in sampled)
+        failed = len(accepted) < p.cfg.fleet.min_reports
+        p.server.failed_rounds += failed
+        extra = {"sim_seconds": duration, "cum_sim_seconds": p.ledger.sim_time,
+                 "round_failed": float(failed)} | p.dp_row()
+        client_extra = {c: {"sim_seconds": t} for c, t in times.items()}
+        if len(accepted) + lost < p.cfg.runtime.min_accepted:
+            p.log(RoundRecord(r, sampled, final, attempts, download, Evaluation(), {},
+                              restarts, time.perf_counter() - t0, client_extra, extra))
+            raise RoundFailedError(r, len(accepted), p.cfg.runtime.min_accepted,
+                                   [(c, str(final[c].status), final[c].error) for c in sampled
+                                    if not final[c].ok])
+        policy_metrics = {} if failed else aggregate(p, trained, accepted, r, extra)
+        p.server.round = r
+        return p.log(RoundRecord(r, sampled, final, attempts, download, p.evaluate(r, sampled),
+                                 policy_metrics, restarts, time.perf_counter() - t0,
+                                 client_extra, extra))
+
+    def idle(self, p: RoundParts, r: int, t0: float, wait: bool = True) -> dict:
+        """A round in which no client is online (or a Poisson draw picked none): the clock
+        jumps to the next time one comes online (``wait``); the round is logged as failed
+        and the model is unchanged (nothing is released: no privacy spent)."""
+        later = p.next_online(r) if wait else p.ledger.sim_time
+        duration = later - p.ledger.sim_time
+        p.ledger.sim_time = later
+        p.server.failed_rounds += 1
+        extra = {"sim_seconds": duration, "cum_sim_seconds": p.ledger.sim_time,
+                 "round_failed": 1.0, **p.dp_row()}
+        policy_metrics: dict[str, Any] = {}
+        if p.privacy is not None:  # DP releases every round: here the noise alone
+            p.server.params, policy_metrics = p.policy.aggregate(
+                p.server.params, p.privatize([], r, extra), r)
+        p.server.round = r
+        return p.log(RoundRecord(r, [], {}, {}, {}, p.evaluate(r, []), policy_metrics, 0,
+                                 time.perf_counter() - t0, {}, extra))
+
+
+def accept(p: RoundParts, trained: Trained) -> list[tuple[int, int, State | None]]:
+    """The reporting uploads free of NaN and Inf, in client-id order, as (client, samples,
+    decoded upload or None when summed on its executor); the others marked rejected. The
+    accepted clients' state versions become current."""
+    accepted = []
+    for cid in sorted(trained.final):
+        res = trained.final[cid]
+        upload, clean = trained.upload(cid)
+        if res.ok and not clean:
+            res.status, res.error = Status.REJECTED, "upload contains NaN or Inf"
+        if res.ok:
+            accepted.append((cid, res.num_samples, upload))
+            p.clients.record(cid, res.state_version)
+    return accepted
+
+
+def aggregate(p: RoundParts, trained: Trained, accepted: list, r: int, extra: dict
+              ) -> dict[str, Any]:
+    """The policy's step from the accepted uploads (or the executors' partial sums); with
+    central DP it releases every round, even with nobody accepted. Returns its metrics."""
+    if p.cfg.runtime.reduce == "executors" and accepted:
+        total, weight = combine(trained.partials)
+        if weight > 0:
+            p.server.params, metrics = p.policy.aggregate_sum(p.server.params, total, weight,
+                                                              r)
+            return metrics
+        return {}
+    if accepted or p.privacy is not None:
+        p.server.params, metrics = p.policy.aggregate(p.server.params,
+                                                      p.privatize(accepted, r, extra), r)
+        return metrics
+    return {}
+
+
+def time_round(p: RoundParts, sampled: list[int], final: dict[int, ClientResult],
+               download: dict[int, int], k: int) -> tuple[dict[int, float], float]:
+    """Simulated seconds of each sampled client, and of the round; marks clients that go
+    offline before finishing (dropped), miss the deadline (late) or finish after the first
+    ``k`` reports (surplus). Their uploads never complete, so they are not charged; a
+    dropout's time is its download."""
+    fl = p.cfg.fleet
+    ids = np.array(sampled, dtype=np.int64)
+    ran = np.array([final[c].status is not Status.DROPPED for c in sampled])
+    up = np.array([final[c].upload_bytes if final[c].ok else 0 for c in sampled])
+    seen = np.array([p.samples_seen(final[c].num_samples) for c in sampled])
+    parts = p.fleet.seconds(ids, [p.tiers.of(c) for c in sampled],
+                            np.array([download[c] for c in sampled]), up, seen)
+    total = np.where(ran, parts["total"], parts["down"])
+    offline = p.fleet.online_until(ids, p.ledger.sim_time) - p.ledger.sim_time
+    reporting = []
+    for i, c in enumerate(sampled):
+        res = final[c]
+        if not res.ok:
+            continue
+        if total[i] > offline[i]:
+            res.status, res.error = Status.DROPPED, (
+                f"went offline {offline[i]:.1f} s into the round, before finishing")
+        elif fl.deadline_s is not None and total[i] > fl.deadline_s:
+            res.status, res.error = Status.LATE, (
+                f"needed {total[i]:.1f} s, the deadline is {fl.deadline_s:g} s")
+        else:
+            reporting.append((float(total[i]), c))
+    reporting.sort()
+    for _, c in reporting[k:]:
+        final[c].status, final[c].error = Status.SURPLUS, "the round closed on K reports"
+    for c in sampled:
+        if final[c].status in LOST:
+            final[c].upload_bytes = 0
+    if len(reporting) >= k:
+        duration = reporting[k - 1][0] if reporting else 0.0
+    elif fl.deadline_s is not None:
+        duration = float(fl.deadline_s)
+    else:
+        duration = max((t for t, _ in reporting), default=float(np.max(total, initial=0.0)))
+    return {c: float(total[i]) for i, c in enumerate(sampled)}, duration
