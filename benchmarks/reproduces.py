@@ -356,7 +356,7 @@ def drod_tiers() -> tuple[str, str]:
 
 def drod_ladder() -> tuple[str, str]:
     from fedray.methods.drod.ladder import solve_rung
-    from fedray.models.sliceable import arch_for
+    from fedray.models.geometry import arch_for
 
     arch, hw = arch_for((3, 32, 32), 100, (2, 2, 2, 2), 64, 8, False, "sliceable_resnet18")
     r = solve_rung(arch, hw, 0.2514, "dual", 0.5, "params")

@@ -74,6 +74,9 @@ def upgrade(ck: Any) -> dict[str, Any]:
         }
     except KeyError as e:
         raise StateFileError("checkpoint", f"no {e.args[0]!r} entry") from None
+    velocity = ck["policy_state"].get("velocity") if isinstance(ck["policy_state"], dict) \
+        else None
+    parts["optimizer"] = {"velocity": velocity} if velocity is not None else {}  # FedAvgM's
     if "dp" in ck:
         parts["dp"] = ck["dp"]
     return parts

@@ -5,6 +5,7 @@ bars and known-harmless warnings only with ``fedray -v``."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from importlib import resources
@@ -290,6 +291,28 @@ def pretrain(config: Path = typer.Argument(..., help="Experiment config: its dat
                         f"after {meta['epochs']} epochs on {meta['train_samples']} samples")
 
 
+@app.command()
+def methods(as_json: bool = JSON_OPT) -> None:
+    """List the registered methods: what each one is, its capabilities (DP, transforms,
+    linear, asynchronous, ...) and its server optimizer (fixed for a preset such as
+    fedavgm)."""
+    rows = []
+    for name, cls in registry.methods().items():
+        caps = registry.capabilities_of(cls)
+        opt = cls.server_optimizer
+        rows.append({"name": name, "summary": (cls.__doc__ or "").strip().split("\n")[0],
+                     "capabilities": caps,
+                     "server_optimizer": None if opt is None else
+                     ("any (default " + opt + ")" if "server_optimizer" in caps
+                      else opt + " (fixed)")})
+    legend = "\n".join(f"  {k:<17} {v}" for k, v in registry.CAPABILITIES.items())
+    text = "\n".join(f"{r['name']:<16} {r['summary']}\n{'':<16} capabilities: "
+                     f"{', '.join(r['capabilities']) or 'none'}; server optimizer: "
+                     f"{r['server_optimizer'] or 'its own rule'}" for r in rows)
+    emit({"methods": rows, "capabilities": registry.CAPABILITIES}, as_json,
+         text + "\n\ncapabilities:\n" + legend)
+
+
 @app.command("config")
 def config_cmd(config: Path | None = typer.Argument(None, help="A config file to resolve."),
                set_: list[str] | None = SET_OPT,
@@ -298,9 +321,8 @@ def config_cmd(config: Path | None = typer.Argument(None, help="A config file to
                as_json: bool = JSON_OPT) -> None:
     """Validate a config and print it fully resolved (defaults filled in)."""
     if keys:
-        rows = [{"key": k, "type": t, "help": h} for k, t, h in config_keys()]
-        emit({"keys": rows}, as_json,
-             "\n".join(f"{r['key']:<34} {r['type']:<40} {r['help']}" for r in rows))
+        rows = [dataclasses.asdict(k) for k in config_keys()]
+        emit({"keys": rows}, as_json, "\n".join(key_line(r) for r in rows))
         return
     try:
         cfg = load_config(config, set_ or [])
@@ -309,6 +331,21 @@ def config_cmd(config: Path | None = typer.Argument(None, help="A config file to
     import yaml
 
     emit(cfg.to_dict(), as_json, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def key_line(row: dict[str, Any]) -> str:
+    """One knob on one line: key, type, default (per method or optimizer where they
+    differ), help, and whom it applies to."""
+    d = row["default"]
+    if isinstance(d, dict) and row["applies_to"] and set(d) == set(row["applies_to"]):
+        groups: dict[str, list[str]] = {}
+        for owner, v in d.items():
+            groups.setdefault(repr(v), []).append(owner)
+        d = "; ".join(f"{v} ({', '.join(o)})" for v, o in groups.items())
+    else:
+        d = repr(d)
+    who = f" [{', '.join(row['applies_to'])}]" if row["applies_to"] else ""
+    return f"{row['key']:<34} {row['type']:<28} default {d:<14} {row['help']}{who}"
 
 
 @models_app.callback()

@@ -33,11 +33,12 @@ import yaml
 from fedray import registry
 from fedray.spec import (
     ConfigError,
+    Knob,
     build_dataclass,
     check_bounds,
     check_kwargs,
     coerce,
-    field_help,
+    knobs,
     redact,
     short_repr,
     spec,
@@ -377,6 +378,9 @@ class ExperimentConfig:
     clients: ClientsConfig = spec(default_factory=ClientsConfig)
     model: dict[str, Any] = spec(default_factory=lambda: {"name": "mlp"})
     algorithm: dict[str, Any] = spec(default_factory=lambda: {"name": DEFAULT_METHOD})
+    server: dict[str, Any] = spec(default_factory=lambda: {"optimizer": None},
+                                  help="the server optimizer (server.optimizer) and its "
+                                       "hyperparameters")
     local: LocalConfig = spec(default_factory=LocalConfig)
     payload: PayloadConfig = spec(default_factory=PayloadConfig)
     eval: EvalConfig = spec(default_factory=EvalConfig)
@@ -635,28 +639,90 @@ def validate(cfg: ExperimentConfig) -> None:
 
     model = dict(cfg.model)
     name = model.pop("name", "mlp")
-    builder = registry.model_builder(name, path="model.name")
-    cfg.model = {"name": name, **check_kwargs(builder, model, "model")}
+    cfg.model = {"name": name, **check_kwargs(registry.model_entry(name), model, "model")}
 
     algo = dict(cfg.algorithm)
     aname = algo.pop("name", DEFAULT_METHOD)
     method_cls = registry.method(aname, path="algorithm.name")
+    if "server_lr" in algo:
+        raise ConfigError("algorithm.server_lr", algo["server_lr"],
+                          "unset: the server step is the server optimizer's now (e.g. -s "
+                          "server.optimizer=sgd -s server.lr=VALUE)")
+    for old, new in method_cls.renamed_keys.items():
+        if old in algo:
+            raise ConfigError(f"algorithm.{old}", algo[old],
+                              f"algorithm.{new} (renamed for {aname}: a key means one thing "
+                              f"whichever method has it)")
     params = build_dataclass(method_cls.Params, algo, "algorithm")
     if hasattr(params, "validate"):
         params.validate(cfg)
     cfg.algorithm = {"name": aname, **dataclasses.asdict(params)}
-    if cfg.local.dp_noise_multiplier is not None:
-        if not getattr(method_cls, "supports_dp_sgd", False):
-            allowed = sorted(m for m, c in registry.methods().items()
-                             if getattr(c, "supports_dp_sgd", False))
-            raise ConfigError("local.dp_noise_multiplier", cfg.local.dp_noise_multiplier,
-                              f"unset for {aname}; local DP-SGD runs with {', '.join(allowed)}")
-        try:
-            shape = dataset_shape(cfg.data)
-        except ConfigError:  # a table read at run time: the executor checks the model then
-            shape = None
-        if shape is not None:
-            method_cls.check_dp_sgd(cfg, *shape)
+    cfg.server = resolve_server(cfg.server, method_cls)
+    method_cls.check(cfg)
+
+
+def resolve_server(server: Any, method: type) -> dict[str, Any]:
+    """``server`` as ``{"optimizer": name, <every hyperparameter of that optimizer>}``.
+
+    The optimizer is ``server.optimizer`` or the method's own (``Algorithm.
+    server_optimizer``); a method without the ``server_optimizer`` capability keeps its own
+    (a preset such as FedAvgM, or none: its rule makes its own step). A hyperparameter is
+    taken only for an optimizer the config or the method names for certain — set with
+    ``server.optimizer``, or fixed by the method — so switching ``algorithm.name`` never
+    hands one optimizer's learning rate to another; a key the optimizer does not have is an
+    error naming it."""
+    from fedray.server_opt import OPTIMIZERS
+
+    if not isinstance(server, dict):
+        raise ConfigError("server", server, "a section: optimizer plus its hyperparameters")
+    rest = dict(server)
+    chosen = rest.pop("optimizer", None)
+    own = method.server_optimizer
+    free = "server_optimizer" in method.capabilities
+    if own is None:
+        if chosen is not None or rest:
+            key = "optimizer" if chosen is not None else next(iter(rest))
+            registry.require(method, "server_optimizer", f"server.{key}", server[key])
+        return {"optimizer": None}
+    if chosen is not None and chosen != own and not free:
+        raise ConfigError("server.optimizer", chosen,
+                          f"{own} for {method.name} (its server optimizer is fixed; "
+                          f"algorithm.name=fedavg takes any: " + ", ".join(sorted(OPTIMIZERS))
+                          + ")")
+    if chosen is not None and chosen not in OPTIMIZERS:
+        raise ConfigError("server.optimizer", chosen, "one of " + ", ".join(sorted(OPTIMIZERS)))
+    if rest and chosen is None and free:
+        key = next(iter(rest))
+        raise ConfigError(f"server.{key}", rest[key],
+                          f"set together with server.optimizer (its meaning depends on the "
+                          f"optimizer; {method.name} runs {own} unless told otherwise)")
+    name = chosen or own
+    params = build_dataclass(OPTIMIZERS[name].Params, rest, "server")
+    return {"optimizer": name, **dataclasses.asdict(params)}
+
+
+def migrate_stored(data: dict[str, Any]) -> dict[str, Any]:
+    """A ``config.yaml`` an earlier version stored, in today's keys (``--resume`` of a run
+    started before the server optimizers): ``algorithm.server_lr`` is ``server.lr`` of the
+    method's own optimizer; a method may move more (``Algorithm.upgrade_config``)."""
+    algo = data.get("algorithm")
+    if not isinstance(algo, dict) or "server" in data:
+        return data
+    data = dict(data, algorithm=dict(algo))
+    method = registry.method(algo.get("name", DEFAULT_METHOD), path="algorithm.name")
+    server: dict[str, Any] = {}
+    if "server_lr" in data["algorithm"]:
+        lr = data["algorithm"].pop("server_lr")
+        if method.server_optimizer is not None:
+            server["lr"] = lr
+    for old, new in method.renamed_keys.items():
+        if old in data["algorithm"]:
+            data["algorithm"][new] = data["algorithm"].pop(old)
+    method.upgrade_config(data["algorithm"], server)
+    if server:
+        server = {"optimizer": method.server_optimizer, **server}
+    data["server"] = server or {"optimizer": None}
+    return data
 
 
 def _validate_population(cfg: ExperimentConfig) -> None:
@@ -692,12 +758,6 @@ def _validate_transforms(cfg: ExperimentConfig) -> None:
     if p.upload != "fp32":
         raise ConfigError("payload.upload", p.upload, "fp32 when payload.transforms is set "
                                                       "(quantize inside the chain: int8, int4)")
-    method = registry.method(cfg.algorithm.get("name", DEFAULT_METHOD))
-    if not method.supports_transforms:
-        able = sorted(n for n, m in registry.methods().items() if m.supports_transforms)
-        raise ConfigError("payload.transforms", p.transforms,
-                          "empty for this method (its upload is not shaped like the "
-                          "broadcast); methods that take transforms: " + ", ".join(able))
 
 
 def _validate_devices(cfg: ExperimentConfig) -> None:
@@ -715,20 +775,45 @@ def _validate_devices(cfg: ExperimentConfig) -> None:
                               "type per tier")
 
 
-def keys() -> list[tuple[str, str, str]]:
-    """(dotted key, type, help) of every knob: the core sections, the registered sections
-    and each method's ``algorithm.*`` parameters (``fedray config --keys``)."""
-    rows = field_help(ExperimentConfig)
+def merged(rows: list[tuple[str, Knob]]) -> list[Knob]:
+    """One row per key of ``(owner, knob)`` rows: the owners it applies to, one default or
+    ``{owner: default}`` where they differ. A key means one thing whoever has it: rows of
+    one key with different types or help texts are listed apart (and fail the conformance
+    test)."""
+    out: dict[tuple[str, str, str], Knob] = {}
+    for owner, k in rows:
+        row = out.setdefault((k.key, k.type, k.help), Knob(k.key, k.type, {}, k.help))
+        row.applies_to.append(owner)
+        row.default[owner] = k.default
+    for row in out.values():
+        values = list(row.default.values())
+        if all(v == values[0] for v in values):
+            row.default = values[0]
+    return list(out.values())
+
+
+def keys() -> list[Knob]:
+    """Every knob (``fedray config --keys``): the core sections, the registered sections,
+    each method's ``algorithm.*`` parameters and each server optimizer's ``server.*``
+    hyperparameters, one row per key with the methods or optimizers it applies to."""
+    from fedray.server_opt import OPTIMIZERS
+
+    rows = [k for k in knobs(ExperimentConfig) if k.key not in ("algorithm", "server")]
     for name, cls in registry.sections().items():
-        rows += field_help(cls, name + ".")
-    shared: dict[tuple[str, str, str], list[str]] = {}  # one row per knob, its methods listed
-    for name, cls in registry.methods().items():
-        for row in field_help(cls.Params, "algorithm."):
-            shared.setdefault(row, []).append(name)
-    rows += [(k, t, f"[{', '.join(names)}] {h}".rstrip()) for (k, t, h), names in shared.items()]
+        rows += knobs(cls, name + ".")
+    methods = registry.methods()
+    rows.append(Knob("algorithm.name", "one of " + ", ".join(methods), DEFAULT_METHOD,
+                     "the method (fedray methods lists each one's capabilities)"))
+    rows += merged([(name, k) for name, cls in methods.items()
+                    for k in knobs(cls.Params, "algorithm.")])
+    rows.append(Knob("server.optimizer", "one of " + ", ".join(OPTIMIZERS), None,
+                     "the server optimizer applying the rule's pseudo-gradient (default: "
+                     "the method's own; its hyperparameters need it named)"))
+    rows += merged([(name, k) for name, cls in OPTIMIZERS.items()
+                    for k in knobs(cls.Params, "server.")])
     return rows
 
 
 __all__ = ["ConfigError", "ExperimentConfig", "build_config", "build_dataclass", "coerce",
-           "check_bounds", "check_kwargs", "dataset_shape", "field_help", "keys",
+           "check_bounds", "check_kwargs", "dataset_shape", "keys", "knobs",
            "load_config", "num_classes", "redact", "short_repr", "spec"]

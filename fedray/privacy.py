@@ -212,11 +212,7 @@ def check_config(cfg: Any) -> None:
     dp = cfg.dp
     name = cfg.algorithm.get("name", "fedavg")
     method = registry.method(name, path="algorithm.name")
-    if not getattr(method, "supports_dp", False):
-        allowed = sorted(m for m, c in registry.methods().items() if getattr(c, "supports_dp",
-                                                                             False))
-        raise ConfigError("dp.enabled", True, f"a method whose updates share one shape: "
-                                              f"{', '.join(allowed)} (not {name})")
+    registry.require(method, "dp", "dp.enabled", True)
     n, k = _cohort(cfg)
     if n == k and dp.sampling == "poisson" and k < cfg.clients.num_clients:
         raise ConfigError("dp.sampling", "poisson", f"fixed for {name} (its releases are "

@@ -115,6 +115,15 @@ def model_builder(name: Any, path: str = "model.name") -> Callable[..., Any]:
     return MODELS[name]
 
 
+def model_entry(name: Any, path: str = "model.name") -> Any:
+    """What ``name`` is registered as, not imported: a builder or its ``"module:function"``
+    path (its keywords are read from the source: checking a config loads no torch)."""
+    discover()
+    if name not in MODELS:
+        raise ConfigError(path, name, "one of " + ", ".join(sorted(MODELS)))
+    return MODELS[name]
+
+
 def sections() -> dict[str, type]:
     discover()
     return dict(sorted(SECTIONS.items()))
@@ -123,6 +132,40 @@ def sections() -> dict[str, type]:
 def commands() -> dict[str, Any]:
     discover()
     return dict(sorted(COMMANDS.items()))
+
+
+CAPABILITIES = {
+    "dp": "central DP (dp.enabled): every client's update has one shape, to clip and noise",
+    "dp_sgd": "local DP-SGD (local.dp_noise_multiplier): its clients train with "
+              "fedray.training.train_local's SGD, which Opacus wraps",
+    "transforms": "update transforms (payload.transforms): the upload has the broadcast's "
+                  "tensor shapes",
+    "continual": "a continual task stream (continual.tasks)",
+    "linear": "runtime.reduce=executors: the step depends on the uploads only through "
+              "Σ w_i Δ_i and Σ w_i (AggregationPolicy.weight / aggregate_sum)",
+    "asynchronous": "an event queue in simulated time instead of rounds (buffer_size)",
+    "client_state": "per-client state kept between a client's rounds (optimizer state, "
+                    "private adapters, replay buffers)",
+    "server_optimizer": "any server optimizer (server.optimizer: sgd, momentum, adam, yogi, "
+                        "adagrad) applies its pseudo-gradient",
+    "vectorizable": "a cohort of clients runs as one batched computation",
+}
+
+
+def require(method: Any, capability: str, path: str, value: Any) -> None:
+    """The one capability check: a :class:`ConfigError` at ``path`` naming the method, the
+    value, what the setting needs and the methods that have it."""
+    if capability in method.capabilities:
+        return
+    able = sorted(n for n, m in methods().items() if capability in m.capabilities)
+    raise ConfigError(path, value, f"unset for {method.name}: it lacks the {capability!r} "
+                                   f"capability ({CAPABILITIES[capability]}); methods with "
+                                   f"it: {', '.join(able) or 'none'}")
+
+
+def capabilities_of(cls: type) -> list[str]:
+    """A method's capabilities in :data:`CAPABILITIES` order (``fedray methods``)."""
+    return [c for c in CAPABILITIES if c in cls.capabilities]
 
 
 def make_method(cls: type, cfg: Any) -> Any:
@@ -136,6 +179,7 @@ def build_method(cfg: Any) -> Any:
     return make_method(method(cfg.algorithm["name"]), cfg)
 
 
-__all__ = ["COMMANDS", "METHODS", "MODELS", "SECTIONS", "build_method", "commands",
-           "discover", "make_method", "method", "methods", "model_builder", "register_command",
-           "register_method", "register_model", "register_section", "sections"]
+__all__ = ["CAPABILITIES", "COMMANDS", "METHODS", "MODELS", "SECTIONS", "build_method",
+           "capabilities_of", "commands", "discover", "make_method", "method", "methods",
+           "model_builder", "register_command", "register_method", "register_model",
+           "model_entry", "register_section", "require", "sections"]

@@ -4,13 +4,15 @@ Imports nothing from fedray, so every layer can use it. A config section is a da
 whose fields come from :func:`spec` (default, numeric bounds, help text);
 :func:`build_dataclass` turns a mapping into that dataclass, rejecting unknown keys, wrong
 types and out-of-range values with a :class:`ConfigError` that names the field, the value
-and the rule. :func:`field_help` lists every key with its type and help (``fedray config
+and the rule. :func:`knobs` lists every key with its type, default and help (``fedray config
 --keys``).
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import importlib.util
 import inspect
 import math
 import re
@@ -18,6 +20,7 @@ import reprlib
 import types
 import typing
 from dataclasses import field
+from pathlib import Path
 from typing import Any, Literal
 
 _REPR = reprlib.Repr()
@@ -187,25 +190,111 @@ def build_dataclass(cls: type, data: Any, path: str = "") -> Any:
     return cls(**kwargs)
 
 
+_NAMES = {"int": int, "float": float, "str": str, "bool": bool, "None": type(None),
+          "Any": Any, "tuple": tuple, "list": list, "dict": dict, "Literal": typing.Literal}
+
+
+def _annotation(node: ast.AST | None) -> Any:
+    """A type from an annotation's syntax tree (builtins, ``X | None``, ``tuple[X, ...]``,
+    ``list[X]``, ``Literal[...]``); ``Any`` for anything else. Nothing is evaluated."""
+    if node is None:
+        return Any
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):  # a string annotation
+        return _annotation(ast.parse(node.value, mode="eval").body)
+    if isinstance(node, ast.Constant) and node.value is None:
+        return type(None)
+    if isinstance(node, ast.Name):
+        return _NAMES.get(node.id, Any)
+    if isinstance(node, ast.Attribute):  # typing.Literal, ...
+        return _NAMES.get(node.attr, Any)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return typing.Union[_annotation(node.left), _annotation(node.right)]  # noqa: UP007
+    if isinstance(node, ast.Subscript):
+        base = _annotation(node.value)
+        items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        if base is typing.Literal:
+            return typing.Literal[tuple(ast.literal_eval(i) for i in items)]
+        if base is tuple and len(items) == 2 and isinstance(items[1], ast.Constant) \
+                and items[1].value is Ellipsis:
+            return tuple[_annotation(items[0]), ...]
+        if base in (tuple, list, dict):
+            return base[tuple(_annotation(i) for i in items)] if base is not list \
+                else list[_annotation(items[0])]
+    return Any
+
+
+def keyword_params(target: Any) -> dict[str, tuple[Any, Any]]:
+    """``{name: (type, default)}`` of the keyword arguments with defaults of a builder: a
+    callable, or a ``"module:function"`` path read from its source without importing the
+    module (validating ``model.*`` must not load torch)."""
+    if not isinstance(target, str):
+        sig, hints = inspect.signature(target), typing.get_type_hints(target)
+        return {n: (hints.get(n, Any), p.default) for n, p in sig.parameters.items()
+                if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+                and p.default is not inspect.Parameter.empty}
+    module, _, name = target.partition(":")
+    spec_ = importlib.util.find_spec(module)
+    if spec_ is None or spec_.origin is None:
+        raise ImportError(f"no module {module!r} for {target!r}")
+    tree = ast.parse(Path(spec_.origin).read_text(encoding="utf-8"))
+    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+    if fn is None:
+        raise ImportError(f"{module} has no function {name!r}")
+    a = fn.args
+    positional = a.posonlyargs + a.args
+    pairs = list(zip(positional[len(positional) - len(a.defaults):], a.defaults, strict=True))
+    pairs += [(p, d) for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is not None]
+    return {p.arg: (_annotation(p.annotation), ast.literal_eval(d)) for p, d in pairs}
+
+
 def check_kwargs(fn: Any, kwargs: dict[str, Any], path: str) -> dict[str, Any]:
-    """Validate keyword arguments of a builder against its signature and annotations."""
-    sig = inspect.signature(fn)
-    hints = typing.get_type_hints(fn)
-    allowed = {n: p for n, p in sig.parameters.items()
-               if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    """Validate keyword arguments of a builder (a callable or a ``"module:function"`` path,
+    :func:`keyword_params`) against its signature and annotations."""
+    allowed = keyword_params(fn)
     out = {}
     for key, value in kwargs.items():
-        if key not in allowed or allowed[key].default is inspect.Parameter.empty:
-            names = ", ".join(n for n, p in allowed.items()
-                              if p.default is not inspect.Parameter.empty)
-            raise ConfigError(f"{path}.{key}", value, f"known keys: name, {names}")
-        out[key] = coerce(value, hints.get(key, Any), f"{path}.{key}")
+        if key not in allowed:
+            raise ConfigError(f"{path}.{key}", value,
+                              f"known keys: name, {', '.join(allowed)}")
+        out[key] = coerce(value, allowed[key][0], f"{path}.{key}")
     return out
 
 
-def field_help(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted key, type, help) for every field: used by ``--help`` texts and the README."""
-    rows = []
+@dataclasses.dataclass
+class Knob:
+    """One configuration key as ``fedray config --keys`` lists it: its dotted key, type,
+    default (per method or optimizer when those differ: ``{name: default}``), help, and the
+    methods or optimizers it applies to (empty: every run)."""
+
+    key: str
+    type: str
+    default: Any
+    help: str
+    applies_to: list[str] = dataclasses.field(default_factory=list)
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return _plain(f.default)
+    if f.default_factory is not dataclasses.MISSING:
+        return _plain(f.default_factory())
+    return None
+
+
+def knobs(cls: type, prefix: str = "") -> list[Knob]:
+    """A :class:`Knob` for every field of ``cls`` (nested sections flattened, a list of
+    sections as one row plus each entry's keys)."""
+    rows: list[Knob] = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.metadata.get("internal"):
@@ -214,10 +303,11 @@ def field_help(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
         tp = hints[f.name]
         item = (typing.get_args(tp) or (None,))[0] if typing.get_origin(tp) is list else None
         if dataclasses.is_dataclass(tp):
-            rows += field_help(tp, key + ".")
+            rows += knobs(tp, key + ".")
         elif dataclasses.is_dataclass(item):  # a list of sections: each entry's keys
-            rows.append((key, f"a list of {item.__name__}", f.metadata.get("help", "")))
-            rows += field_help(item, key + "[].")
+            rows.append(Knob(key, f"a list of {item.__name__}", _default(f),
+                             f.metadata.get("help", "")))
+            rows += knobs(item, key + "[].")
         else:
-            rows.append((key, _type_name(tp), f.metadata.get("help", "")))
+            rows.append(Knob(key, _type_name(tp), _default(f), f.metadata.get("help", "")))
     return rows

@@ -9,15 +9,16 @@ from fedray.data import build_federated
 from fedray.methods.base import ClientContext
 from fedray.methods.fedavg.policy import FedAvgPolicy
 from fedray.registry import build_method
+from fedray.server_opt import SGD
 
 
 def test_fedavg_policy_hand_computed():
     g = {"w": np.array([1.0, 2.0], np.float32)}
     ups = [(0, 1, {"w": np.array([1.0, 0.0], np.float32)}),
            (3, 3, {"w": np.array([-1.0, 4.0], np.float32)})]
-    new, m = FedAvgPolicy(server_lr=1.0).aggregate(g, ups, 1)
+    new, m = FedAvgPolicy(SGD.of(lr=1.0)).aggregate(g, ups, 1)
     assert np.allclose(new["w"], [1.0 + (1 * 1 - 3) / 4, 2.0 + 12 / 4])
-    new, _ = FedAvgPolicy(server_lr=0.5, weighted=False).aggregate(g, ups, 1)
+    new, _ = FedAvgPolicy(SGD.of(lr=0.5), weighted=False).aggregate(g, ups, 1)
     assert np.allclose(new["w"], [1.0 + 0.5 * 0.0, 2.0 + 0.5 * 2.0])
     assert m["update_norm"] == pytest.approx(np.hypot(-0.5, 3.0))
 

@@ -53,6 +53,20 @@ def test_config_json_and_keys():
     assert any(k["key"] == "data.alpha" and "Dirichlet" in k["help"] for k in keys)
 
 
+def test_methods_lists_capabilities_and_server_optimizers():
+    out = one_json(runner.invoke(app, ["methods", "--json"]))
+    rows = {r["name"]: r for r in out["methods"]}
+    assert {"fedavg", "fedadam", "orders", "drod", "favor", "flite"} <= set(rows)
+    assert rows["fedavg"]["server_optimizer"] == "any (default sgd)"
+    assert rows["fedavgm"]["server_optimizer"] == "momentum (fixed)"
+    assert rows["drod"]["server_optimizer"] is None and "continual" in rows["drod"][
+        "capabilities"]
+    assert "linear" in rows["fedavg"]["capabilities"]
+    assert "linear" not in rows["orders"]["capabilities"]
+    assert "asynchronous" in rows["fedbuff"]["capabilities"]
+    assert set(out["capabilities"]) >= {"dp", "transforms", "linear", "vectorizable"}
+
+
 def test_run_bad_config_fails_before_ray(tmp_path):
     res = runner.invoke(app, ["run", str(tmp_path / "nope.yaml"), "--json"])
     assert res.exit_code == 2 and "config file" in json.loads(res.stdout)["error"]

@@ -66,7 +66,8 @@ def test_transform_config_errors(tmp_path):
         load_config(None, ["payload.transforms=[topk, int3]"])
     with pytest.raises(ConfigError, match="payload.upload"):
         load_config(None, ["payload.transforms=[topk]", "payload.upload=int8"])
-    with pytest.raises(ConfigError, match="methods that take transforms: .*fedavg"):
+    with pytest.raises(ConfigError,
+                       match="lacks the 'transforms' capability.*methods with it: .*fedavg"):
         load_config(None, ["payload.transforms=[topk]", "algorithm.name=drod",
                            "model.name=sliceable_resnet18"])
 

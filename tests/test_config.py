@@ -9,7 +9,8 @@ def test_defaults_and_overrides(tmp_path):
     cfg = load_config(f, ["local.lr=0.2", "clients.num_clients=7", "model.hidden=32"])
     assert cfg.rounds == 4 and cfg.local.lr == 0.2 and cfg.clients.num_clients == 7
     assert cfg.model == {"name": "cnn", "hidden": 32}
-    assert cfg.algorithm == {"name": "fedavg", "server_lr": 1.0, "weighted": True, "base": None}
+    assert cfg.algorithm == {"name": "fedavg", "weighted": True, "base": None}
+    assert cfg.server == {"optimizer": "sgd", "lr": 1.0}
 
 
 def test_toml_and_algorithm_params(tmp_path):

@@ -38,8 +38,8 @@ def make(base_dir, variant, **extra):
     from fedray.registry import build_method
 
     over = {"algorithm.name": "favor", "algorithm.base": base_dir,
-            "algorithm.variant": variant, "algorithm.rank": 2, "algorithm.alpha": 4,
-            "algorithm.micro_batch": 2, "algorithm.accumulation": 2, "algorithm.lr": 0.01,
+            "algorithm.variant": variant, "algorithm.lora_rank": 2, "algorithm.lora_alpha": 4,
+            "algorithm.micro_batch": 2, "algorithm.accumulation": 2, "algorithm.lora_lr": 0.01,
             "algorithm.proj_hidden": 8, **extra}
     cfg = load_config(None, [f"{k}={v}" for k, v in over.items()])
     alg = build_method(cfg)

@@ -35,8 +35,8 @@ def tiny(tmp_path_factory):
 
 def overrides(root: Path, csv: str, **extra) -> list[str]:
     over = {"algorithm.name": "favor", "algorithm.base": root / "lm",
-            "algorithm.asce": root / "asce", "algorithm.rank": 2, "algorithm.alpha": 4,
-            "algorithm.micro_batch": 2, "algorithm.accumulation": 1, "algorithm.lr": 0.01,
+            "algorithm.asce": root / "asce", "algorithm.lora_rank": 2, "algorithm.lora_alpha": 4,
+            "algorithm.micro_batch": 2, "algorithm.accumulation": 1, "algorithm.lora_lr": 0.01,
             "algorithm.proj_hidden": 8, "algorithm.max_steps": 1, "algorithm.asce_authors": 0,
             "algorithm.min_tokens": 1, "algorithm.block_length": 16,
             "algorithm.prompt_tokens": 8, "algorithm.new_tokens": 12,

@@ -236,7 +236,7 @@ def test_the_configured_ramp_reaches_kappa_through_client_round(lm, tmp_path, mo
                         real(s, n, ramp))
     for variant in ("favor", "global_asce", "ditto", "local"):
         over = {"algorithm.name": "favor", "algorithm.base": path,
-                "algorithm.variant": variant, "algorithm.rank": 2, "algorithm.alpha": 4,
+                "algorithm.variant": variant, "algorithm.lora_rank": 2, "algorithm.lora_alpha": 4,
                 "algorithm.micro_batch": 2, "algorithm.accumulation": 2,
                 "algorithm.proj_hidden": 8, "algorithm.ramp": 0.37}
         cfg = load_config(None, [f"{k}={v}" for k, v in over.items()])

@@ -13,6 +13,7 @@ from fedray.config import ConfigError, load_config
 from fedray.fleet import Availability, Fleet, import_fedscale, read_availability, write_example
 from fedray.methods.base import AsyncUpdate
 from fedray.methods.fedbuff import FedAsyncPolicy, FedBuffPolicy, fedbuff_weight
+from fedray.server_opt import SGD
 
 POP = ["data.dataset=synthetic", "data.synthetic_per_client=20", "data.synthetic_features=16",
        "model.hidden=[16]", "eval.clients=none", "seed=3",
@@ -115,7 +116,7 @@ def test_fedbuff_staleness_weights_against_hand_computation():
     ups = [AsyncUpdate(0, 5, {"w": np.array([0.3, 0.0])}, 0, g),
            AsyncUpdate(1, 5, {"w": np.array([0.0, 0.6])}, 1, g),
            AsyncUpdate(2, 5, {"w": np.array([-0.9, 0.9])}, 3, g)]
-    new, _ = FedBuffPolicy(4, 3, server_lr=2.0).aggregate_async(g, ups, 1)
+    new, _ = FedBuffPolicy(4, 3, SGD.of(lr=2.0)).aggregate_async(g, ups, 1)
     hand = np.array([1.0, 2.0]) + 2.0 / 3 * (np.array([0.3, 0.0]) + 2 ** -0.5 * np.array(
         [0.0, 0.6]) + 0.5 * np.array([-0.9, 0.9]))
     assert new["w"].tolist() == pytest.approx(hand.astype(np.float32).tolist(), abs=1e-7)

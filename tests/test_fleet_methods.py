@@ -98,8 +98,8 @@ def test_favor_under_the_fleet(ray_session, tmp_path, base_dir):  # noqa: F811
         "data.dataset=blogtext", f"data.root={csv}", "clients.num_clients=6",
         "clients.per_round=3", "rounds=2", "algorithm.asce_authors=0", "algorithm.min_tokens=1",
         "algorithm.block_length=16", "algorithm.prompt_tokens=8", "algorithm.new_tokens=4",
-        "algorithm.reference_texts=3", "algorithm.eval_prompts=1", "algorithm.rank=2",
-        "algorithm.alpha=4", "algorithm.micro_batch=2", "algorithm.proj_hidden=8",
+        "algorithm.reference_texts=3", "algorithm.eval_prompts=1", "algorithm.lora_rank=2",
+        "algorithm.lora_alpha=4", "algorithm.micro_batch=2", "algorithm.proj_hidden=8",
         "eval.clients=none", "eval.global_test=false",
         "runtime.tiers=[{name: default, executors: 1, num_cpus: 0.5}]"])
     run_experiment(cfg, str(tmp_path / "run"), progress=False)

@@ -74,7 +74,7 @@ CASES = [
 def test_matches_reference_over_rounds(case):
     gen = np.random.default_rng(3)
     p = OrdersParams(weighting=case["weighting"], beta=case["beta"], gamma=case["gamma"],
-                     alpha=case["alpha"], smoothing_window=case["window"],
+                     offset=case["alpha"], smoothing_window=case["window"],
                      participation_threshold=case["threshold"],
                      participation_horizon=case["horizon"],
                      warmup="ramp" if case["ramp"] else "none", freeze_top=case["freeze"],

@@ -203,7 +203,7 @@ def test_bad_dp_config_names_the_key(overrides, key):
 
 @pytest.mark.parametrize("overrides,key,words", [
     (["algorithm.name=flite", "algorithm.identity_check=false"], "local.dp_noise_multiplier",
-     "runs with"),
+     "lacks the 'dp_sgd' capability"),
     (["model.name=lstm"], "model.name", "nn.LSTM"),
     (["local.keep_optimizer_state=true", "local.momentum=0.9"],
      "local.keep_optimizer_state", "DP-SGD"),

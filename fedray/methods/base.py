@@ -30,11 +30,20 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
+from fedray.registry import require
+
 State = dict[str, np.ndarray]
 
-__all__ = ["AggregationPolicy", "Algorithm", "AsyncUpdate", "ClientContext", "ClientData",
-           "ClientOutput", "ClientResult", "ClientSampler", "Draw", "EvalResult",
-           "ReportSection", "State", "Status", "accumulate", "finite"]
+# one help per shared key: a key several methods have means one thing (its default may differ)
+BASE_HELP = ("the pretrained starting point: a `fedray pretrain` output of the configured model "
+             "(FedAvg family, FLITE; a frozen head stays frozen and is not uploaded) or a "
+             "causal LM hub id or directory (FAVoR)")
+WEIGHTED_HELP = "weight clients by their sample count (else uniformly)"
+
+__all__ = ["BASE_HELP", "WEIGHTED_HELP", "AggregationPolicy", "Algorithm", "AsyncUpdate",
+           "ClientContext", "ClientData", "ClientOutput", "ClientResult", "ClientSampler",
+           "Draw", "EvalResult", "ReportSection", "State", "Status", "accumulate",
+           "check_reduce", "finite", "require"]
 
 
 def finite(tensors: Mapping[str, np.ndarray]) -> bool:
@@ -50,7 +59,7 @@ def accumulate(acc: dict[str, np.ndarray], tensors: Mapping[str, np.ndarray],
                weight: float) -> None:
     """``acc += weight * tensors`` in float64, tensor by tensor (a missing key starts at 0):
     the one step of every weighted sum a linear rule's executors reduce
-    (:attr:`AggregationPolicy.linear`), so the executors and any reference loop add the
+    (capability ``linear``), so the executors and any reference loop add the
     same bits in the same order. All or nothing: a tensor whose shape differs from the sum's
     raises before anything is added."""
     terms = {name: np.multiply(value, weight, dtype=np.float64)
@@ -234,9 +243,9 @@ class AggregationPolicy:
 
     buffer_size: int | None = None
     concurrency: int = 0
-    # the step depends on the uploads only through Σ_i w_i Δ_i and Σ_i w_i: the executors
-    # may reduce them (runtime.reduce=executors) and the driver calls aggregate_sum
-    linear: bool = False
+    # the server optimizer the rule hands its pseudo-gradient to (None: the rule's own step);
+    # it is its own part of the checkpoint
+    optimizer: Any = None
 
     def broadcast(self, global_state: State, round: int, tier: str) -> State:
         """The tensors sent to the clients of ``tier`` in ``round`` (default: everything)."""
@@ -251,7 +260,8 @@ class AggregationPolicy:
         raise NotImplementedError
 
     def weight(self, num_samples: int) -> float:
-        """A linear rule's w_i of a client that trained on ``num_samples`` samples."""
+        """A linear rule's (capability ``linear``) w_i of a client that trained on
+        ``num_samples`` samples."""
         raise NotImplementedError
 
     def aggregate_sum(self, global_state: State, total: State, weight: float, round: int
@@ -272,23 +282,85 @@ class AggregationPolicy:
         pass
 
 
+def check_reduce(cfg: Any, method: Any) -> None:
+    """``runtime.reduce=executors`` sums uploads where they are made, so nothing on the
+    server may need a single upload: a linear synchronous rule, no update transforms, no
+    central DP, no participation rule that picks reporters after the fact."""
+    if cfg.runtime.reduce != "executors":
+        return
+    from fedray.spec import ConfigError
+
+    fl = cfg.fleet
+    caps = method.capabilities
+    why = ("its aggregation rule needs every upload" if "linear" not in caps
+           or "asynchronous" in caps
+           else "update transforms are decoded on the server" if method.transforms_of(cfg)
+           else "central DP clips every upload on the server" if cfg.dp.enabled
+           else "fleet.availability, fleet.deadline_s and fleet.overcommit pick the "
+                "reporters after the round" if fl.availability or fl.deadline_s is not None
+           or fl.overcommit else None)
+    if why:
+        raise ConfigError("runtime.reduce", "executors",
+                          f"driver for {cfg.algorithm['name']} here: {why}")
+
+
 class Algorithm:
-    """A federated method: typed parameters, a client update and an aggregation policy."""
+    """A federated method: typed parameters, a client update and an aggregation policy.
+
+    ``capabilities`` (names of :data:`fedray.registry.CAPABILITIES`) say, once, which cross-cutting
+    features the method takes; :meth:`check` refuses a config that asks for another, before
+    any Ray work. ``server_optimizer`` is the server optimizer it runs by default (None: its
+    rule makes its own step); with the ``server_optimizer`` capability ``server.optimizer``
+    picks any other, without it the optimizer is fixed (a preset such as FedAvgM)."""
 
     name: ClassVar[str]
     Params: ClassVar[type]
-    uses_client_state: ClassVar[bool] = False
-    supports_continual: ClassVar[bool] = False
-    # the upload has the broadcast's tensor shapes: update transforms (top-k, int8, ...) apply
-    supports_transforms: ClassVar[bool] = False
-    # every client's update has one shape: central DP (fedray.privacy) clips and noises it
-    supports_dp: ClassVar[bool] = False
-    # its clients train with fedray.training.train_local's SGD: local DP-SGD (Opacus) applies
-    supports_dp_sgd: ClassVar[bool] = False
+    capabilities: ClassVar[frozenset[str]] = frozenset()
+    server_optimizer: ClassVar[str | None] = None
+    # parameters renamed since an earlier version (old -> new): an error naming the new
+    # key in a config, moved silently in a run's stored config.yaml (--resume)
+    renamed_keys: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def upgrade_config(cls, algorithm: dict[str, Any], server: dict[str, Any]) -> None:
+        """Move what an earlier version kept in ``algorithm.*`` of a stored config to where
+        it lives now (in place); default: nothing."""
 
     def __init__(self, cfg: Any, params: Any):
         self.cfg = cfg
         self.params = params
+
+    @property
+    def uses_client_state(self) -> bool:
+        """Whether this run of the method keeps per-client state (a method with the
+        ``client_state`` capability may decide from its parameters)."""
+        return "client_state" in self.capabilities
+
+    @classmethod
+    def transforms_of(cls, cfg: Any) -> list:
+        """The update transforms every upload passes through: ``payload.transforms`` (a
+        method that compresses by construction adds its own stage)."""
+        return list(cfg.payload.transforms or [])
+
+    @classmethod
+    def check(cls, cfg: Any) -> None:
+        """Refuse, before any Ray work, a config that asks this method for something it
+        cannot do (one :func:`require` per cross-cutting feature, then the reduce rule).
+        A method adds its own rules by overriding this and calling ``super().check``."""
+        if cfg.dp.enabled:
+            require(cls, "dp", "dp.enabled", True)
+        if cfg.local.dp_noise_multiplier is not None:
+            require(cls, "dp_sgd", "local.dp_noise_multiplier", cfg.local.dp_noise_multiplier)
+        if cfg.payload.transforms:
+            require(cls, "transforms", "payload.transforms", cfg.payload.transforms)
+        check_reduce(cfg, cls)
+
+    def make_optimizer(self) -> Any:
+        """The run's server optimizer (``cfg.server``, resolved by the config), for a
+        method whose rule hands it the pseudo-gradient."""
+        from fedray.server_opt import make_optimizer
+
+        return make_optimizer(self.cfg.server)
 
     # ------------------------------------------------------------------ client half
 

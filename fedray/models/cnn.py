@@ -2,21 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 from torch import nn
 
-
-def image_shape(input_shape: tuple[int, ...], model: str) -> tuple[int, int, int]:
-    """``(C, H, W)`` of an image input; a flat ``(D,)`` with square ``D`` reads as 1 x √D x √D."""
-    shape = tuple(int(d) for d in input_shape)
-    if len(shape) == 3:
-        return shape  # type: ignore[return-value]
-    if len(shape) == 1 and math.isqrt(shape[0]) ** 2 == shape[0]:
-        side = math.isqrt(shape[0])
-        return (1, side, side)
-    raise ValueError(f"{model} needs an image input (C, H, W) or a flat input whose size is a "
-                     f"perfect square; got input shape {shape}")
+from fedray.models.geometry import image_shape
 
 
 def unflatten_if_flat(input_shape: tuple[int, ...], image: tuple[int, int, int]) -> list[nn.Module]:

@@ -7,6 +7,7 @@ itself is :mod:`fedray.models.sliceable`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 # blocks per stage of the ResNets fedray builds (plain and sliceable): the one table of them
@@ -99,3 +100,21 @@ class Geometry:
 
     def to_dict(self) -> dict:
         return {"stream": list(self.stream), "hidden": list(self.hidden), "depth": self.depth}
+
+
+def image_shape(input_shape: tuple[int, ...], model: str) -> tuple[int, int, int]:
+    """``(C, H, W)`` of an image input; a flat ``(D,)`` with square ``D`` reads as 1 x √D x √D."""
+    shape = tuple(int(d) for d in input_shape)
+    if len(shape) == 3:
+        return shape  # type: ignore[return-value]
+    if len(shape) == 1 and math.isqrt(shape[0]) ** 2 == shape[0]:
+        side = math.isqrt(shape[0])
+        return (1, side, side)
+    raise ValueError(f"{model} needs an image input (C, H, W) or a flat input whose size is a "
+                     f"perfect square; got input shape {shape}")
+
+
+def arch_for(input_shape: tuple[int, ...], num_classes: int, blocks: tuple[int, ...],
+             width: int, groups: int, exits: bool, name: str) -> tuple[Arch, tuple[int, int]]:
+    c, h, w = image_shape(input_shape, name)
+    return Arch(c, num_classes, tuple(blocks), width, groups, exits), (h, w)

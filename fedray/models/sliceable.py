@@ -20,8 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedray.models.cnn import image_shape
-from fedray.models.geometry import RESNET_BLOCKS, Arch, Geometry, norm_groups
+from fedray.models.geometry import RESNET_BLOCKS, Arch, Geometry, arch_for, norm_groups
 
 
 class _FlopCount:
@@ -182,12 +181,6 @@ def held(arch: Arch, hw: tuple[int, int], g: Geometry, depths: tuple[int, ...] =
     with torch.device("meta"):
         model = SliceableResNet(arch, hw, g, all_heads=False, depths=depths)
     return tuple((k, tuple(v.shape)) for k, v in model.state_dict().items())
-
-
-def arch_for(input_shape: tuple[int, ...], num_classes: int, blocks: tuple[int, ...],
-             width: int, groups: int, exits: bool, name: str) -> tuple[Arch, tuple[int, int]]:
-    c, h, w = image_shape(input_shape, name)
-    return Arch(c, num_classes, tuple(blocks), width, groups, exits), (h, w)
 
 
 def sliceable_resnet18(input_shape: tuple[int, ...], num_classes: int, *, width: int = 64,

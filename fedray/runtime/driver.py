@@ -1,7 +1,8 @@
 """Driver: one experiment's round loop, run as a Ray actor. It only assembles the parts.
 
 - :class:`~fedray.runtime.parts.ServerState` — the global model and the round;
-- the method's :class:`~fedray.methods.base.AggregationPolicy`;
+- the method's :class:`~fedray.methods.base.AggregationPolicy` and the server optimizer
+  it hands its pseudo-gradient to (:mod:`fedray.server_opt`);
 - a :class:`~fedray.methods.base.ClientSampler` (:mod:`fedray.runtime.sampler`, or the
   method's own through :meth:`~fedray.methods.base.Algorithm.make_sampler`);
 - the :class:`~fedray.runtime.dispatch.Dispatcher` (typed jobs to the executor pool, typed
@@ -69,6 +70,8 @@ class Driver:
         out = {"server": p.server, "policy": p.policy, "ledger": p.ledger,
                "clients": p.clients, "dispatcher": p.dispatcher,
                "sampler": p.sampler, "loop": self.loop}
+        if p.policy.optimizer is not None:
+            out["optimizer"] = p.policy.optimizer
         if p.privacy is not None:
             out["dp"] = p.privacy
         return out

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from fedray import checkpoint
-from fedray.config import ExperimentConfig, load_config
+from fedray.config import ExperimentConfig, load_config, migrate_stored
 from fedray.progress import Progress
 from fedray.runtime import warm
 from fedray.spec import ConfigError, redact
@@ -108,28 +108,6 @@ def settled(cfg: ExperimentConfig) -> ExperimentConfig:
     return cfg
 
 
-def check_reduce(cfg: ExperimentConfig, algorithm_cls: type) -> None:
-    """``runtime.reduce=executors`` sums uploads where they are made, so nothing on the
-    server may need a single upload: a linear synchronous rule, no update transforms, no
-    central DP, no participation rule that picks reporters after the fact."""
-    if cfg.runtime.reduce != "executors":
-        return
-    from fedray.registry import make_method
-
-    algorithm = make_method(algorithm_cls, cfg)
-    policy, fl = algorithm.make_policy(), cfg.fleet
-    why = ("its aggregation rule needs every upload" if not policy.linear
-           or policy.buffer_size is not None
-           else "update transforms are decoded on the server" if algorithm.update_chain()
-           else "central DP clips every upload on the server" if cfg.dp.enabled
-           else "fleet.availability, fleet.deadline_s and fleet.overcommit pick the "
-                "reporters after the round" if fl.availability or fl.deadline_s is not None
-           or fl.overcommit else None)
-    if why:
-        raise ConfigError("runtime.reduce", "executors",
-                          f"driver for {cfg.algorithm['name']} here: {why}")
-
-
 def head_node_id() -> str:
     """The Ray head node's id (the node that outlives the workers), else this process's."""
     import ray
@@ -154,7 +132,7 @@ class Experiment:
 
         self.cfg, self.resume = cfg, resume
         self.algorithm_cls = algorithm_cls or registry.method(cfg.algorithm["name"])
-        check_reduce(cfg, self.algorithm_cls)
+        self.algorithm_cls.check(cfg)  # a class handed in directly is checked too
         self.run_dir = run_dir or cfg.run_dir or default_run_dir(cfg)
         self.storage = open_run_dir(self.run_dir)
         self.locked = False
@@ -529,6 +507,8 @@ def resume_config(run_dir: str, overrides: list[str] = ()) -> ExperimentConfig:
     if not storage.exists("config.yaml"):
         raise ConfigError("--resume", run_dir, "a run directory holding config.yaml")
     base = yaml.safe_load(storage.read_bytes("config.yaml").decode())
+    if isinstance(base, dict):  # a run an earlier version started: today's keys
+        base = migrate_stored(base)
     for text in overrides:
         if not text.startswith("rounds="):
             raise ConfigError(text.split("=")[0], text, "only rounds=N may change on --resume")

@@ -43,6 +43,11 @@ class _Compressed(FedAvg):
     def stage(self) -> Transform:
         raise NotImplementedError
 
+    @classmethod
+    def transforms_of(cls, cfg: Any) -> list:
+        """Its compressor is the first stage of every upload's chain."""
+        return [cls.name, *super().transforms_of(cfg)]
+
     def update_chain(self) -> TransformChain:
         chain = super().update_chain()
         return TransformChain([self.stage(), *chain.transforms], chain.error_feedback)

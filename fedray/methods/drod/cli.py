@@ -31,7 +31,7 @@ def drod_ladder(model: str = typer.Option("resnet18", help="resnet18 or resnet34
     """The shared budget ladder: per tier ρ, s, b, stage and hidden widths, parameters,
     FLOPs and their measured ratios to the full model (each sub-model built and run)."""
     from fedray.methods.drod.ladder import AXES, solve_ladder
-    from fedray.models.sliceable import arch_for
+    from fedray.models.geometry import arch_for
 
     base = model.removeprefix("sliceable_")
     if base not in RESNET_BLOCKS:

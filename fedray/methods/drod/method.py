@@ -71,7 +71,14 @@ from typing import Any, Literal
 import numpy as np
 
 from fedray.config import dataset_shape
-from fedray.methods.base import Algorithm, ClientContext, ClientOutput, ReportSection, State
+from fedray.methods.base import (
+    WEIGHTED_HELP,
+    Algorithm,
+    ClientContext,
+    ClientOutput,
+    ReportSection,
+    State,
+)
 from fedray.models.geometry import RESNET_BLOCKS
 from fedray.registry import register_method
 from fedray.spec import ConfigError, spec
@@ -103,7 +110,7 @@ class HeteroParams:
     fiarse_share: float = spec(0.5, ge=0, lt=1, help="rule fiarse: the share of the budget "
                                                      "the magnitude mask takes (structure at "
                                                      "ρ^(1−share) of the parameters)")
-    weighted: bool = spec(True, help="weight clients by sample count")
+    weighted: bool = spec(True, help=WEIGHTED_HELP)
     augment: bool = spec(False, help="random crop (pad 4) + horizontal flip of images")
 
     def validate(self, cfg: Any) -> None:
@@ -136,7 +143,7 @@ class HeteroParams:
 
 
 def arch_of(cfg: Any, input_shape: tuple[int, ...], num_classes: int):
-    from fedray.models.sliceable import arch_for
+    from fedray.models.geometry import arch_for
 
     kw = {k: v for k, v in cfg.model.items() if k != "name"}
     blocks = RESNET_BLOCKS[cfg.model["name"].removeprefix("sliceable_")]
@@ -271,7 +278,7 @@ class Hetero(Algorithm):
 
     name = "hetero"
     Params = HeteroParams
-    supports_continual = True
+    capabilities = frozenset({"continual", "client_state"})
 
     def compute_cost(self, tier: Any) -> float:
         """The tier's budget ρ (its sub-model's share of the full model's parameters or

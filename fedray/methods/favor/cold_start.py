@@ -77,7 +77,7 @@ def cold_start(params: Any, shared: dict[str, np.ndarray], initial: dict[str, np
     model, tok = lm
     enc, etok = load_asce(params.asce, device)
     cfg = StageConfig(params.private_epochs, params.micro_batch, params.accumulation,
-                      params.lr, params.max_steps)
+                      params.lora_lr, params.max_steps)
     prompts = []
     for a in authors:
         cuts = [prompt_and_reference(t, lambda s: tok(s)["input_ids"], tok.decode,

@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from fedray.methods.base import Algorithm, ClientContext, ClientOutput
+from fedray.methods.base import BASE_HELP, Algorithm, ClientContext, ClientOutput
 from fedray.methods.fedavg.policy import FedAvgPolicy
 from fedray.registry import register_method
 from fedray.spec import ConfigError, spec
@@ -50,16 +50,15 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 @dataclass
 class FavorParams:
-    base: str = spec("", help="base causal LM: hub id (e.g. Qwen/Qwen2.5-3B-Instruct) or a "
-                              "directory (the embedded tiny LM)")
+    base: str | None = spec(None, help=BASE_HELP)
     asce: str = spec("", help="directory of the trained ASCE style encoder")
     variant: Literal["favor", "fedavg", "fedprox", "ditto", "pfedme", "feddpa", "local",
                      "global_asce"] = "favor"
-    rank: int = spec(16, ge=1, help="LoRA rank r")
-    alpha: int = spec(32, ge=1, help="LoRA α")
+    lora_rank: int = spec(16, ge=1, help="LoRA rank r")
+    lora_alpha: int = spec(32, ge=1, help="LoRA α")
     dropout: float = spec(0.05, ge=0, lt=1)
     targets: list[str] = spec(default_factory=lambda: list(TARGETS))
-    lr: float = spec(2e-4, gt=0)
+    lora_lr: float = spec(2e-4, gt=0, help="Adam learning rate of the LoRA factors")
     micro_batch: int = spec(4, ge=1)
     accumulation: int = spec(8, ge=1)
     shared_epochs: int = spec(1, ge=1)
@@ -77,7 +76,6 @@ class FavorParams:
     pfedme_inner_lr: float = spec(0.01, gt=0, help="pFedMe's personal learning rate")
     ramp: float = spec(0.05, ge=0, le=1, help="κ_t ramp share of the private steps")
     proj_hidden: int = spec(256, ge=1, help="projection head hidden width")
-    server_lr: float = spec(1.0, gt=0, help="η_g")
     # data pipeline (FAVoR §4): used when data.dataset = blogtext
     min_tokens: int = spec(30_000, ge=1, help="keep authors with this many tokens")
     asce_authors: int = spec(50, ge=0, help="authors held out to train the style encoder")
@@ -110,8 +108,8 @@ def lora_spec(p: FavorParams, dropout: float | None = None):
 
     d = p.dropout if dropout is None else dropout
     if p.variant == "feddpa":
-        return LoraSpec(2 * p.rank, 2 * p.alpha, d, tuple(p.targets))
-    return LoraSpec(p.rank, p.alpha, d, tuple(p.targets))
+        return LoraSpec(2 * p.lora_rank, 2 * p.lora_alpha, d, tuple(p.targets))
+    return LoraSpec(p.lora_rank, p.lora_alpha, d, tuple(p.targets))
 
 
 @dataclass
@@ -135,6 +133,10 @@ class Favor(Algorithm):
 
     name = "favor"
     Params = FavorParams
+    renamed_keys = {"rank": "lora_rank", "alpha": "lora_alpha", "lr": "lora_lr"}
+    # the shared adapters' mean is a pseudo-gradient like FedAvg's (linear, any optimizer)
+    capabilities = frozenset({"linear", "client_state", "server_optimizer"})
+    server_optimizer = "sgd"
 
     @classmethod
     def build_data(cls, cfg: Any, dataset: Any = None) -> Any:
@@ -179,18 +181,18 @@ class Favor(Algorithm):
                     m.lora_A.to(device), m.lora_B.to(device)
         state = to_numpy(adapter_of(model))
         if self.params.variant == "feddpa":  # the global half of the rank-2r factors
-            r = self.params.rank
+            r = self.params.lora_rank
             state = {k: v[:r] if "lora_A" in k else v[:, :r] for k, v in state.items()}
         return state
 
     def make_policy(self):
-        return FedAvgPolicy(self.params.server_lr, weighted=False)
+        return FedAvgPolicy(self.make_optimizer(), weighted=False)
 
     def _stages(self):
         from fedray.methods.favor.train import StageConfig
 
         p = self.params
-        mk = lambda e: StageConfig(e, p.micro_batch, p.accumulation, p.lr, p.max_steps)  # noqa
+        mk = lambda e: StageConfig(e, p.micro_batch, p.accumulation, p.lora_lr, p.max_steps)  # noqa
         return mk(p.shared_epochs), mk(p.private_epochs)
 
     def client_update(self, ctx: ClientContext, broadcast) -> ClientOutput:

@@ -26,7 +26,6 @@ def train_pooled(cfg: Any, data: Any, device: str = "cpu") -> dict[str, np.ndarr
     epochs = p.shared_epochs * math.ceil(cfg.rounds * cfg.clients.sampled_count()
                                          / cfg.clients.num_clients)
     ids = torch.from_numpy(np.concatenate(data.train)).to(device)
-    end, _ = shared_stage(res["model"], start, ids, ids,
-                          StageConfig(epochs, p.micro_batch, p.accumulation, p.lr, p.max_steps),
-                          0.0, cfg.seed, 0, 0)
+    stage = StageConfig(epochs, p.micro_batch, p.accumulation, p.lora_lr, p.max_steps)
+    end, _ = shared_stage(res["model"], start, ids, ids, stage, 0.0, cfg.seed, 0, 0)
     return to_numpy(end)

@@ -97,7 +97,7 @@ def embedded_overrides(prep: dict[str, Any]) -> list[str]:
     return ["algorithm.name=favor", "data.dataset=blogtext", f"data.root={prep['csv']}",
             f"algorithm.base={prep['base']}", f"algorithm.asce={prep['asce']}",
             "algorithm.asce_authors=0", "algorithm.min_tokens=1", "algorithm.block_length=64",
-            "algorithm.prompt_tokens=24", "algorithm.new_tokens=40", "algorithm.lr=0.002",
-            "algorithm.rank=16", "algorithm.alpha=32", "algorithm.micro_batch=4",
+            "algorithm.prompt_tokens=24", "algorithm.new_tokens=40", "algorithm.lora_lr=0.002",
+            "algorithm.lora_rank=16", "algorithm.lora_alpha=32", "algorithm.micro_batch=4",
             "algorithm.accumulation=2", "algorithm.reference_texts=8",
             "algorithm.proj_hidden=64"]

@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 
 from fedray.methods.base import (
+    BASE_HELP,
+    WEIGHTED_HELP,
     AggregationPolicy,
     Algorithm,
     ClientContext,
@@ -62,10 +64,8 @@ def apply_base(model: Any, base: str, model_cfg: dict) -> None:
 class FedAvgParams:
     """FedAvg's knobs; FedProx and the compressed baselines extend them."""
 
-    server_lr: float = spec(1.0, gt=0, help="server learning rate η_s")
-    weighted: bool = spec(True, help="weight clients by sample count (else uniform)")
-    base: str | None = spec(None, help="fine-tune from this `fedray pretrain` output "
-                                       "(its frozen head stays frozen, not uploaded)")
+    weighted: bool = spec(True, help=WEIGHTED_HELP)
+    base: str | None = spec(None, help=BASE_HELP)
 
     def validate(self, cfg: Any) -> None:
         check_base(self.base, cfg.model if cfg is not None else None)
@@ -77,9 +77,21 @@ class FedAvg(Algorithm):
 
     name = "fedavg"
     Params = FedAvgParams
-    supports_transforms = True
-    supports_dp = True
-    supports_dp_sgd = True
+    capabilities = frozenset({"dp", "dp_sgd", "transforms", "linear", "client_state",
+                              "server_optimizer"})
+    server_optimizer = "sgd"
+
+    @classmethod
+    def check(cls, cfg: Any) -> None:
+        super().check(cfg)
+        if cfg.local.dp_noise_multiplier is not None:
+            from fedray.config import dataset_shape
+
+            try:
+                shape = dataset_shape(cfg.data)
+            except ConfigError:  # a table read at run time: the executor checks the model
+                return
+            cls.check_dp_sgd(cfg, *shape)
 
     @classmethod
     def check_dp_sgd(cls, cfg: Any, input_shape: tuple[int, ...], num_classes: int) -> None:
@@ -197,4 +209,4 @@ class FedAvg(Algorithm):
         return evaluate(ctx.resident, ctx.x_test, ctx.y_test, ctx.device)
 
     def make_policy(self) -> AggregationPolicy:
-        return FedAvgPolicy(self.params.server_lr, self.params.weighted)
+        return FedAvgPolicy(self.make_optimizer(), self.params.weighted)

@@ -1,12 +1,15 @@
-"""FedAvg's server step: θ_{t+1} = θ_t + η_s Σ_i w_i Δ_i, w_i = n_i / Σ_j n_j (``weighted``)
-or 1/N; η_s = 1 is plain FedAvg. The sum runs in client-id order in float64, so the result
-does not depend on which executor produced which update."""
+"""FedAvg's aggregation rule: the pseudo-gradient Δ = Σ_i w_i Δ_i, w_i = n_i / Σ_j n_j
+(``weighted``) or 1/N, summed in client-id order in float64 (so the result does not depend
+on which executor produced which update), handed to the run's server optimizer
+(:mod:`fedray.server_opt`): ``sgd`` with η_s = 1 is McMahan et al.'s FedAvg, ``momentum`` is
+FedAvgM, ``adam`` / ``yogi`` / ``adagrad`` are Reddi et al.'s FedOpt family."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from fedray.methods.base import AggregationPolicy, State
+from fedray.server_opt import SGD, ServerOptimizer, norm
 
 
 def weighted_mean(updates: list[tuple[int, int, State]], weighted: bool = True) -> State:
@@ -29,10 +32,8 @@ class FedAvgPolicy(AggregationPolicy):
     and as deterministic (the executors' groups and their order do not depend on how many
     executors there are)."""
 
-    linear = True
-
-    def __init__(self, server_lr: float = 1.0, weighted: bool = True):
-        self.server_lr = server_lr
+    def __init__(self, optimizer: ServerOptimizer | None = None, weighted: bool = True):
+        self.optimizer = optimizer if optimizer is not None else SGD.of()
         self.weighted = weighted
 
     def weight(self, num_samples: int) -> float:
@@ -45,8 +46,6 @@ class FedAvgPolicy(AggregationPolicy):
         return self.step(global_state, {k: v / weight for k, v in total.items()})
 
     def step(self, global_state: State, mean: State) -> tuple[State, dict[str, float]]:
-        """θ + η_s · mean, in float64, back to float32."""
-        new = {k: (v.astype(np.float64) + self.server_lr * mean[k]).astype(np.float32)
-               if k in mean else v for k, v in global_state.items()}
-        norm = float(np.sqrt(sum(float((m * m).sum()) for m in mean.values())))
-        return new, {"update_norm": norm}
+        """The server optimizer's step from the pseudo-gradient ``mean``."""
+        new, metrics = self.optimizer.step(global_state, mean)
+        return new, {"update_norm": norm(mean), **metrics}

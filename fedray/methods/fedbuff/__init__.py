@@ -31,6 +31,7 @@ import numpy as np
 from fedray.methods.base import AggregationPolicy, AsyncUpdate, State
 from fedray.methods.fedavg import FedAvg
 from fedray.registry import register_method
+from fedray.server_opt import SGD
 from fedray.spec import ConfigError, spec
 
 
@@ -61,20 +62,24 @@ def _check(cfg: Any, name: str, concurrency: int) -> None:
 
 
 class FedBuffPolicy(AggregationPolicy):
-    def __init__(self, concurrency: int, buffer_size: int, server_lr: float):
-        self.concurrency, self.buffer_size, self.server_lr = concurrency, buffer_size, server_lr
+    """The buffer's staleness-weighted mean Σ_k s(τ_k) Δ_k / K is the pseudo-gradient of the
+    server step, applied by the run's server optimizer (η_g Δ with ``sgd``, the paper's)."""
+
+    def __init__(self, concurrency: int, buffer_size: int, optimizer: Any = None):
+        self.concurrency, self.buffer_size = concurrency, buffer_size
+        self.optimizer = optimizer if optimizer is not None else SGD.of()
 
     def aggregate_async(self, global_state: State, updates: list[AsyncUpdate], step: int
                         ) -> tuple[State, dict[str, float]]:
         w = fedbuff_weight([u.staleness for u in updates]) / len(updates)
-        new = dict(global_state)
+        delta = {}
         for k in updates[0].upload:
             acc = np.zeros(np.shape(global_state[k]), dtype=np.float64)
             for wi, u in zip(w, updates, strict=True):
                 acc += wi * u.upload[k]
-            new[k] = (global_state[k].astype(np.float64) + self.server_lr * acc).astype(
-                global_state[k].dtype)
-        return new, {"mean_weight": float(w.sum())}
+            delta[k] = acc
+        new, metrics = self.optimizer.step(global_state, delta)
+        return new, {"mean_weight": float(w.sum()), **metrics}
 
 
 class FedAsyncPolicy(AggregationPolicy):
@@ -100,8 +105,6 @@ class FedAsyncPolicy(AggregationPolicy):
 class FedBuffParams:
     concurrency: int = spec(10, ge=1, help="clients training at once (C)")
     buffer_size: int = spec(5, ge=1, help="uploads per server step (K)")
-    server_lr: float = spec(1.0, gt=0, help="server learning rate η_g")
-
     def validate(self, cfg: Any) -> None:
         _check(cfg, "fedbuff", self.concurrency)
         if cfg is not None and self.buffer_size > cfg.clients.num_clients:
@@ -112,8 +115,8 @@ class FedBuffParams:
 
 @dataclass
 class FedAsyncParams:
-    concurrency: int = spec(10, ge=1, help="clients training at once")
-    alpha: float = spec(0.6, gt=0, le=1, help="mixing weight α")
+    concurrency: int = spec(10, ge=1, help="clients training at once (C)")
+    mixing: float = spec(0.6, gt=0, le=1, help="mixing weight α")
     staleness_exponent: float = spec(0.5, ge=0, help="a in α (1+τ)^(−a)")
 
     def validate(self, cfg: Any) -> None:
@@ -126,6 +129,7 @@ class FedBuff(FedAvg):
 
     name = "fedbuff"
     Params = FedBuffParams
+    capabilities = frozenset(FedAvg.capabilities - {"linear"} | {"asynchronous"})
 
     @classmethod
     def dp_cohort(cls, cfg: Any) -> tuple[int, int]:
@@ -136,7 +140,7 @@ class FedBuff(FedAvg):
 
     def make_policy(self) -> FedBuffPolicy:
         p = self.params
-        return FedBuffPolicy(p.concurrency, p.buffer_size, p.server_lr)
+        return FedBuffPolicy(p.concurrency, p.buffer_size, self.make_optimizer())
 
 
 @register_method
@@ -145,6 +149,11 @@ class FedAsync(FedAvg):
 
     name = "fedasync"
     Params = FedAsyncParams
+    renamed_keys = {"alpha": "mixing"}
+    # every upload is mixed in with its own staleness weight: no server optimizer
+    capabilities = frozenset(FedAvg.capabilities - {"linear", "server_optimizer"}
+                             | {"asynchronous"})
+    server_optimizer = None
 
     @classmethod
     def dp_cohort(cls, cfg: Any) -> tuple[int, int]:
@@ -153,7 +162,7 @@ class FedAsync(FedAvg):
 
     def make_policy(self) -> FedAsyncPolicy:
         p = self.params
-        return FedAsyncPolicy(p.concurrency, p.alpha, p.staleness_exponent)
+        return FedAsyncPolicy(p.concurrency, p.mixing, p.staleness_exponent)
 
 
 __all__ = ["FedAsync", "FedAsyncPolicy", "FedBuff", "FedBuffPolicy", "fedasync_mixing",

@@ -22,7 +22,6 @@ from fedray.methods.flite.factors import (
     u_chunks,
     v_matrix,
 )
-from fedray.methods.flite.mapping import LatentMapping
 from fedray.methods.flite.method import Flite, FliteParams
 
 __all__ = ["Flite", "FliteParams", "LatentMapping", "LayerFactors", "check_dims",
@@ -30,3 +29,12 @@ __all__ = ["Flite", "FliteParams", "LatentMapping", "LayerFactors", "check_dims"
            "v_matrix"]
 
 from fedray.methods.flite import cli as _cli  # noqa: E402,F401  (fedray flite ...)
+
+
+def __getattr__(name: str):
+    """``LatentMapping`` on first use: it needs torch, and loading a config must not."""
+    if name == "LatentMapping":
+        from fedray.methods.flite.mapping import LatentMapping
+
+        return LatentMapping
+    raise AttributeError(name)

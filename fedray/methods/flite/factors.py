@@ -29,13 +29,15 @@ import fnmatch
 import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from torch import nn
 
 from fedray.seeding import rng
 from fedray.spec import ConfigError
+
+if TYPE_CHECKING:
+    from torch import nn
 
 CHUNK_ROWS = 32768
 """Rows of G_l drawn per chunk; part of the factor definition (see the module docstring)."""
@@ -57,6 +59,8 @@ def mapped_layers(model: nn.Module, patterns: list[str] | None = None) -> list[s
     is selected.
     """
     if patterns is None:
+        from torch import nn
+
         conv_weights = {f"{name}.weight" if name else "weight"
                         for name, module in model.named_modules()
                         if isinstance(module, nn.modules.conv._ConvNd)}

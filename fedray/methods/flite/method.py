@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from fedray.methods.base import ClientContext, ClientOutput
+from fedray.methods.base import BASE_HELP, WEIGHTED_HELP, ClientContext, ClientOutput
 from fedray.methods.fedavg.method import FedAvg, apply_base, check_base
 from fedray.methods.fedavg.policy import FedAvgPolicy, weighted_mean
 from fedray.registry import register_method
@@ -37,7 +37,7 @@ from fedray.spec import ConfigError, spec
 
 @dataclass
 class FliteParams:
-    base: str | None = spec(None, help="`fedray pretrain` output to fine-tune (delta mode)")
+    base: str | None = spec(None, help=BASE_HELP)
     d: int = spec(64, ge=1, help="latent size d_l per mapped layer")
     r: int = spec(32, ge=1, help="rank r of the frozen factors (r <= d)")
     factor_seed: int = spec(0, ge=0, help="the one 64-bit seed of every layer's U_l, V_l")
@@ -48,7 +48,7 @@ class FliteParams:
     lr: float = spec(1e-2, gt=0, help="Adam learning rate on the latents")
     weight_decay: float = spec(1e-4, ge=0)
     clip: float | None = spec(1.0, gt=0, help="gradient-norm clip on the latents")
-    weighted: bool = spec(False, help="sample-weighted mean (default: unweighted, Alg. 1)")
+    weighted: bool = spec(False, help=WEIGHTED_HELP)  # unweighted: Alg. 1
     quant_scope: Literal["vector", "layer"] = spec(
         "vector", help="one quantizer scale/zero for the whole latent, or one per layer")
     identity_check: bool = spec(True, help="log the averaging-identity error every round")
@@ -82,10 +82,9 @@ def latent_layout(names: list[str], d: int) -> list[tuple[str, int]]:
 class FlitePolicy(FedAvgPolicy):
     """Mean of the latents (FedAvg in latent space, Eq. 2) plus the identity check."""
 
-    linear = False  # the identity check needs every latent
-
     def __init__(self, params: FliteParams, layout: list[tuple[str, int]], checker: Any):
-        super().__init__(server_lr=1.0, weighted=params.weighted)
+        super().__init__(weighted=params.weighted)
+        self.optimizer = None  # the latent is the mean itself (Eq. 2): no server step
         self.layout, self.checker = layout, checker
 
     def _vector(self, upload: dict) -> np.ndarray:
@@ -113,10 +112,12 @@ class Flite(FedAvg):
 
     name = "flite"
     Params = FliteParams
-    # it uploads the latent z itself, not a delta: error feedback would pile up absolute
-    # values, and per-layer scopes rename it; its codec is payload.upload
-    supports_transforms = False
-    supports_dp_sgd = False  # Adam on the latents, through the mapping: not Opacus-wrappable
+    # it uploads the latent z itself, not a delta: no transforms (error feedback would pile
+    # up absolute values, per-layer scopes rename it; its codec is payload.upload), no server
+    # optimizer (the new latent is the mean, Eq. 2), not linear (the identity check needs
+    # every latent); no local DP-SGD (Adam on the latents, through the mapping)
+    capabilities = frozenset({"dp", "client_state"})
+    server_optimizer = None
 
     @classmethod
     def sweep_preset(cls, cfg: Any) -> dict[str, dict]:

@@ -4,6 +4,13 @@ the Flower strategy in :mod:`fedray.integrations.flower`) and the report diagnos
 (:mod:`.diagnostics`)."""
 
 from fedray.methods.orders.method import Orders
-from fedray.methods.orders.policy import OrdersParams, OrdersPolicy, OrdersState, orders_step
+from fedray.methods.orders.policy import (
+    OrdersParams,
+    OrdersPolicy,
+    OrdersState,
+    orders_step,
+    orders_update,
+)
 
-__all__ = ["Orders", "OrdersParams", "OrdersPolicy", "OrdersState", "orders_step"]
+__all__ = ["Orders", "OrdersParams", "OrdersPolicy", "OrdersState", "orders_step",
+           "orders_update"]

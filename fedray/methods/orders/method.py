@@ -31,6 +31,9 @@ class Orders(FedAvg):
 
     name = "orders"
     Params = OrdersParams
+    renamed_keys = {"alpha": "offset"}
+    # every upload is ranked: not linear
+    capabilities = frozenset(FedAvg.capabilities - {"linear"})
 
     @classmethod
     def sweep_preset(cls, cfg: Any) -> dict[str, dict]:
@@ -71,4 +74,5 @@ class Orders(FedAvg):
         return out
 
     def make_policy(self) -> OrdersPolicy:
-        return OrdersPolicy(self.params, self.cfg.seed, self.cfg.tier_of)
+        return OrdersPolicy(self.params, self.cfg.seed, self.cfg.tier_of,
+                            self.make_optimizer())

@@ -36,7 +36,9 @@ One round t, with the uploads Δθ_i = θ_i^local − θ_{t−1} of the particip
    sets w_k = 0 for k ≤ m (the text's "freeze the top users" diagnostic, §5.2).
 6. aggregate (§2.2): θ_t = θ_{t−1} + η Σ_k w_k (Δθ_{i_k} − Δθ_{i_{k+1}}), Δθ_{i_{N+1}} = 0,
    computed in its telescoped form Σ_k c_k Δθ_{i_k} with c_1 = w_1, c_k = w_k − w_{k−1}
-   (identical, one pass over the updates). η = ``server_lr`` (1 = the text).
+   (identical, one pass over the updates). η = 1 is the text; in a run the rank-weighted
+   sum is the pseudo-gradient the server optimizer applies (``server.optimizer=sgd``,
+   ``server.lr`` = η: the text's step; any other optimizer takes it the same way).
 
    As written the coefficients after the first rank are negative for every decreasing
    weight scheme and sum to w_N: the model moves along the top client's update and
@@ -83,7 +85,7 @@ class OrdersParams:
                         "smoothed_inverse 1/(k+α)")
     beta: float = spec(0.5, gt=0, help="sigmoid steepness β (text: 0.3–0.7)")
     gamma: float | None = spec(None, ge=1, help="sigmoid centre γ (default N/3 of the ranked)")
-    alpha: float = spec(10.0, ge=0, help="smoothed_inverse offset α")
+    offset: float = spec(10.0, ge=0, help="smoothed_inverse offset α in 1/(k+α)")
     smoothing_window: int = spec(3, ge=1, help="norms averaged per client")
     participation_threshold: int = spec(2, ge=1, help="rounds of the horizon a client must "
                                                       "have joined to be ranked")
@@ -97,7 +99,6 @@ class OrdersParams:
     combine: Literal["difference", "rank_mean"] = spec(
         "difference", help="difference: the text's formula; rank_mean: normalized positive "
                            "rank weights (a usable variant)")
-    server_lr: float = spec(1.0, gt=0, help="server step η")
     freeze_top: int = spec(0, ge=0, help="w_k = 0 for the top m ranks (diagnostic)")
     dp_b0: float = spec(0.0, ge=0, help="Laplace noise base scale b_0 on ranked norms (0: off)")
     dp_clip: float | None = spec(None, gt=0, help="clip norms to C before the noise (gives ε)")
@@ -132,7 +133,7 @@ def rank_weights(n: int, p: OrdersParams) -> np.ndarray:
     if p.weighting == "inverse":
         w = 1.0 / k
     elif p.weighting == "smoothed_inverse":
-        w = 1.0 / (k + p.alpha)
+        w = 1.0 / (k + p.offset)
     else:
         gamma = p.gamma if p.gamma is not None else n / 3.0
         w = 1.0 / (1.0 + np.exp(p.beta * (k - gamma)))
@@ -204,17 +205,28 @@ def _fit(points: list[tuple[int, float]]) -> tuple[float, float, float]:
 
 
 def orders_step(prev: np.ndarray, deltas: np.ndarray, client_ids: np.ndarray, round: int,
-                state: OrdersState, p: OrdersParams, *, norms: np.ndarray | None = None,
-                tiers: np.ndarray | None = None, rng: np.random.Generator | None = None,
-                key_mask: np.ndarray | None = None
-                ) -> tuple[np.ndarray, OrdersState, dict[str, Any]]:
-    """One ORDERS aggregation on flat parameters.
+                state: OrdersState, p: OrdersParams, *, server_lr: float = 1.0,
+                **kwargs: Any) -> tuple[np.ndarray, OrdersState, dict[str, Any]]:
+    """One ORDERS aggregation on flat parameters: θ_t = θ_{t−1} + η Σ_k c_k Δθ_{i_k}
+    (float32; η = ``server_lr``, 1 = the text) with :func:`orders_update`'s state and
+    diagnostics; ``kwargs`` are its keywords."""
+    update, state, diag = orders_update(prev, deltas, client_ids, round, state, p, **kwargs)
+    new = (prev.astype(np.float64) + server_lr * update.astype(np.float64)).astype(np.float32)
+    return new, state, diag
+
+
+def orders_update(prev: np.ndarray, deltas: np.ndarray, client_ids: np.ndarray, round: int,
+                  state: OrdersState, p: OrdersParams, *, norms: np.ndarray | None = None,
+                  tiers: np.ndarray | None = None, rng: np.random.Generator | None = None,
+                  key_mask: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, OrdersState, dict[str, Any]]:
+    """The ORDERS aggregation rule on flat parameters: the pseudo-gradient Σ_k c_k Δθ_{i_k}.
 
     ``prev`` (P,) is θ_{t−1}; ``deltas`` (N, P) holds the uploads in ascending
     ``client_ids`` order; ``norms`` optionally the clients' reported norms; ``tiers`` the
     tier of each row (used when ``p.hierarchical``); ``rng`` draws the Laplace noise.
-    Returns θ_t (float32), the new state (the input is not modified) and diagnostics:
-    round-level scalars plus ``per_client`` {client_id: {...}}.
+    Returns the update (float32, (P,)), the new state (the input is not modified) and
+    diagnostics: round-level scalars plus ``per_client`` {client_id: {...}}.
     """
     ids = np.asarray(client_ids, dtype=np.int64)
     if deltas.ndim != 2 or deltas.shape[0] != ids.size or deltas.shape[1] != prev.size:
@@ -281,7 +293,6 @@ def orders_step(prev: np.ndarray, deltas: np.ndarray, client_ids: np.ndarray, ro
         weight[order] = w
 
     update = coef.astype(np.float32) @ deltas if ids.size else np.zeros_like(prev)
-    new = (prev.astype(np.float64) + p.server_lr * update.astype(np.float64)).astype(np.float32)
 
     per_client = {}
     for j, cid in enumerate(ids.tolist()):
@@ -312,7 +323,7 @@ def orders_step(prev: np.ndarray, deltas: np.ndarray, client_ids: np.ndarray, ro
             finite_b.max()), noise_scale_mean=float(finite_b.mean()))
         if p.dp_clip is not None:
             diag["epsilon_max"] = float(p.dp_clip / finite_b.min())
-    return new, state, diag
+    return update, state, diag
 
 
 def skewness(x: np.ndarray) -> float:
@@ -326,12 +337,16 @@ def skewness(x: np.ndarray) -> float:
 
 
 class OrdersPolicy(AggregationPolicy):
-    """:func:`orders_step` over fedray's named-tensor states."""
+    """:func:`orders_update` over fedray's named-tensor states; the update goes to the run's
+    server optimizer (``sgd`` with η = 1 by default: the text's θ_{t−1} + Σ_k c_k Δθ_{i_k})."""
 
     def __init__(self, params: OrdersParams, seed: int,
-                 tier_of: Callable[[int], str] | None = None):
+                 tier_of: Callable[[int], str] | None = None, optimizer: Any = None):
+        from fedray.server_opt import SGD
+
         self.p, self.seed, self.tier_of = params, seed, tier_of
         self.state = OrdersState()
+        self.optimizer = optimizer if optimizer is not None else SGD.of()
 
     def aggregate(self, global_state: State, updates: list, round: int):
         from fedray.seeding import rng
@@ -350,15 +365,16 @@ class OrdersPolicy(AggregationPolicy):
         mask = None
         if self.p.norm == "key_layer":
             mask = key_layer_mask({k: global_state[k] for k in names}, self.p.key_layers)
-        new, self.state, diag = orders_step(
+        update, self.state, diag = orders_update(
             prev, deltas, ids, round, self.state, self.p, norms=norms, tiers=tiers,
             rng=rng(self.seed, round, -1, "orders-dp"), key_mask=mask)
-        out, offset = dict(global_state), 0
+        delta, offset = {}, 0
         for k in names:
             size = global_state[k].size
-            out[k] = new[offset:offset + size].reshape(global_state[k].shape)
+            delta[k] = update[offset:offset + size].reshape(global_state[k].shape)
             offset += size
-        return out, diag
+        out, metrics = self.optimizer.step(global_state, delta)
+        return out, {**diag, **metrics}
 
     def state_dict(self) -> dict[str, Any]:
         """Plain data (dicts keyed by client id, lists, (round, value) tuples)."""

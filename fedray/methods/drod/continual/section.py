@@ -64,12 +64,8 @@ class ContinualConfig:
             raise ConfigError("continual.buffer_total", self.buffer_total,
                               f"0 or at least one exemplar per client "
                               f"({cfg.clients.num_clients})")
-        method = registry.method(cfg.algorithm.get("name", "fedavg"))
-        if not getattr(method, "supports_continual", False):
-            able = sorted(n for n, m in registry.methods().items()
-                          if getattr(m, "supports_continual", False))
-            raise ConfigError("algorithm.name", cfg.algorithm.get("name"),
-                              "a method that supports continual.tasks: " + ", ".join(able))
+        registry.require(registry.method(cfg.algorithm.get("name", "fedavg")), "continual",
+                "continual.tasks", self.tasks)
 
 
 registry.register_section("continual", ContinualConfig)
