@@ -45,8 +45,8 @@ EPSILONS = [math.inf, 8.0, 4.0, 1.0]
 
 
 def run_one(method: str, eps: float, seed: int, base: str, work: str) -> dict:
-    from fedray.config import load_config
-    from fedray.metrics import read_metrics
+    from fedray.core.config import load_config
+    from fedray.observe.metrics import read_metrics
     from fedray.runtime import run_experiment
 
     name = f"dp-{method}-eps{eps:g}-s{seed}"
@@ -113,8 +113,8 @@ def main() -> None:
     import ray
     from tqdm import tqdm
 
-    from fedray.config import load_config
-    from fedray.pretrain import pretrain
+    from fedray.core.config import load_config
+    from fedray.models.pretrain import pretrain
 
     os.makedirs(args.out, exist_ok=True)
     t0 = time.perf_counter()

@@ -90,10 +90,10 @@ def config(arm: str, method: str, seed: int, args, match: str = "params",
 def rungs(arm: str, args, match: str) -> dict:
     """Each tier's sub-model under ``match``: geometry, FIARSE's keep fraction, and the
     parameter and FLOP ratios it spends (a mask cuts parameters, not FLOPs)."""
-    from fedray.config import load_config
+    from fedray.core.config import load_config
+    from fedray.core.registry import build_method
     from fedray.methods.drod.method import data_shape
     from fedray.models.sliceable import held
-    from fedray.registry import build_method
 
     cfg = load_config(None, base=config(arm, "er", 0, args, match))
     res = build_method(cfg).build_resident(*data_shape(cfg), "cpu")
@@ -136,9 +136,9 @@ def matrices(rows: list[dict], args) -> dict:
 
 
 def run_one(arm, method, seed, args, out_dir, match="params", buffer=None) -> dict:
-    from fedray.config import load_config
+    from fedray.core.config import load_config
     from fedray.methods.drod.continual.metrics import summarize
-    from fedray.metrics import read_metrics
+    from fedray.observe.metrics import read_metrics
     from fedray.runtime import run_experiment
 
     cfg = load_config(None, base=config(arm, method, seed, args, match, buffer))

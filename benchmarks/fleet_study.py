@@ -91,8 +91,8 @@ def drod_config(arm: str, seed: int) -> dict:
 
 
 def run(cfg_dict: dict, out: Path) -> dict:
-    from fedray.config import load_config
-    from fedray.metrics import read_metrics
+    from fedray.core.config import load_config
+    from fedray.observe.metrics import read_metrics
     from fedray.runtime import run_experiment
 
     run_dir = out / "runs" / cfg_dict["name"].replace(" ", "_")

@@ -12,7 +12,7 @@ ResNet-18, GroupNorm 32, frozen orthogonal head, 32×32×3, 100 classes, K = 8, 
 pretrain, 64 locally, d = 64, r = 32):
 
 1. pretraining: ``--steps`` SGD steps of batch 128 with crop+flip (the steps of
-   :func:`fedray.pretrain.pretrain`, after one warm-up step) and the per-epoch evaluation
+   :func:`fedray.models.pretrain.pretrain`, after one warm-up step) and the per-epoch evaluation
    on the 10,000 test images; one epoch = ⌈50,000/128⌉ = 391 steps + that evaluation
    (extrapolated from the measured steps);
 2. federated rounds: ``jobs/flite_cifar100.py --gpus-per-executor 0 --executors 1`` for
@@ -60,12 +60,12 @@ def main() -> None:
     import torch
     from cifar_fixture import patch_cifar_md5, write_fake_cifar
 
-    from fedray.config import load_config
+    from fedray.core.config import load_config
+    from fedray.core.seeding import torch_generator
     from fedray.data import load_dataset
-    from fedray.metrics import read_metrics
-    from fedray.pretrain import build_base_model, pretrain
-    from fedray.seeding import torch_generator
-    from fedray.training import SGD, evaluate, random_crop_flip
+    from fedray.models.pretrain import build_base_model, pretrain
+    from fedray.models.training import SGD, evaluate, random_crop_flip
+    from fedray.observe.metrics import read_metrics
 
     out: dict = {"torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
                  "load_average_start": os.getloadavg()}
@@ -86,7 +86,7 @@ def main() -> None:
         out["train_shape"] = list(data.x_train.shape)
         out["test_shape"] = list(data.x_test.shape)
 
-        # 1. pretraining steps (the loop of fedray.pretrain.pretrain) and the evaluation
+        # 1. pretraining steps (the loop of fedray.models.pretrain.pretrain) and the evaluation
         p = cfg.pretrain
         model = build_base_model(cfg, data.input_shape, data.num_classes)
         out["model_parameters"] = int(sum(q.numel() for q in model.parameters()))

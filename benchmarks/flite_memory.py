@@ -39,9 +39,9 @@ def peak_rss() -> int:
 def child(mode: str, batch: int, d: int, r: int, seed: int) -> dict:
     import torch
 
+    from fedray.core.seeding import derive_seed, torch_generator
     from fedray.methods.flite import LatentMapping
     from fedray.models import build_model
-    from fedray.seeding import derive_seed, torch_generator
 
     with torch.random.fork_rng(devices=[]):  # the same model in every child
         torch.manual_seed(derive_seed(seed, -1, -1, "model-init"))

@@ -105,9 +105,9 @@ def _digest(items: list[str]) -> str:
 def make_base(head: str, out: str, model: list[str] = MODEL) -> dict:
     """Pretrain the base of ``head`` into ``out``, or read it back when ``out`` holds one
     (a cached base: same recipe, same seed, so the same weights)."""
-    from fedray.config import load_config
-    from fedray.pretrain import load_base, pretrain
-    from fedray.storage import Storage
+    from fedray.core.config import load_config
+    from fedray.core.storage import Storage
+    from fedray.models.pretrain import load_base, pretrain
 
     if Storage(out).exists("base.json"):
         return load_base(out)[1]
@@ -126,12 +126,12 @@ def quantized_base_accuracy(base: str, transforms: list[str], model_overrides: l
     would hold if every client sent the base unchanged (the quantization floor alone)."""
     import numpy as np
 
-    from fedray.config import load_config
+    from fedray.core.config import load_config
     from fedray.data import load_dataset
     from fedray.methods.fedavg.method import apply_base
-    from fedray.pretrain import build_base_model, load_base
-    from fedray.training import evaluate, get_state, set_state
-    from fedray.transforms import TransformChain, parse_transforms
+    from fedray.models.pretrain import build_base_model, load_base
+    from fedray.models.training import evaluate, get_state, set_state
+    from fedray.wire.transforms import TransformChain, parse_transforms
 
     cfg = load_config(None, BASE + model_overrides)
     data = load_dataset(cfg.data, cfg.seed)
@@ -167,8 +167,8 @@ def run_one(study: str, partition: str, method: str, seed: int, k: int, base: st
     to ``prefix_of``) and report its first ``rounds`` rounds — the same thing, since nothing
     in a run depends on how many rounds follow (client sampling and every draw come from
     (seed, round, client); learning rates are constant across rounds)."""
-    from fedray.config import load_config
-    from fedray.metrics import read_metrics
+    from fedray.core.config import load_config
+    from fedray.observe.metrics import read_metrics
     from fedray.runtime import run_experiment
 
     name, overrides, path = _cache_path(cache, partition, method, seed, k, head, rounds)
@@ -331,7 +331,7 @@ def main() -> None:
     import ray
     from tqdm import tqdm
 
-    from fedray.pretrain import load_base
+    from fedray.models.pretrain import load_base
 
     os.makedirs(args.out, exist_ok=True)
     t0 = time.perf_counter()

@@ -196,7 +196,7 @@ def check_favor(device: str, dry: bool, tmp: str) -> list[dict[str, Any]]:
 def check_flite(device: str, dry: bool) -> list[dict[str, Any]]:
     from fedray.methods.flite import LatentMapping
     from fedray.models import build_model
-    from fedray.training import train_local
+    from fedray.models.training import train_local
 
     gen = np.random.default_rng(0)
     size = 16 if dry else 32
@@ -228,10 +228,10 @@ def check_flite(device: str, dry: bool) -> list[dict[str, Any]]:
 
 
 def check_drod(device: str, dry: bool) -> dict[str, Any]:
-    from fedray.config import load_config
+    from fedray.core.config import load_config
+    from fedray.core.registry import build_method
     from fedray.data import build_data
     from fedray.methods.base import ClientContext
-    from fedray.registry import build_method
     from fedray.runtime.devices import configure_process
 
     configure_process(device, deterministic=True)  # what an executor does with the flag
@@ -281,7 +281,7 @@ def connected_ray(dry: bool) -> Iterator[None]:
     is exercised without one. Shuts down only a Ray it started."""
     import ray
 
-    from fedray.config import load_config
+    from fedray.core.config import load_config
     from fedray.runtime import init_ray
 
     if dry and not os.environ.get("RAY_ADDRESS"):
@@ -299,7 +299,7 @@ def connected_ray(dry: bool) -> Iterator[None]:
 
 def check_ray(dry: bool, tmp: str) -> list[dict[str, Any]]:
     """``ray_tiers`` and ``fatal_error`` on the connected Ray (:func:`connected_ray`)."""
-    from fedray.config import load_config
+    from fedray.core.config import load_config
     from fedray.runtime import Experiment, run_experiment
 
     base = ["clients.num_clients=8", "rounds=2", "model.hidden=[32]", "local.batch_size=16",
@@ -402,7 +402,7 @@ def run_fleet(cfg: Any, run_dir: str, algorithm_cls: type, data: Any = None
               ) -> tuple[list[dict], list[dict], dict]:
     """Run ``cfg`` on the connected Ray with ``measured(algorithm_cls)``; returns the
     executors' ready reports, the clients table's rows and the summary."""
-    from fedray.metrics import read_metrics
+    from fedray.observe.metrics import read_metrics
     from fedray.runtime import Experiment
 
     exp = Experiment(cfg, run_dir, algorithm_cls=measured(algorithm_cls), data=data)
@@ -490,7 +490,7 @@ def fleet_check(name: str, cfg: Any, ref_cfg: Any, run_dir: str, tolerance: floa
     run; then without a GPU memory figure) and ran a client; every tier reports samples/s
     (``trained``: default :func:`local_samples`); :func:`compare_to_cpu` holds on ``loss``
     (in a dry run with tolerance 0). The callers add their method's own conditions."""
-    from fedray import registry
+    from fedray.core import registry
 
     algorithm_cls = registry.method(cfg.algorithm["name"])
     t0 = time.perf_counter()
@@ -548,7 +548,7 @@ def check_favor_fleet(dry: bool, tmp: str) -> list[dict[str, Any]]:
     4 clients, 1 round, and the same code on the CPU in fp32 — bitsandbytes' 4-bit layers
     need CUDA, so the row says quantization is off. Against the CPU run: sampling, tiers,
     samples and bytes identical; the loss difference is reported only (NF4 is not fp32)."""
-    from fedray.config import load_config
+    from fedray.core.config import load_config
     from fedray.data import build_data
     from fedray.methods.favor.lm import TinyLM
     from fedray.methods.favor.prepare import embedded_overrides
@@ -595,7 +595,7 @@ def check_drod_fleet(dry: bool, tmp: str) -> list[dict[str, Any]]:
     the CPU run's."""
     import ray
 
-    from fedray.config import load_config
+    from fedray.core.config import load_config
 
     accel = sorted(k.split(":", 1)[1] for k in ray.cluster_resources()
                    if k.startswith("accelerator_type:"))
@@ -632,8 +632,8 @@ def check_flite_fleet(dry: bool, tmp: str) -> list[dict[str, Any]]:
     uploads; 4 clients, 2 executors at 0.25 GPU, 2 rounds of 4 local steps. Against the CPU
     run: sampling, samples and the bytes of every upload identical; round-1 losses within
     5%. A dry run: width 4, the same shapes, 1 round, on the CPU."""
-    from fedray.config import load_config
-    from fedray.pretrain import pretrain
+    from fedray.core.config import load_config
+    from fedray.models.pretrain import pretrain
 
     width, rounds = (4, 1) if dry else (64, 2)
     data = ["data.dataset=digits", "data.image_size=32", "data.channels=3",
@@ -660,7 +660,7 @@ def check_flite_fleet(dry: bool, tmp: str) -> list[dict[str, Any]]:
     # every upload: z, D = 64 latents per conv weight (20 in a ResNet-18), at int4 — 648 B
     # of codes, scale and zero-point (FLITE's figure) plus the payload's header
     from fedray.models import build_model
-    from fedray.payload import Payload
+    from fedray.wire.payload import Payload
 
     convs = sum(isinstance(m, torch.nn.Conv2d)
                 for m in build_model("resnet18", (3, 32, 32), 10, width=width).modules())

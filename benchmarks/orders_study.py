@@ -61,8 +61,8 @@ def first_round(rounds: pd.DataFrame, col: str, target: float, after: int = 0) -
 
 
 def run_one(noniid: str, model: str, method: str, seed: int, target: float, work: str) -> dict:
-    from fedray.config import load_config
-    from fedray.metrics import read_metrics
+    from fedray.core.config import load_config
+    from fedray.observe.metrics import read_metrics
     from fedray.runtime import run_experiment
 
     cfg = load_config(None, BASE + NONIID[noniid] + MODELS[model] + METHODS[method]

@@ -342,14 +342,14 @@ def fedray_overrides(n: int, k: int, rounds: int, seed: int, executors: int,
 def default_train_samples() -> int:
     """Training samples of a client of SAMPLES_PER_CLIENT under fedray's default local split
     (its last clip(round(f n), 1, n - 1) samples are local test); fedray's own report wins."""
-    from fedray.config import DataConfig
+    from fedray.core.config import DataConfig
 
     n, f = SAMPLES_PER_CLIENT, DataConfig().local_test_fraction
     return n - min(max(round(f * n), 1), n - 1)
 
 
 def has_per_client_key() -> bool:
-    from fedray.config import DataConfig
+    from fedray.core.config import DataConfig
 
     return "synthetic_per_client" in {f.name for f in dataclasses.fields(DataConfig)}
 
@@ -364,7 +364,7 @@ def _write_json(path: str, obj: dict) -> None:
 def child_fedray(spec: dict) -> None:
     """One fedray configuration, timed; writes ``spec["result"]``."""
     t_import = time.perf_counter()
-    from fedray.config import load_config
+    from fedray.core.config import load_config
     from fedray.runtime.experiment import Experiment
 
     out: dict = {"import_seconds": time.perf_counter() - t_import}
@@ -702,7 +702,7 @@ def main(argv: list[str] | None = None) -> int:
         {"fedray": child_fedray, "bound": child_bound}[kind](spec)
         return 0
 
-    from fedray.config import load_config
+    from fedray.core.config import load_config
 
     args.out = os.path.abspath(args.out)
     os.makedirs(os.path.join(args.out, "work"), exist_ok=True)

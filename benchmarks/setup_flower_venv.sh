@@ -2,7 +2,7 @@
 # Create .venv-flower (repo root) with Flower's simulation engine and CPU torch.
 #
 # flwr[simulation] pins its own ray, so it cannot share fedray's .venv. pyyaml is there so
-# that fedray's integration modules (fedray.integrations.flower -> fedray.config) import.
+# that fedray's integration modules (fedray.integrations.flower -> fedray.core.config) import.
 # Idempotent: does nothing when .venv-flower already imports flwr, torch and yaml.
 #
 # Usage: bash benchmarks/setup_flower_venv.sh
@@ -38,7 +38,7 @@ if ! "$PY" -c "import flwr" >/dev/null 2>&1; then
         || "$PY" -m pip install numpy "flwr[simulation]>=1.0,<2" >&2
 fi
 
-# pyyaml: fedray.config (imported by fedray.integrations.flower) needs it.
+# pyyaml: fedray.core.config (imported by fedray.integrations.flower) needs it.
 "$PY" -m pip install pyyaml >&2
 
 "$PY" -c "import flwr, torch, ray, numpy, yaml; \

@@ -79,9 +79,9 @@ def run_bound(cfg, threads: int | None = None) -> dict:
     """The same client updates and aggregation, in a loop, in this process."""
     import torch
 
+    from fedray.core.registry import build_method
     from fedray.data import build_federated
     from fedray.methods.base import ClientContext
-    from fedray.registry import build_method
 
     default_threads = torch.get_num_threads()
     torch.set_num_threads(threads or default_threads)
@@ -139,9 +139,9 @@ class BoundHalf:
         import torch
 
         torch.set_num_threads(1)
-        from fedray.config import load_config
+        from fedray.core.config import load_config
+        from fedray.core.registry import build_method
         from fedray.data import build_federated
-        from fedray.registry import build_method
 
         self.cfg = load_config(None, overrides)
         self.part, self.parts = part, parts
@@ -224,8 +224,8 @@ def run_fedray(cfg, run_dir: str, keep_ray: bool = False) -> dict:
     earlier run is shut down first unless ``keep_ray`` (the warm run, which reuses it)."""
     import ray
 
+    from fedray.core.storage import Storage
     from fedray.runtime import run_experiment
-    from fedray.storage import Storage
 
     if ray.is_initialized() and not keep_ray:
         ray.shutdown()
@@ -330,7 +330,7 @@ def main() -> None:
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     args = p.parse_args()
 
-    from fedray.config import load_config
+    from fedray.core.config import load_config
 
     os.makedirs(args.out, exist_ok=True)
     notes: list[str] = []

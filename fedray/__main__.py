@@ -1,3 +1,3 @@
-from fedray.cli import main
+from fedray.front.cli import main
 
 main()

@@ -27,7 +27,7 @@ import argparse
 
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
 
-from fedray.console import add_output_args, emit, set_verbosity
+from fedray.observe.console import add_output_args, emit, set_verbosity
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     set_verbosity(args.verbose)
 
-    from fedray.cli import summary_text
-    from fedray.config import load_config
+    from fedray.core.config import load_config
+    from fedray.front.cli import summary_text
     from fedray.runtime import resumable, run_experiment
 
     names = ("t100", "t025", "t006")

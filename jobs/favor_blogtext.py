@@ -42,7 +42,7 @@ import time
 
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
 
-from fedray.console import add_output_args, emit, set_verbosity
+from fedray.observe.console import add_output_args, emit, set_verbosity
 
 VARIANTS = ["favor", "fedavg", "ditto", "local"]
 # method -> (algorithm.variant, algorithm.align); None: the variant's default
@@ -94,18 +94,18 @@ def main(argv: list[str] | None = None) -> dict:
     if args.stress:
         args.authors, args.per_round, args.rounds = 100, 20, 20
 
-    from fedray.config import load_config
+    from fedray.core.config import load_config
+    from fedray.core.registry import build_method
+    from fedray.core.spec import redact
+    from fedray.core.storage import Storage
     from fedray.data import build_data
     from fedray.methods.favor.evaluate import evaluate_style
     from fedray.methods.favor.lm import TinyLM
     from fedray.methods.favor.pooled import train_pooled
     from fedray.methods.favor.prepare import embedded_overrides, prepare_embedded
-    from fedray.progress import Progress
-    from fedray.registry import build_method
+    from fedray.observe.progress import Progress
     from fedray.runtime import init_ray, resumable, run_experiment
     from fedray.runtime.devices import run_on_device
-    from fedray.spec import redact
-    from fedray.storage import Storage
 
     t0 = time.time()
     remote = "://" in args.out
@@ -237,7 +237,7 @@ def style_note(style: dict) -> str:
 def results_text(result: dict, out: str) -> str:
     """The end of the job for people: the RESULTS.md (and COLD_START.md) tables as written,
     and where the files are."""
-    from fedray.storage import Storage
+    from fedray.core.storage import Storage
 
     storage = Storage(out)
     where = result["out"]
@@ -262,12 +262,12 @@ def run_cold_start(args, out: str, holdout_csv: str | None, csv: str, seed: int)
     in OUT/COLD_START.md + cold_start.parquet."""
     import yaml
 
-    from fedray.config import load_config
+    from fedray.core.config import load_config
+    from fedray.core.storage import Storage
     from fedray.methods.favor.cold_start import cold_start_arms
     from fedray.methods.favor.data import holdout_authors
     from fedray.methods.favor.evaluate import final_adapters
     from fedray.runtime.devices import run_on_device
-    from fedray.storage import Storage
 
     cfg = load_config(None, [], base=yaml.safe_load(
         Storage(f"{out}/favor").read_bytes("config.yaml").decode()))
@@ -303,8 +303,8 @@ def write_table(rows: list[dict], out: str, authors: int | None = None) -> None:
 
     import yaml
 
+    from fedray.core.storage import Storage
     from fedray.methods.favor.plots import style_retention_plot
-    from fedray.storage import Storage
 
     storage = Storage(out)
     storage.write_parquet("results.parquet", rows)

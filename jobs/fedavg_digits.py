@@ -13,7 +13,7 @@ import argparse
 
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
 
-from fedray.console import add_output_args, emit, set_verbosity
+from fedray.observe.console import add_output_args, emit, set_verbosity
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -30,9 +30,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     set_verbosity(args.verbose)
 
-    from fedray.cli import demo_config_path, summary_text
-    from fedray.config import load_config
-    from fedray.report import report
+    from fedray.core.config import load_config
+    from fedray.front.cli import demo_config_path, summary_text
+    from fedray.front.report import report
     from fedray.runtime import run_experiment
 
     overrides = []

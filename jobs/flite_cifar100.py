@@ -79,7 +79,7 @@ import argparse
 
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
 
-from fedray.console import add_output_args, emit, set_verbosity
+from fedray.observe.console import add_output_args, emit, set_verbosity
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,17 +114,17 @@ def main(argv: list[str] | None = None) -> dict:
 
     import ray
 
-    from fedray.cli import summary_text
-    from fedray.config import load_config
-    from fedray.pretrain import pretrain
-    from fedray.progress import Progress
+    from fedray.core.config import load_config
+    from fedray.front.cli import summary_text
+    from fedray.models.pretrain import pretrain
+    from fedray.observe.progress import Progress
     from fedray.runtime import init_ray, resumable, run_experiment
 
     common, gpus = stage_overrides(args, p)
     base_dir = f"{args.run_dir}/base"
     pcfg = load_config(None, common + args.set)
     init_ray(pcfg)
-    from fedray.storage import Storage
+    from fedray.core.storage import Storage
 
     progress = Progress(2, enabled=not args.no_progress)
     with progress.stage("pretrain base", pcfg.pretrain.epochs, "epochs") as stage:

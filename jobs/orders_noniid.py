@@ -16,7 +16,7 @@ import argparse
 
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
 
-from fedray.console import add_output_args, emit, set_verbosity
+from fedray.observe.console import add_output_args, emit, set_verbosity
 
 BASE = ["rounds=20", "clients.num_clients=20", "clients.fraction=0.5", "local.epochs=2",
         "local.batch_size=16", "local.lr=0.05", "eval.every=2", "eval.finetune_epochs=1",
@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     set_verbosity(args.verbose)
 
-    from fedray.cli import summary_text
-    from fedray.config import load_config
+    from fedray.core.config import load_config
+    from fedray.front.cli import summary_text
     from fedray.runtime import run_experiment
 
     data = [f"data.dataset={args.dataset}"]

@@ -18,7 +18,7 @@ import argparse
 
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
 
-from fedray.console import add_output_args, emit, set_verbosity
+from fedray.observe.console import add_output_args, emit, set_verbosity
 
 
 def parser(description: str = __doc__, config: str | None = None) -> argparse.ArgumentParser:
@@ -54,9 +54,9 @@ def main(argv: list[str] | None = None, *, config: str | None = None,
     args = parser(description, config).parse_args(argv)
     set_verbosity(args.verbose)
 
-    from fedray.cli import sweep_text
-    from fedray.progress import Progress
-    from fedray.tune import parse_space_arg, sweep
+    from fedray.front.cli import sweep_text
+    from fedray.front.tune import parse_space_arg, sweep
+    from fedray.observe.progress import Progress
 
     overrides = list(args.set)
     options = {k: getattr(args, k) for k in ("metric", "mode", "num_samples",

@@ -20,10 +20,10 @@ def pretrain_base(args, overrides: list[str], progress) -> list[str]:
     reuse it."""
     import ray
 
-    from fedray.config import load_config
-    from fedray.pretrain import pretrain
+    from fedray.core.config import load_config
+    from fedray.core.storage import Storage
+    from fedray.models.pretrain import pretrain
     from fedray.runtime import init_ray
-    from fedray.storage import Storage
 
     cfg = load_config(CONFIG, ["algorithm={name: fedavg}", *overrides])
     with progress.stage("pretrain base", cfg.pretrain.epochs, "epochs") as stage:

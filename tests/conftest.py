@@ -35,7 +35,7 @@ def tiny_overrides(**extra) -> list[str]:
 
 @pytest.fixture
 def tiny_cfg():
-    from fedray.config import load_config
+    from fedray.core.config import load_config
 
     def make(**extra):
         return load_config(None, tiny_overrides(**extra))

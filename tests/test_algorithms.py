@@ -4,12 +4,12 @@ a real tiny model."""
 import numpy as np
 import pytest
 
-from fedray.config import load_config
+from fedray.core.config import load_config
+from fedray.core.registry import build_method
 from fedray.data import build_federated
 from fedray.methods.base import ClientContext
 from fedray.methods.fedavg.policy import FedAvgPolicy
-from fedray.registry import build_method
-from fedray.server_opt import SGD
+from fedray.services.server_opt import SGD
 
 
 def test_fedavg_policy_hand_computed():
@@ -82,7 +82,7 @@ def test_bf16_autocast_trains_and_differs_from_fp32():
 def test_sgd_matches_torch_optim(momentum, wd):
     import torch
 
-    from fedray.training import SGD
+    from fedray.models.training import SGD
 
     torch.manual_seed(0)
     a = torch.nn.Linear(5, 3)
@@ -108,7 +108,7 @@ def test_sgd_matches_torch_optim(momentum, wd):
 def test_adam_matches_torch_optim(wd, clip):
     import torch
 
-    from fedray.training import Adam
+    from fedray.models.training import Adam
 
     torch.manual_seed(1)
     a = torch.nn.Linear(6, 4)

@@ -13,9 +13,9 @@ import time
 import numpy as np
 import pytest
 
-from fedray.config import ConfigError, load_config
+from fedray.core.config import ConfigError, load_config
+from fedray.core.storage import StateFileError, Storage
 from fedray.runtime import Experiment, resumable, resume_config
-from fedray.storage import StateFileError, Storage
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["clients.num_clients=4", "model.hidden=[8]", "rounds=2"]
@@ -280,7 +280,7 @@ def test_bad_blogtext_csv(tmp_path, content, rule):
 @pytest.mark.parametrize("arg", ["local.lr", "local.lr=", "local.lr=grid:",
                                  "local.lr=uniform:1", "local.lr=bogus:1,2"])
 def test_bad_sweep_space_arguments(arg):
-    from fedray.tune import load_sweep, parse_space_arg
+    from fedray.front.tune import load_sweep, parse_space_arg
 
     cfg = os.path.join(ROOT, "configs", "fedavg_digits.yaml")
     with pytest.raises(ConfigError, match=r"'--space'|'(sweep.space.)?local.lr[.a-z]*'"):
@@ -315,7 +315,7 @@ def test_cli_json_errors_are_one_object_and_no_traceback(tmp_path, run_dir):
 
 
 def test_credentials_in_uris_are_never_echoed(tmp_path):
-    from fedray.config import redact
+    from fedray.core.config import redact
 
     uri = "s3://AKIAEXAMPLE:wJalrSECRET@bucket/runs/x"
     assert redact(f"run at {uri} and gs://tok@b/y") == ("run at s3://***@bucket/runs/x and "

@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from fedray import checkpoint
-from fedray.metrics import read_metrics
-from fedray.storage import Storage
+from fedray.core import checkpoint
+from fedray.core.storage import Storage
+from fedray.observe.metrics import read_metrics
 
 
 @pytest.mark.ray

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedray.storage import (
+from fedray.core.storage import (
     StateFileError,
     Storage,
     read_marker,
@@ -69,7 +69,7 @@ def test_resume_after_the_newest_checkpoint_is_damaged(ray_session, tiny_cfg, tm
     (tmp_path / "cut/checkpoints/000003.npz").write_bytes(b"damaged")
     summary = run_experiment(cfg, str(tmp_path / "cut"), resume=True, progress=False)
     assert summary["rounds"] == 4 and summary["rounds_this_session"] == 2  # from round 2
-    from fedray import checkpoint
+    from fedray.core import checkpoint
 
     a = checkpoint.read(Storage(str(tmp_path / "full")))
     b = checkpoint.read(Storage(str(tmp_path / "cut")))

@@ -15,9 +15,9 @@ import pytest
 from conftest import strict_json, tiny_overrides
 from typer.testing import CliRunner
 
-from fedray import checkpoint
-from fedray.cli import app
-from fedray.storage import Storage
+from fedray.core import checkpoint
+from fedray.core.storage import Storage
+from fedray.front.cli import app
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 runner = CliRunner()
@@ -166,7 +166,7 @@ def test_json_output_is_strict_json():
 
     import numpy as np
 
-    from fedray.metrics import json_text
+    from fedray.observe.metrics import json_text
 
     obj = {"a": math.nan, "b": [1.5, math.inf, -math.inf], "c": np.float32("nan"),
            "d": np.float64(2.0), "e": {"f": (np.int64(3), None)}, "g": object}
@@ -197,7 +197,7 @@ def json_commands() -> set[tuple[str, ...]]:
 @pytest.fixture(scope="module")
 def small_run(ray_session, tmp_path_factory) -> str:
     """One small finished run for the commands that read a run directory."""
-    from fedray.config import load_config
+    from fedray.core.config import load_config
     from fedray.runtime import run_experiment
 
     out = str(tmp_path_factory.mktemp("small") / "run")
@@ -230,6 +230,7 @@ def test_every_json_command_prints_one_strict_json_object(small_run, tmp_path, m
                         "-o", str(tmp_path / "base")],
         ("config",): ["config", "-s", "local.lr=0.3"],
         ("models",): ["models"],
+        ("methods",): ["methods"],
         ("models", "show"): ["models", "show", "mlp", "--input-shape", "784"],
         ("fleet", "example"): ["fleet", "example", "--out", str(tmp_path / "fleet"),
                                "--clients", "5"],

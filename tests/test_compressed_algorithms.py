@@ -8,10 +8,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from fedray.compression import powersgd_compress, topk_compress, topk_decompress
-from fedray.config import ConfigError, load_config
+from fedray.core.config import ConfigError, load_config
 from fedray.methods.fedavg.policy import FedAvgPolicy
-from fedray.transforms import PowerSGD, TopK, TransformChain
+from fedray.wire.compression import powersgd_compress, topk_compress, topk_decompress
+from fedray.wire.transforms import PowerSGD, TopK, TransformChain
 
 
 def test_chain_decode_then_average_equals_decompress_then_average():
@@ -33,10 +33,10 @@ def test_chain_decode_then_average_equals_decompress_then_average():
 @pytest.mark.parametrize("algo,extra", [("topk", {"algorithm.density": 0.1}),
                                         ("powersgd", {"algorithm.rank": 2})])
 def test_compressed_runs_with_error_feedback(ray_session, tiny_cfg, tmp_path, algo, extra):
-    from fedray import checkpoint
-    from fedray.payload import Payload
+    from fedray.core import checkpoint
+    from fedray.core.storage import Storage
     from fedray.runtime import run_experiment
-    from fedray.storage import Storage
+    from fedray.wire.payload import Payload
 
     cfg = tiny_cfg(**{"algorithm.name": algo, "rounds": 3, **extra})
     summary = run_experiment(cfg, str(tmp_path / algo), progress=False)
@@ -81,11 +81,11 @@ def test_transform_chain_on_any_method(ray_session, tiny_cfg, tmp_path, algo):
     then ranks by the norm of the decoded update the server averages (no client norm)."""
     from conftest import full_and_resumed
 
-    from fedray import checkpoint
-    from fedray.metrics import read_metrics
-    from fedray.payload import Payload
-    from fedray.storage import Storage
-    from fedray.transforms import Quantize
+    from fedray.core import checkpoint
+    from fedray.core.storage import Storage
+    from fedray.observe.metrics import read_metrics
+    from fedray.wire.payload import Payload
+    from fedray.wire.transforms import Quantize
 
     extra = {"algorithm.combine": "rank_mean"} if algo == "orders" else {}  # the usable one
     cfg = tiny_cfg(**{"algorithm.name": algo, "rounds": 4,
@@ -115,7 +115,7 @@ def test_transform_chain_on_any_method(ray_session, tiny_cfg, tmp_path, algo):
 def test_a_state_written_before_the_chain_keeps_its_memory():
     """topk/powersgd client states of the previous layout ({error, q, optimizer}) are read
     in the chain's layout: error feedback and PowerSGD's warm start survive a resume."""
-    from fedray.registry import build_method
+    from fedray.core.registry import build_method
 
     err, q = {"w": np.ones((4, 3), np.float32)}, {"w": np.zeros((3, 2), np.float32)}
     alg = build_method(load_config(None, ["algorithm.name=powersgd", "algorithm.rank=2"]))

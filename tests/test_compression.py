@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from fedray.compression import (
+from fedray.wire.compression import (
     index_dtype,
     payload_values,
     powersgd_compress,
@@ -15,7 +15,7 @@ from fedray.compression import (
     topk_decompress,
     topk_k,
 )
-from fedray.payload import Payload
+from fedray.wire.payload import Payload
 
 
 def f32(x):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedray.config import ConfigError, load_config
+from fedray.core.config import ConfigError, load_config
 from fedray.data import build_data
 from fedray.methods.drod.continual.buffer import ReservoirBuffer
 from fedray.methods.drod.continual.data import task_classes, task_of_round
@@ -18,7 +18,7 @@ from fedray.methods.drod.continual.metrics import (
     task_accuracies,
 )
 from fedray.methods.drod.continual.objectives import fisher_diagonal, fit_bias
-from fedray.training import random_crop_flip as augment
+from fedray.models.training import random_crop_flip as augment
 
 
 def cl_cfg(**extra):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from cifar_fixture import patch_cifar_md5, write_fake_cifar
 
-from fedray.config import ConfigError, DataConfig
+from fedray.core.config import ConfigError, DataConfig
 from fedray.data import (
     Dataset,
     build_federated,

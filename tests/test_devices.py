@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedray.config import ConfigError, load_config
+from fedray.core.config import ConfigError, load_config
 from fedray.runtime.devices import (
     CLUSTER_PLACEMENT_TIMEOUT_S,
     LOCAL_PLACEMENT_TIMEOUT_S,

@@ -7,17 +7,17 @@ import numpy as np
 import pytest
 from conftest import full_and_resumed, run_job
 
-from fedray import checkpoint
-from fedray.config import ConfigError, load_config
+from fedray.core import checkpoint
+from fedray.core.config import ConfigError, load_config
+from fedray.core.registry import build_method
+from fedray.core.storage import Storage
 from fedray.data import build_data
 from fedray.methods.base import ClientContext
 from fedray.methods.drod.method import balanced_split, od_choices
-from fedray.metrics import read_metrics
 from fedray.models.sliceable import held
-from fedray.payload import Payload
-from fedray.registry import build_method
+from fedray.observe.metrics import read_metrics
 from fedray.runtime import run_experiment
-from fedray.storage import Storage
+from fedray.wire.payload import Payload
 
 TIERS = ("[{name: t100, executors: 1, num_cpus: 0.25, capacity: 1.0},"
          " {name: t025, executors: 1, num_cpus: 0.25, capacity: 0.251},"
@@ -100,7 +100,7 @@ def test_tier_of_state_needs_the_exact_key_set_not_a_subset(algorithm, extra, sm
 
     from fedray.methods.drod.method import data_shape
     from fedray.models.sliceable import SliceableResNet
-    from fedray.training import set_state
+    from fedray.models.training import set_state
 
     tiers = (f"[{{name: small, executors: 1, num_cpus: 0.25, capacity: {small}}},"
              " {name: full, executors: 1, num_cpus: 0.25, capacity: 1.0}]")

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from test_drod import context, drod_cfg, run_clean
 
-from fedray.config import ConfigError
+from fedray.core.config import ConfigError
+from fedray.core.registry import build_method
 from fedray.data import build_data
 from fedray.methods.drod.method import data_shape, fiarse_masks, od_choices
-from fedray.metrics import read_metrics
 from fedray.models.sliceable import held
-from fedray.payload import Payload
-from fedray.registry import build_method
+from fedray.observe.metrics import read_metrics
+from fedray.wire.payload import Payload
 
 
 def setup(**extra):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import job_process, run_job
 
-from fedray.config import ConfigError, load_config
+from fedray.core.config import ConfigError, load_config
 from fedray.methods.base import ClientContext
 
 
@@ -35,7 +35,7 @@ def base_dir(tmp_path_factory):
 
 
 def make(base_dir, variant, **extra):
-    from fedray.registry import build_method
+    from fedray.core.registry import build_method
 
     over = {"algorithm.name": "favor", "algorithm.base": base_dir,
             "algorithm.variant": variant, "algorithm.lora_rank": 2, "algorithm.lora_alpha": 4,

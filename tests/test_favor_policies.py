@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedray.config import load_config
+from fedray.core.config import load_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
 
@@ -54,11 +54,11 @@ def test_never_sampled_authors_are_deployed_global_or_excluded_and_counted(
     run's per-client metrics, so it holds for global-adapter variants (FedAvg) too."""
     import pyarrow.parquet as pq
 
+    from fedray.core.registry import build_method
     from fedray.data import build_data
     from fedray.data.authors import generate_corpus
     from fedray.methods.favor.evaluate import evaluate_style, never_trained
-    from fedray.metrics import read_metrics
-    from fedray.registry import build_method
+    from fedray.observe.metrics import read_metrics
     from fedray.runtime import run_experiment
 
     csv = generate_corpus(tmp_path / "a.csv", num_authors=5, seed=0, posts=(10, 12))
@@ -102,8 +102,8 @@ def test_never_sampled_authors_are_deployed_global_or_excluded_and_counted(
 
 
 def test_unsampled_policy_is_a_checked_config_key(tiny, tmp_path):
-    from fedray.registry import build_method
-    from fedray.spec import ConfigError
+    from fedray.core.registry import build_method
+    from fedray.core.spec import ConfigError
 
     base = overrides(tiny, str(tmp_path / "x.csv"))[:3]
     cfg = load_config(None, base + ["algorithm.unsampled=exclude"])
@@ -117,11 +117,11 @@ def test_cold_start_table_has_every_k_and_skips_authors_without_k_shots(tiny, tm
     train posts is scored at K = 1 and 4, skipped (and counted) at K = 16."""
     from favor_blogtext import cold_start_table
 
+    from fedray.core.registry import build_method
     from fedray.data.authors import generate_corpus
     from fedray.data.blogtext import load_authors
     from fedray.methods.favor.cold_start import ARMS, cold_start
     from fedray.methods.favor.method import lora_spec
-    from fedray.registry import build_method
 
     csv = generate_corpus(tmp_path / "h.csv", num_authors=3, seed=0, posts=(24, 26))
     authors = load_authors(csv, lambda t: 1, min_tokens=1)

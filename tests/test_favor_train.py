@@ -214,9 +214,9 @@ def test_the_configured_ramp_reaches_kappa_through_client_round(lm, tmp_path, mo
     """``FavorParams.ramp`` used to stop at ``client_round`` (and the favor variant's call
     of it): the private stage always ramped κ_t over the default 5 %."""
     import fedray.methods.favor.train as train
-    from fedray.config import load_config
+    from fedray.core.config import load_config
+    from fedray.core.registry import build_method
     from fedray.methods.base import ClientContext
-    from fedray.registry import build_method
 
     model, start, ids, labels = lm
     target = torch.nn.functional.normalize(torch.randn(8), dim=0)

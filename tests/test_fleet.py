@@ -9,11 +9,17 @@ import os
 import numpy as np
 import pytest
 
-from fedray.config import ConfigError, load_config
-from fedray.fleet import Availability, Fleet, import_fedscale, read_availability, write_example
+from fedray.core.config import ConfigError, load_config
 from fedray.methods.base import AsyncUpdate
 from fedray.methods.fedbuff import FedAsyncPolicy, FedBuffPolicy, fedbuff_weight
-from fedray.server_opt import SGD
+from fedray.services.fleet import (
+    Availability,
+    Fleet,
+    import_fedscale,
+    read_availability,
+    write_example,
+)
+from fedray.services.server_opt import SGD
 
 POP = ["data.dataset=synthetic", "data.synthetic_per_client=20", "data.synthetic_features=16",
        "model.hidden=[16]", "eval.clients=none", "seed=3",
@@ -62,7 +68,7 @@ def test_tier_capacity_scales_compute_and_drawn_profiles_are_per_client():
 
 
 def test_sub_model_methods_charge_their_budget_full_model_methods_do_not():
-    from fedray.registry import make_method, method
+    from fedray.core.registry import make_method, method
 
     cfg = load_config(None, ["runtime.tiers=[{name: a}, {name: b, capacity: 0.25}]"])
     tier = cfg.runtime.tiers[1]
@@ -199,7 +205,7 @@ def test_a_bad_trace_on_the_command_line_is_one_json_error_and_no_run_dir(tmp_pa
 
     from typer.testing import CliRunner
 
-    from fedray.cli import app
+    from fedray.front.cli import app
 
     bad = write(tmp_path / "t.csv", "client_id,compute_ms_per_sample,down_kbps,up_kbps\n"
                                     "0,5,1,1\n2,-5,1,1\n")
@@ -251,7 +257,7 @@ def test_tier_fractions_follow_the_shares_without_a_list():
 
 
 def _rows(run_dir, kind="rounds"):
-    from fedray.metrics import read_metrics
+    from fedray.observe.metrics import read_metrics
 
     return read_metrics(str(run_dir), kind).to_pylist()
 

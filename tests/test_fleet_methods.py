@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from test_favor import base_dir  # noqa: F401 — the tiny LM fixture
 
-from fedray.config import load_config
-from fedray.metrics import read_metrics
+from fedray.core.config import load_config
+from fedray.observe.metrics import read_metrics
 from fedray.runtime import run_experiment
 
 RULES = ["fleet.dropout=0.2", "fleet.overcommit=0.5", "fleet.deadline_s=600",
@@ -51,7 +51,7 @@ def test_fedavg_family_and_orders_under_the_fleet(ray_session, tiny_cfg, tmp_pat
 def test_flite_under_the_fleet(ray_session, tmp_path):
     from test_flite import PRE
 
-    from fedray.pretrain import pretrain
+    from fedray.models.pretrain import pretrain
 
     pretrain(load_config(None, PRE), str(tmp_path / "base"), progress=False)
     cfg = load_config(None, PRE + RULES + [

@@ -11,10 +11,10 @@ import pytest
 from conftest import run_job
 from typer.testing import CliRunner
 
-from fedray.cli import app
-from fedray.config import ConfigError, load_config
-from fedray.payload import Payload
-from fedray.pretrain import pretrain
+from fedray.core.config import ConfigError, load_config
+from fedray.front.cli import app
+from fedray.models.pretrain import pretrain
+from fedray.wire.payload import Payload
 
 PRE = ["model.name=cnn", "model.channels=[8,16]", "model.hidden=32", "pretrain.epochs=2",
        "pretrain.batch_size=64", "pretrain.warmup_epochs=1"]
@@ -42,7 +42,7 @@ def test_server_and_client_agree_on_mapped_layers():
     from fedray.methods.flite.factors import mapped_layers
     from fedray.methods.flite.identity import mapped_names
     from fedray.models import build_model
-    from fedray.training import get_state
+    from fedray.models.training import get_state
 
     for name, shape in [("resnet18", (3, 32, 32)), ("cnn", (1, 8, 8))]:
         m = build_model(name, shape, 10)
@@ -57,7 +57,7 @@ def test_dp_delta_follows_the_layer_layout_not_the_arrival_order(base):
     mapping's layer order, whatever order the decoded dict has."""
     import numpy as np
 
-    from fedray.registry import build_method
+    from fedray.core.registry import build_method
 
     cfg = load_config(None, PRE + ["algorithm.name=flite", f"algorithm.base={base}",
                                    "algorithm.d=4", "algorithm.r=2"])
@@ -91,9 +91,9 @@ def test_bad_inputs(base):
 @pytest.mark.parametrize("codec,scope", [("fp32", "vector"), ("int4", "vector"),
                                          ("int8", "layer")])
 def test_flite_runs_with_identity_check(ray_session, tiny_cfg, base, tmp_path, codec, scope):
-    from fedray import checkpoint
+    from fedray.core import checkpoint
+    from fedray.core.storage import Storage
     from fedray.runtime import run_experiment
-    from fedray.storage import Storage
 
     cfg = tiny_cfg(**{"model.name": "cnn", "model.channels": "[8,16]", "model.hidden": 32,
                       "algorithm.name": "flite", "algorithm.base": base, "algorithm.d": 16,

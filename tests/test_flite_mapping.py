@@ -12,7 +12,8 @@ import ray
 import torch
 from ray import cloudpickle
 
-from fedray.config import ConfigError
+from fedray.core.config import ConfigError
+from fedray.core.seeding import derive_seed, rng
 from fedray.methods.flite import (
     LatentMapping,
     LayerFactors,
@@ -25,7 +26,6 @@ from fedray.methods.flite import (
 )
 from fedray.methods.flite import factors as flite_factors
 from fedray.models import build_model
-from fedray.seeding import derive_seed, rng
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 torch.set_num_threads(2)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from fedray.methods.fedavg.policy import FedAvgPolicy
-from fedray.server_opt import SGD, Adagrad, Adam, Momentum, Yogi
+from fedray.services.server_opt import SGD, Adagrad, Adam, Momentum, Yogi
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOWER_PY = ROOT / ".venv-flower" / "bin" / "python"

@@ -1,13 +1,19 @@
 """The import-layer contract (README "Architecture"; DESIGN.md "Layers and plugins"), read from
-the source itself:
+the source itself. The subpackages of ``fedray/`` are the layers:
 
-ground (errors, specs, registry, storage, seeding, payload, transforms, metrics) → models,
-data → methods → runtime → CLI, tune, report, integrations, jobs. Every import of a fedray
-module — at module level or inside a function — points to the same or a lower layer; the
-module-level imports form no cycle; the ground floor loads no torch when imported (the
-seeding helpers import it when called) and every server half (policies) is free of torch,
-transitively too; the runtime and the front ends name no method. Methods are found through
-the registry, by name, never imported by the layers that run them.
+ground — ``core`` (errors and specs, the registry, the config loader, storage, client
+state, seeding, checkpoints), ``wire`` (payload and codecs, compression, the update
+transform chain), ``services`` (fleet, privacy, server optimizers), ``observe`` (metrics,
+tracking, progress, plots, console) → ``models``, ``data`` (with the torch training
+helpers and pretraining) → ``methods`` → ``runtime`` → front ends: ``front`` (CLI, Tune,
+reports), ``integrations``, ``jobs/``.
+
+Every import of a fedray module — at module level or inside a function — points to the
+same or a lower layer; no imports form a cycle, function-level ones included; the ground
+floor loads no torch when imported (the seeding helpers import it when called) and every
+server half (policies) is free of torch, transitively too; the runtime and the front ends
+name no method. Methods are found through the registry, by name, never imported by the
+layers that run them.
 """
 
 from __future__ import annotations
@@ -19,19 +25,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-GROUND = {"fedray", "fedray.spec", "fedray.registry", "fedray.config", "fedray.storage",
-          "fedray.checkpoint", "fedray.server_opt",
-          "fedray.state_store", "fedray.seeding", "fedray.payload", "fedray.compression",
-          "fedray.transforms", "fedray.metrics", "fedray.plots", "fedray.console",
-          "fedray.fleet", "fedray.privacy", "fedray.tracking", "fedray.progress"}
-LAYERS = [("ground", lambda m: m in GROUND),
-          ("models/data", lambda m: m.split(".")[1] in ("models", "data", "training",
-                                                        "pretrain")),
+GROUND_PACKAGES = ("core", "wire", "services", "observe")
+LAYERS = [("ground", lambda m: m == "fedray" or m.split(".")[1] in GROUND_PACKAGES),
+          ("models/data", lambda m: m.split(".")[1] in ("models", "data")),
           ("methods", lambda m: m.split(".")[1] == "methods"),
           ("runtime", lambda m: m.split(".")[1] == "runtime"),
-          ("top", lambda m: m.split(".")[1] in ("cli", "tune", "report", "integrations",
-                                                "__main__") or m.startswith("jobs."))]
+          ("top", lambda m: m.split(".")[1] in ("front", "integrations", "__main__")
+           or m.startswith("jobs."))]
 TORCH = ("torch", "torchvision", "transformers", "peft", "bitsandbytes")
+
+
+def ground() -> set[str]:
+    return {m for m in sources() if layer_of(m) == 0}
 
 
 def module_name(path: Path) -> str:
@@ -120,6 +125,32 @@ def test_module_level_imports_have_no_cycle():
             assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+def test_no_import_cycle_at_all():
+    """Function-level imports included: a module that needs another lazily still depends
+    on it (a submodule reaching back into its own package's ``__init__`` is a cycle too)."""
+    graph = {mod: {t for t, _, _ in imports(path) if t in sources() and t != mod}
+             for mod, path in sources().items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                found.append(" -> ".join(stack[stack.index(n):] + [n]))
+            elif n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    assert not found, "import cycles:\n" + "\n".join(found)
+
+
 def server_halves() -> list[str]:
     """Modules that define an aggregation policy (a class whose name ends in ``Policy``)."""
     return sorted(m for m, p in sources().items()
@@ -131,7 +162,7 @@ def test_ground_floor_and_server_halves_are_torch_free():
     server = server_halves()
     assert {"fedray.methods.fedavg.policy", "fedray.methods.fedbuff",
             "fedray.methods.drod.slice_mean"} <= set(server)  # covers the real layout
-    bad = [f"{m}:{line} imports {t}" for m in sorted(GROUND | set(server))
+    bad = [f"{m}:{line} imports {t}" for m in sorted(ground() | set(server))
            for t, level, line in imports(sources()[m]) if t.split(".")[0] in TORCH
            and (level or m in server)]  # the ground may build torch objects on request
     assert not bad, "torch below the line:\n" + "\n".join(bad)
@@ -143,7 +174,7 @@ def test_importing_the_ground_and_the_numpy_server_halves_loads_no_torch():
     import subprocess
     import sys
 
-    mods = sorted(GROUND - {"fedray"}) + ["fedray.models.geometry",
+    mods = sorted(ground() - {"fedray"}) + ["fedray.models.geometry",
                                           "fedray.methods.fedavg.policy",
                                           "fedray.methods.orders.policy",
                                           "fedray.methods.drod.slice_mean",
@@ -156,11 +187,10 @@ def test_importing_the_ground_and_the_numpy_server_halves_loads_no_torch():
 
 
 def test_runtime_and_front_ends_name_no_method():
-    from fedray import registry
+    from fedray.core import registry
 
     names = sorted(registry.methods(), key=len, reverse=True)
-    generic = [ROOT / "fedray" / "runtime", ROOT / "fedray" / "report.py",
-               ROOT / "fedray" / "tune.py", ROOT / "fedray" / "cli.py",
+    generic = [ROOT / "fedray" / "runtime", ROOT / "fedray" / "front",
                ROOT / "fedray" / "data" / "build.py"]
     words = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b", re.I)
     bad = []
@@ -197,8 +227,8 @@ def test_loading_and_checking_configs_loads_no_torch():
 
     code = f"""
 import glob, sys
-from fedray import registry
-from fedray.config import ConfigError, keys, load_config
+from fedray.core import registry
+from fedray.core.config import ConfigError, keys, load_config
 loaded = 0
 for path in sorted(glob.glob('configs/*.yaml')):
     if 'drod' in path:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedray.config import ConfigError
+from fedray.core.config import ConfigError
 from fedray.models import MODELS, build_model, get_model_builder, list_models, profile_model
 from fedray.models.resnet import group_norm
 

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from fedray.config import ConfigError, build_dataclass, load_config
+from fedray.core.config import ConfigError, build_dataclass, load_config
 from fedray.methods.orders.policy import (
     OrdersParams,
     OrdersPolicy,
@@ -194,7 +194,7 @@ def test_norms_closer_than_float32_are_ranked_by_true_norm(big_first):
     assert math.isclose(pc[small_id]["orders/norm"], exact[0], rel_tol=1e-14)
     # client-reported norms, encoded as the ORDERS client uploads them, through the payload
     from fedray.methods.orders.policy import encode_norm, update_norms
-    from fedray.payload import Payload
+    from fedray.wire.payload import Payload
 
     for codec in ("fp32", "bf16", "int8"):
         ups = []
@@ -212,10 +212,10 @@ def test_norms_closer_than_float32_are_ranked_by_true_norm(big_first):
 def test_client_reported_norm_travels_in_float64():
     """The ORDERS client's norm reaches the policy as the float64 norm of its float32 update,
     under every upload codec, for 8 bytes on the wire (no Ray: a real tiny client update)."""
+    from fedray.core.registry import build_method
     from fedray.data import build_federated
     from fedray.methods.base import ClientContext
-    from fedray.payload import CODECS, Payload
-    from fedray.registry import build_method
+    from fedray.wire.payload import CODECS, Payload
 
     cfg = load_config(None, ["algorithm.name=orders", "clients.num_clients=4",
                              "model.hidden=[16]", "local.epochs=1"])
@@ -339,8 +339,8 @@ def test_orders_end_to_end_on_ray_with_resume(ray_session, tiny_cfg, tmp_path):
     import pyarrow.parquet as pq
     from conftest import full_and_resumed
 
-    from fedray import checkpoint
-    from fedray.storage import Storage
+    from fedray.core import checkpoint
+    from fedray.core.storage import Storage
 
     cfg = tiny_cfg(**{"algorithm.name": "orders", "algorithm.combine": "rank_mean",
                       "rounds": 4, "clients.fraction": 0.67, "eval.local_before_after": "true",

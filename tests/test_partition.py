@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fedray.core.seeding import rng
 from fedray.data.partition import (
     PartitionError,
     dirichlet,
@@ -13,7 +14,6 @@ from fedray.data.partition import (
     pathological,
     quantity,
 )
-from fedray.seeding import rng
 
 FAST = settings(max_examples=25, deadline=None)
 

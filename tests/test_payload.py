@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from fedray.payload import Payload
+from fedray.wire.payload import Payload
 
 
 def tensors(seed=0):

@@ -9,7 +9,7 @@ import pickle
 import numpy as np
 import pytest
 
-from fedray.config import ConfigError, load_config
+from fedray.core.config import ConfigError, load_config
 from fedray.data.population import (
     SyntheticPopulation,
     TablePopulation,
@@ -166,8 +166,8 @@ def test_bad_table_inputs(tmp_path, parquet_source):
 
 
 def test_client_states_are_sharded_and_pruning_lists_only_changed_clients(tmp_path):
-    from fedray.state_store import ClientStateStore
-    from fedray.storage import Storage
+    from fedray.core.state_store import ClientStateStore
+    from fedray.core.storage import Storage
 
     storage = Storage(str(tmp_path / "run"))
     store = ClientStateStore(storage)
@@ -197,7 +197,7 @@ def test_a_hundred_thousand_client_run_keeps_nothing_per_client(ray_session, tmp
     summary = run_experiment(cfg, str(tmp_path / "run"), progress=False)
     assert summary["rounds"] == 2 and summary["final_global_accuracy"] is not None
     assert (tmp_path / "run" / "data.json").stat().st_size < 1000
-    from fedray.metrics import read_metrics
+    from fedray.observe.metrics import read_metrics
 
     clients = read_metrics(str(tmp_path / "run"), "clients").to_pylist()
     assert {r["tier"] for r in clients} == {"a", "b"}

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from fedray.config import ConfigError, load_config
+from fedray.core.config import ConfigError, load_config
 from fedray.models.heads import head_parameter_names
-from fedray.pretrain import build_base_model, load_base, lr_at, pretrain
+from fedray.models.pretrain import build_base_model, load_base, lr_at, pretrain
 
 BASE = ["model.name=cnn", "model.channels=[8,16]", "model.hidden=32", "pretrain.epochs=4",
         "pretrain.batch_size=64", "pretrain.warmup_epochs=1", "pretrain.classes=[0,1,2,3,4]"]
@@ -61,8 +61,8 @@ def test_finetune_from_base_counts_base_once_and_skips_frozen_head(ray_session, 
                                                                   tmp_path):
     import pyarrow.parquet as pq
 
-    from fedray.payload import Payload
     from fedray.runtime import run_experiment
+    from fedray.wire.payload import Payload
 
     pcfg = load_config(None, BASE + ["pretrain.epochs=2"])
     pretrain(pcfg, str(tmp_path / "base"), progress=False)
@@ -85,7 +85,7 @@ def test_cli_pretrain_before_the_base_exists(tmp_path):
     """The README flow: the config names `algorithm.base` = the directory pretrain writes."""
     from typer.testing import CliRunner
 
-    from fedray.cli import app
+    from fedray.front.cli import app
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"model: {{name: cnn, channels: [8, 16], hidden: 32}}\n"

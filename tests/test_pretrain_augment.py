@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedray.config import ConfigError, load_config
-from fedray.pretrain import load_base, pretrain
-from fedray.seeding import torch_generator
-from fedray.training import random_crop_flip
+from fedray.core.config import ConfigError, load_config
+from fedray.core.seeding import torch_generator
+from fedray.models.pretrain import load_base, pretrain
+from fedray.models.training import random_crop_flip
 
 
 def test_crop_flip_is_a_seeded_shifted_possibly_mirrored_window_of_the_padded_image():

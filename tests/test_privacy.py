@@ -1,5 +1,5 @@
-"""Client-level DP-FedAvg (fedray.privacy) and local DP-SGD (Opacus): the accountant against
-a published value and a second implementation, calibration, clipping as a property, the
+"""Client-level DP-FedAvg (fedray.services.privacy) and local DP-SGD (Opacus): the accountant
+against a published value and a second implementation, calibration, clipping as a property, the
 noise's scale and determinism, the config rules, and real runs on Ray — ε in every round,
 bytes untouched, resume bit-exact, every DP-capable method, ε ≈ 8 above chance on digits."""
 
@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from fedray.config import load_config
-from fedray.metrics import read_metrics
-from fedray.privacy import (
+from fedray.core.config import load_config
+from fedray.core.spec import ConfigError
+from fedray.observe.metrics import read_metrics
+from fedray.services.privacy import (
     CentralDP,
     calibrate_noise,
     clip_update,
@@ -24,7 +25,6 @@ from fedray.privacy import (
     poisson_sample,
     update_noise_multiplier,
 )
-from fedray.spec import ConfigError
 
 
 def identity(_global, upload):
@@ -217,7 +217,7 @@ def test_local_dp_sgd_refuses_what_opacus_cannot_do(overrides, key, words):
 def test_cli_target_epsilon_bad_method_is_one_json_error(tmp_path):
     import json
 
-    from fedray.cli import app
+    from fedray.front.cli import app
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text("rounds: 2\nalgorithm:\n  name: drod\n")
@@ -236,7 +236,7 @@ def test_dp_sgd_clips_per_sample_and_reports_opacus_epsilon():
     from opacus.accountants import RDPAccountant
 
     from fedray.models import build_model
-    from fedray.training import DPSGD, get_state, train_local
+    from fedray.models.training import DPSGD, get_state, train_local
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(40, 1, 8, 8)).astype(np.float32) * 100  # huge per-sample grads
@@ -246,7 +246,7 @@ def test_dp_sgd_clips_per_sample_and_reports_opacus_epsilon():
     start = get_state(model)
 
     def run(noise, seed=0):
-        from fedray.training import set_state
+        from fedray.models.training import set_state
 
         set_state(model, start)
         metrics, _ = train_local(model, x, y, epochs=1, batch_size=8, lr=0.1, seed=seed,
@@ -296,9 +296,9 @@ def test_dp_run_at_epsilon_8_learns_above_chance(ray_session, tmp_path):
 def test_dp_leaves_bytes_alone_and_resumes_bit_exact(ray_session, tiny_cfg, tmp_path):
     from conftest import full_and_resumed
 
-    from fedray import checkpoint
+    from fedray.core import checkpoint
+    from fedray.core.storage import Storage
     from fedray.runtime import run_experiment
-    from fedray.storage import Storage
 
     plain = tiny_cfg(rounds=4)
     run_experiment(plain, str(tmp_path / "plain"), progress=False)
@@ -316,7 +316,7 @@ def test_dp_leaves_bytes_alone_and_resumes_bit_exact(ray_session, tiny_cfg, tmp_
     assert full["dp"]["clip_norm"] != 0.5  # adaptive clipping moved it
     ra = read_metrics(str(tmp_path / "full"), "rounds").to_pandas()
     assert ra["dp_epsilon"].is_monotonic_increasing and (ra["dp_clip"] > 0).all()
-    from fedray.report import compare
+    from fedray.front.report import compare
 
     cmp = compare([str(tmp_path / "plain"), str(tmp_path / "full")], str(tmp_path / "cmp"))
     assert "accuracy_vs_epsilon.png" in [os.path.basename(p) for p in cmp["plots"]]
@@ -336,7 +336,7 @@ def test_every_dp_method_runs_and_accounts(ray_session, tiny_cfg, tmp_path, meth
     if method == "flite":
         from test_flite import PRE
 
-        from fedray.pretrain import pretrain
+        from fedray.models.pretrain import pretrain
 
         pretrain(load_config(None, PRE), str(tmp_path / "base"), progress=False)
         extra |= {"model.name": "cnn", "model.channels": "[8,16]", "model.hidden": 32,

@@ -1,4 +1,4 @@
-"""The one progress display (fedray.progress): plain stage lines off a terminal, in order,
+"""The one progress display (fedray.observe.progress): plain stage lines off a terminal, in order,
 with counts, elapsed time and ETA; counts from a Ray task; and the FAVoR job's real stages,
 its strict --json on stdout and no library noise on stderr."""
 
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fedray.progress import Progress, clock
+from fedray.observe.progress import Progress, clock
 
 
 def lines(buf: io.StringIO) -> list[str]:
@@ -21,7 +21,7 @@ def lines(buf: io.StringIO) -> list[str]:
 
 def test_plain_lines_name_each_stage_in_order_with_counts_and_eta(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr("fedray.progress.time", SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr("fedray.observe.progress.time", SimpleNamespace(monotonic=lambda: now[0]))
     buf = io.StringIO()
     progress = Progress(3, file=buf, interval=10)
     with progress.stage("corpus"):
@@ -53,7 +53,7 @@ def test_plain_lines_name_each_stage_in_order_with_counts_and_eta(monkeypatch):
 def test_eta_ignores_work_done_before_the_first_count(monkeypatch):
     """A resumed run reports its checkpoint's round first: the rate starts there."""
     now = [0.0]
-    monkeypatch.setattr("fedray.progress.time", SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr("fedray.observe.progress.time", SimpleNamespace(monotonic=lambda: now[0]))
     buf = io.StringIO()
     with Progress(1, file=buf, interval=0).stage("run", unit="rounds") as stage:
         now[0] = 30  # starting Ray and the executors

@@ -17,12 +17,12 @@ from test_favor_policies import overrides as favor_overrides
 from test_favor_policies import tiny  # noqa: F401 — the tiny Qwen2 + ASCE fixture
 from test_runtime import assert_bitwise_equal, final_state
 
+from fedray.core.spec import ConfigError
 from fedray.methods.base import accumulate
 from fedray.methods.fedavg.method import FedAvg
 from fedray.runtime import Experiment, run_experiment
 from fedray.runtime.dispatch import combine, even_groups
 from fedray.runtime.jobs import Partial
-from fedray.spec import ConfigError
 
 ray_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -125,7 +125,7 @@ def test_refused_where_the_server_needs_each_upload(tiny_cfg, tmp_path, extra, w
 def test_favor_shared_adapters_summed_on_the_executors(ray_session, tiny, tmp_path):  # noqa: F811
     """FAVoR's server (the uniform mean of the shared LoRA deltas, eqs. 14–15) is linear:
     reduced on the executors it gives the driver's adapters up to float64 rounding."""
-    from fedray.config import load_config
+    from fedray.core.config import load_config
     from fedray.data import build_data
     from fedray.data.authors import generate_corpus
 

@@ -89,7 +89,7 @@ def images(p: StrictPage) -> list[str]:
 def runs(ray_session, tmp_path_factory):
     """Three 2-round runs on digits: FedAvg with seeds 1 and 2 (one config otherwise), and
     ORDERS (its report adds method sections) under a name full of HTML specials."""
-    from fedray.config import load_config
+    from fedray.core.config import load_config
     from fedray.runtime import run_experiment
 
     root = tmp_path_factory.mktemp("report_html")
@@ -105,7 +105,7 @@ def runs(ray_session, tmp_path_factory):
 
 @pytest.mark.ray
 def test_report_html_is_valid_self_contained_and_escaped(runs):
-    from fedray.report import report
+    from fedray.front.report import report
 
     res = report(runs["orders"])
     assert os.path.dirname(res["html"]) == res["out_dir"] and res["html"].endswith(
@@ -129,7 +129,7 @@ def test_report_html_is_valid_self_contained_and_escaped(runs):
 
 @pytest.mark.ray
 def test_report_plots_draw_chance_and_say_what_is_better(runs):
-    from fedray.report import report
+    from fedray.front.report import report
 
     res = report(runs["seed1"])
     assert res["chance_level"] == pytest.approx(0.1)  # digits: 10 classes
@@ -149,7 +149,7 @@ def test_report_plots_draw_chance_and_say_what_is_better(runs):
 
 @pytest.mark.ray
 def test_compare_groups_seeds_with_error_bars(runs, tmp_path):
-    from fedray.report import compare
+    from fedray.front.report import compare
 
     res = compare([runs["seed1"], runs["seed2"], runs["orders"]], str(tmp_path / "cmp"))
     seeded = [g for g in res["groups"] if g["n"] > 1]
@@ -176,7 +176,7 @@ def test_compare_groups_seeds_with_error_bars(runs, tmp_path):
 
 def test_markdown_html_escapes_and_never_links_out(tmp_path):
     """Text is escaped; an image that is not a local PNG is named, not fetched."""
-    from fedray.plots import markdown_html
+    from fedray.observe.plots import markdown_html
 
     page = markdown_html("# r <b>\n\n| a | b |\n|---|---|\n| <script>x</script> | 1 |\n\n"
                          "- item & more\n\n![remote](http://example.com/x.png)\n"

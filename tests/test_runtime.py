@@ -13,13 +13,13 @@ import pytest
 from conftest import full_and_resumed
 from ray import cloudpickle as ray_cloudpickle
 
-from fedray import checkpoint
-from fedray.config import load_config
+from fedray.core import checkpoint
+from fedray.core.config import load_config
+from fedray.core.storage import Storage
 from fedray.methods.fedavg.method import FedAvg
-from fedray.payload import Payload
 from fedray.runtime import Experiment, run_experiment
 from fedray.runtime.pool import PlacementError
-from fedray.storage import Storage
+from fedray.wire.payload import Payload
 
 ray_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.ray
@@ -379,7 +379,7 @@ def test_resume_after_interrupt_matches_uninterrupted(ray_session, tiny_cfg, tmp
 
 
 def test_new_run_refuses_existing_run_dir(ray_session, tiny_cfg, tmp_path):
-    from fedray.config import ConfigError
+    from fedray.core.config import ConfigError
 
     cfg = tiny_cfg(rounds=1)
     run_experiment(cfg, str(tmp_path / "x"), progress=False)
@@ -388,7 +388,7 @@ def test_new_run_refuses_existing_run_dir(ray_session, tiny_cfg, tmp_path):
 
 
 def test_config_errors_before_any_ray_work(tmp_path):
-    from fedray.config import ConfigError
+    from fedray.core.config import ConfigError
 
     cfg = load_config(None, ["clients.num_clients=1000", "data.min_samples=4"])
     with pytest.raises(ConfigError, match="num_clients"):

@@ -1,6 +1,6 @@
 import numpy as np
 
-from fedray.seeding import derive_seed, rng, torch_generator
+from fedray.core.seeding import derive_seed, rng, torch_generator
 
 
 def test_same_key_same_stream_different_key_different_stream():

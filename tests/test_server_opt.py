@@ -1,4 +1,4 @@
-"""Server optimizers (fedray.server_opt) and their presets (FedAvgM, FedAdam, FedYogi,
+"""Server optimizers (fedray.services.server_opt) and their presets (FedAvgM, FedAdam, FedYogi,
 FedAdagrad): the recursions against hand computation, the config rules that keep one
 optimizer's hyperparameters from reaching another, and real runs that resume bitwise with
 the optimizer's state as its own checkpoint part. The cross-check against Flower's own
@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedray.config import ConfigError, keys, load_config, migrate_stored
+from fedray.core.config import ConfigError, keys, load_config, migrate_stored
 from fedray.methods.fedavg.policy import FedAvgPolicy
-from fedray.server_opt import OPTIMIZERS, SGD, Adagrad, Adam, Momentum, Yogi
+from fedray.services.server_opt import OPTIMIZERS, SGD, Adagrad, Adam, Momentum, Yogi
 
 
 def updates(seed: int):
@@ -141,8 +141,8 @@ def test_optimizer_state_is_a_checkpoint_part_and_resumes_bitwise(ray_session, t
                                                                    tmp_path, extra):
     from conftest import full_and_resumed
 
-    from fedray import checkpoint
-    from fedray.storage import Storage
+    from fedray.core import checkpoint
+    from fedray.core.storage import Storage
 
     cfg = tiny_cfg(**{**extra, "rounds": 4})
     full, resumed = full_and_resumed(cfg, tmp_path)

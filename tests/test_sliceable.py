@@ -10,7 +10,7 @@ from fedray.methods.drod.ladder import check_budget, solve_ladder, solve_rung
 from fedray.methods.drod.selection import gather, scatter_add, selection
 from fedray.models.resnet import resnet18
 from fedray.models.sliceable import Arch, Geometry, SliceableResNet, held, measure, norm_groups
-from fedray.training import get_state
+from fedray.models.training import get_state
 
 CIFAR100 = Arch(3, 100)
 HW = (32, 32)

@@ -11,7 +11,7 @@ import pickle
 import numpy as np
 import pytest
 
-from fedray.storage import StateFileError, Storage, pack_state, unpack_state
+from fedray.core.storage import StateFileError, Storage, pack_state, unpack_state
 
 
 class Boom:
@@ -106,7 +106,7 @@ def test_checkpoint_loaders_refuse_planted_and_damaged_files(tmp_path):
 
 
 def test_client_state_store_refuses_a_planted_state(tmp_path):
-    from fedray.state_store import ClientStateStore
+    from fedray.core.state_store import ClientStateStore
 
     storage = Storage(str(tmp_path / "run"))
     store = ClientStateStore(storage)
@@ -137,8 +137,8 @@ def test_resume_of_a_planted_run_fails_before_any_ray_work(tmp_path, tiny_cfg):
 
 
 def test_pretrain_resume_refuses_a_planted_checkpoint(tmp_path):
-    from fedray.config import load_config
-    from fedray.pretrain import pretrain
+    from fedray.core.config import load_config
+    from fedray.models.pretrain import pretrain
 
     out = Storage(str(tmp_path / "base"))
     out.write_checkpoint(1, {"epoch": 1})

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import yaml
 
-from fedray.config import load_config
-from fedray.metrics import read_metrics
-from fedray.spec import ConfigError
-from fedray.tracking import mlflow_key, numeric_columns
+from fedray.core.config import load_config
+from fedray.core.spec import ConfigError
+from fedray.observe.metrics import read_metrics
+from fedray.observe.tracking import mlflow_key, numeric_columns
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "fedray", "configs", "fedavg_digits.yaml")
@@ -90,7 +90,7 @@ def test_bad_tracking_values_fail_before_any_work_with_one_line(tmp_path, monkey
     cfg = load_config(None, ["tracking.tensorboard=true"])
     with pytest.raises(ConfigError, match="a local run_dir"):
         Experiment(cfg, "mock:///runs/x")
-    from fedray.tune import sweep
+    from fedray.front.tune import sweep
 
     with pytest.raises(ConfigError, match="tracking.mlflow"):  # a sweep: before Ray starts
         sweep(DEMO, {"local.lr": {"choice": [0.1]}}, overrides=["tracking.mlflow=no://x"],
@@ -148,7 +148,7 @@ def test_every_round_and_the_config_reach_tensorboard_and_mlflow_across_a_resume
 
 @pytest.mark.ray
 def test_a_sweep_logs_each_trial_through_tunes_callbacks(ray_session, tmp_path, monkeypatch):
-    from fedray.tune import sweep
+    from fedray.front.tune import sweep
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     store = tmp_path / "mlruns"

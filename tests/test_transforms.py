@@ -1,4 +1,4 @@
-"""The composable update-transform chain: parity with fedray.compression, chain-level error
+"""The composable update-transform chain: parity with fedray.wire.compression, chain-level error
 feedback, exact bytes, pass-through, determinism, config errors and stage order."""
 
 import math
@@ -6,14 +6,14 @@ import math
 import numpy as np
 import pytest
 
-from fedray.compression import (
+from fedray.wire.compression import (
     powersgd_compress,
     powersgd_decompress,
     topk_compress,
     topk_decompress,
 )
-from fedray.payload import Payload
-from fedray.transforms import (
+from fedray.wire.payload import Payload
+from fedray.wire.transforms import (
     BF16,
     TRANSFORMS,
     PowerSGD,

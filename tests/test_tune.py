@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from fedray.config import ConfigError
-from fedray.tune import load_sweep, parse_space_arg, presets, trial_bundles
+from fedray.core.config import ConfigError
+from fedray.front.tune import load_sweep, parse_space_arg, presets, trial_bundles
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "fedray", "configs", "fedavg_digits.yaml")
@@ -73,7 +73,7 @@ def test_sweep_block_in_the_config_file_and_presets(tmp_path):
 
 @pytest.mark.ray
 def test_a_trial_that_cannot_fit_fails_before_running(ray_session, tmp_path, monkeypatch):
-    from fedray.tune import sweep
+    from fedray.front.tune import sweep
 
     monkeypatch.setenv("FEDRAY_CHECK_TRIAL_FITS", "1")
     big = [*SMALL, "runtime.tiers=[{name: default, executors: 3, num_cpus: 1}]"]
@@ -84,7 +84,7 @@ def test_a_trial_that_cannot_fit_fails_before_running(ray_session, tmp_path, mon
 
 @pytest.mark.ray
 def test_real_sweep_with_asha_stopping_weak_trials(ray_session, tmp_path):
-    from fedray.tune import sweep
+    from fedray.front.tune import sweep
 
     res = sweep(DEMO, {"local.lr": {"grid": [0.1, 0.05, 0.002, 0.001]}}, overrides=SMALL,
                 storage_path=str(tmp_path), name="asha", grace_period=1)
@@ -107,12 +107,12 @@ def test_real_sweep_with_asha_stopping_weak_trials(ray_session, tmp_path):
 def test_interrupted_sweep_resumes(ray_session, tmp_path):
     """Kill the sweep's process while a trial is mid-run; `resume` finishes every trial and
     the interrupted one continues from its own round checkpoint."""
-    from fedray.tune import sweep
+    from fedray.front.tune import sweep
 
     space = {"local.lr": {"grid": [0.1, 0.05, 0.02]}}
     args = dict(overrides=[*SMALL, "rounds=5"], storage_path=str(tmp_path), name="cut",
                 scheduler="none")
-    code = (f"import json, ray; from fedray.tune import sweep; ray.init(address='auto'); "
+    code = (f"import json, ray; from fedray.front.tune import sweep; ray.init(address='auto'); "
             f"sweep({DEMO!r}, {space!r}, **json.loads({json.dumps(json.dumps(args))}))")
     env = dict(os.environ, RAY_ADDRESS=ray_session.get_runtime_context().gcs_address)
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env,

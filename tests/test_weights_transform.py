@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedray.config import ConfigError, load_config
-from fedray.payload import Payload, _dequantize, _quantize
-from fedray.transforms import Quantize, TransformChain, Weights, parse_transforms
+from fedray.core.config import ConfigError, load_config
+from fedray.wire.payload import Payload, dequantize, quantize
+from fedray.wire.transforms import Quantize, TransformChain, Weights, parse_transforms
 
 SHAPES = {"conv": (8, 3, 3, 3), "fc": (40, 25), "bias": (7,)}
 
@@ -35,13 +35,13 @@ def test_server_gets_dequantized_weights_minus_broadcast_and_bytes_are_exact():
     # the wire holds the int4 codes of the local *weights*, nothing else
     assert list(upload) == [f"{k}{s}" for k in SHAPES for s in (".q", ".scale")]
     for k in SHAPES:
-        q, sz = _quantize(w_local[k], 4)
+        q, sz = quantize(w_local[k], 4)
         assert upload[k + ".q"].tobytes() == q.tobytes()
         assert upload[k + ".scale"].tobytes() == sz.tobytes()
     decoded = chain.server(upload, SHAPES, reference=w_global)
     for k, s in SHAPES.items():
-        q, sz = _quantize(w_local[k], 4)
-        want = _dequantize(q, sz, 4, int(np.prod(s))).reshape(s) - w_global[k]
+        q, sz = quantize(w_local[k], 4)
+        want = dequantize(q, sz, 4, int(np.prod(s))).reshape(s) - w_global[k]
         assert decoded[k].tobytes() == want.tobytes()
         # the error is a share of the weights' range, far larger than the update itself
         err = np.abs(decoded[k] - delta[k]).max()
@@ -111,10 +111,10 @@ def test_int4_weight_fedavg_on_ray_averages_dequantized_weights(ray_session, tin
     """One client, server_lr 1: the new global state is θ_0 + (dq(q(θ_1)) − θ_0), i.e. each
     tensor sits on its client's 16-level int4 grid; every upload's bytes are exactly the
     chain's encoding, and the decoded upload is not the delta the client trained."""
-    from fedray import checkpoint
-    from fedray.metrics import read_metrics
+    from fedray.core import checkpoint
+    from fedray.core.storage import Storage
+    from fedray.observe.metrics import read_metrics
     from fedray.runtime import run_experiment
-    from fedray.storage import Storage
 
     cfg = tiny_cfg(**{"algorithm.name": "fedavg", "rounds": 2, "clients.num_clients": 1,
                       "data.partition": "iid",
@@ -147,7 +147,7 @@ def test_int4_weights_under_fedbuff_uses_each_uploads_own_broadcast(ray_session,
     """Asynchronous rule (a smoke test of the driver's other decode path): stale uploads
     are decoded against the broadcast their client started from; the run completes with
     stale uploads, every upload has the same byte count, and the model still learns."""
-    from fedray.metrics import read_metrics
+    from fedray.observe.metrics import read_metrics
     from fedray.runtime import run_experiment
 
     cfg = tiny_cfg(**{"algorithm.name": "fedbuff", "algorithm.concurrency": 4,

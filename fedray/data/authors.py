@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedray.seeding import rng
+from fedray.core.seeding import rng
 
 TOPICS = {
     "cooking": ["recipe", "oven", "garlic", "dinner", "sauce", "kitchen", "bread", "soup"],

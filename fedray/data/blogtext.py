@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedray.seeding import rng
+from fedray.core.seeding import rng
 
 COLUMNS = ("id", "gender", "age", "topic", "sign", "date", "text")
 WORD_RE = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)?")  # the "English-word" unit (B.8; our regex)
@@ -45,7 +45,7 @@ def read_blogtext(path: str | os.PathLike) -> dict[int, dict]:
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
-    from fedray.spec import ConfigError
+    from fedray.core.spec import ConfigError
 
     if not os.path.exists(path):
         raise FileNotFoundError(f"no BlogText CSV at {path}")

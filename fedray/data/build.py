@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedray import registry
-from fedray.config import ExperimentConfig
+from fedray.core import registry
+from fedray.core.config import ExperimentConfig
 from fedray.data.datasets import Dataset
 
 

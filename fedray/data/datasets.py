@@ -13,9 +13,9 @@ from typing import Literal
 
 import numpy as np
 
-from fedray.config import DataConfig
-from fedray.seeding import rng
-from fedray.spec import ConfigError
+from fedray.core.config import DataConfig
+from fedray.core.seeding import rng
+from fedray.core.spec import ConfigError
 
 
 @dataclass

@@ -13,11 +13,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from fedray.config import DataConfig
+from fedray.core.config import DataConfig
+from fedray.core.seeding import rng
+from fedray.core.spec import ConfigError
 from fedray.data.datasets import Dataset, load_dataset
 from fedray.data.partition import PartitionError, partition
-from fedray.seeding import rng
-from fedray.spec import ConfigError
 
 _PARAM_TO_FIELD = {
     "num_clients": "clients.num_clients",

@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from fedray.config import DataConfig, ExperimentConfig
+from fedray.core.config import DataConfig, ExperimentConfig
+from fedray.core.seeding import rng
+from fedray.core.spec import ConfigError, redact
 from fedray.data.federated import local_test_count
-from fedray.seeding import rng
-from fedray.spec import ConfigError, redact
 
 GLOBAL_TEST_MAX = 10_000
 

@@ -56,8 +56,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore import log
 
+from fedray.core.seeding import rng
 from fedray.methods.orders.policy import OrdersParams, OrdersState, key_layer_mask, orders_step
-from fedray.seeding import rng
 
 NORM_KEY = "orders.norm"
 TIER_KEY = "orders.tier"
@@ -76,7 +76,7 @@ class OrdersStrategy(FedAvg):
         ORDERS' knobs (default: ``OrdersParams()``); validated here.
     seed : int (default: 0)
         Seed of the Laplace noise on the ranked norms (``params.dp_b0 > 0``), drawn from
-        ``fedray.seeding.rng(seed, round, -1, "orders-dp")`` as in fedray's ``OrdersPolicy``.
+        ``fedray.core.seeding.rng(seed, round, -1, "orders-dp")`` as in fedray's ``OrdersPolicy``.
     **fedavg_kwargs
         ``FedAvg``'s keyword arguments (``fraction_train``, ``min_train_nodes``,
         ``weighted_by_key``, ``train_metrics_aggr_fn``, ...).

@@ -12,9 +12,9 @@ A method (:class:`Algorithm`) bundles
   generic layers without those layers naming it: :meth:`Algorithm.build_data`,
   :meth:`Algorithm.sweep_preset`, :meth:`Algorithm.summarize`,
   :meth:`Algorithm.report_sections` (and a ``continual``-style config section or a CLI
-  sub-command through :mod:`fedray.registry`).
+  sub-command through :mod:`fedray.core.registry`).
 
-The runtime moves broadcasts and uploads as :class:`fedray.payload.Payload` and never looks
+The runtime moves broadcasts and uploads as :class:`fedray.wire.payload.Payload` and never looks
 inside them; the method never sees an actor, an object ref or a resource. What crosses
 between them is typed: :class:`ClientResult` (with its :class:`Status` and the client-state
 version it wrote), :class:`EvalResult`, :class:`ClientData`.
@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-from fedray.registry import require
+from fedray.core.registry import require
 
 State = dict[str, np.ndarray]
 
@@ -288,7 +288,7 @@ def check_reduce(cfg: Any, method: Any) -> None:
     central DP, no participation rule that picks reporters after the fact."""
     if cfg.runtime.reduce != "executors":
         return
-    from fedray.spec import ConfigError
+    from fedray.core.spec import ConfigError
 
     fl = cfg.fleet
     caps = method.capabilities
@@ -307,11 +307,12 @@ def check_reduce(cfg: Any, method: Any) -> None:
 class Algorithm:
     """A federated method: typed parameters, a client update and an aggregation policy.
 
-    ``capabilities`` (names of :data:`fedray.registry.CAPABILITIES`) say, once, which cross-cutting
-    features the method takes; :meth:`check` refuses a config that asks for another, before
-    any Ray work. ``server_optimizer`` is the server optimizer it runs by default (None: its
-    rule makes its own step); with the ``server_optimizer`` capability ``server.optimizer``
-    picks any other, without it the optimizer is fixed (a preset such as FedAvgM)."""
+    ``capabilities`` (names of :data:`fedray.core.registry.CAPABILITIES`) say, once, which
+    cross-cutting features the method takes; :meth:`check` refuses a config that asks for
+    another, before any Ray work. ``server_optimizer`` is the server optimizer it runs by
+    default (None: its rule makes its own step); with the ``server_optimizer`` capability
+    ``server.optimizer`` picks any other, without it the optimizer is fixed (a preset such
+    as FedAvgM)."""
 
     name: ClassVar[str]
     Params: ClassVar[type]
@@ -358,7 +359,7 @@ class Algorithm:
     def make_optimizer(self) -> Any:
         """The run's server optimizer (``cfg.server``, resolved by the config), for a
         method whose rule hands it the pseudo-gradient."""
-        from fedray.server_opt import make_optimizer
+        from fedray.services.server_opt import make_optimizer
 
         return make_optimizer(self.cfg.server)
 
@@ -392,7 +393,7 @@ class Algorithm:
 
     def compute_cost(self, tier: Any) -> float:
         """Training FLOPs per sample of a client of ``tier`` relative to the full model: the
-        fleet clock's ``cost`` (:mod:`fedray.fleet`). 1 unless the method trains
+        fleet clock's ``cost`` (:mod:`fedray.services.fleet`). 1 unless the method trains
         sub-models."""
         return 1.0
 
@@ -420,10 +421,10 @@ class Algorithm:
         return state
 
     def update_chain(self) -> Any:
-        """The :class:`fedray.transforms.TransformChain` every upload passes through: the
+        """The :class:`fedray.wire.transforms.TransformChain` every upload passes through: the
         configured ``payload.transforms`` (methods that compress by construction prepend
         their own stage)."""
-        from fedray.transforms import TransformChain, parse_transforms
+        from fedray.wire.transforms import TransformChain, parse_transforms
 
         p = self.cfg.payload
         return TransformChain(parse_transforms(p.transforms), p.error_feedback)

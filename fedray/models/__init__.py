@@ -10,7 +10,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from fedray import registry
+from fedray.core import registry
 
 # name -> "module:builder": imported when first looked up, so importing fedray.models (and
 # its torch-free geometry) does not load torch

@@ -10,7 +10,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from fedray.seeding import derive_seed
+from fedray.core.seeding import derive_seed
 
 HeadMode = Literal["orthogonal", "kaiming", "trainable"]
 

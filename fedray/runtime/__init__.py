@@ -1,5 +1,5 @@
 """The Ray runtime: driver, executors, placement, devices. Knows no method: it finds the
-configured one through :mod:`fedray.registry` and talks to it through the typed contracts of
+configured one through :mod:`fedray.core.registry` and talks to it through the typed contracts of
 :mod:`fedray.methods.base`."""
 
 from fedray.runtime.experiment import (

@@ -19,7 +19,6 @@ from typing import Any
 import ray
 
 from fedray.methods.base import ClientResult, State, Status, accumulate, finite
-from fedray.payload import Payload
 from fedray.runtime.jobs import (
     Broadcast,
     ClientSlot,
@@ -31,6 +30,7 @@ from fedray.runtime.jobs import (
     TrainJob,
 )
 from fedray.runtime.rows import Evaluation
+from fedray.wire.payload import Payload
 
 GroupKey = tuple[int, int]  # (retry pass, first client id): the order partial sums are added
 

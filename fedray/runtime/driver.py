@@ -2,18 +2,18 @@
 
 - :class:`~fedray.runtime.parts.ServerState` — the global model and the round;
 - the method's :class:`~fedray.methods.base.AggregationPolicy` and the server optimizer
-  it hands its pseudo-gradient to (:mod:`fedray.server_opt`);
+  it hands its pseudo-gradient to (:mod:`fedray.services.server_opt`);
 - a :class:`~fedray.methods.base.ClientSampler` (:mod:`fedray.runtime.sampler`, or the
   method's own through :meth:`~fedray.methods.base.Algorithm.make_sampler`);
 - the :class:`~fedray.runtime.dispatch.Dispatcher` (typed jobs to the executor pool, typed
   results back, retries, decoding);
 - the :class:`~fedray.runtime.ledger.Ledger` (exact bytes, the simulated clock);
 - the client-state manifest and the tier cache (:mod:`fedray.runtime.roster`);
-- central DP (:class:`fedray.privacy.CentralDP`) when enabled;
+- central DP (:class:`fedray.services.privacy.CentralDP`) when enabled;
 - the loop: :class:`~fedray.runtime.sync_loop.SyncLoop`, or
   :class:`~fedray.runtime.async_loop.AsyncLoop` for a buffered rule (FedBuff, FedAsync).
 
-A checkpoint is ``{part: state}`` (:mod:`fedray.checkpoint`), written at round boundaries
+A checkpoint is ``{part: state}`` (:mod:`fedray.core.checkpoint`), written at round boundaries
 and read back by ``--resume``. The driver knows no model code and no method.
 """
 
@@ -24,11 +24,10 @@ from typing import Any
 import numpy as np
 import ray
 
-from fedray import checkpoint
-from fedray.fleet import Fleet
-from fedray.metrics import MetricsWriter
-from fedray.privacy import CentralDP
-from fedray.registry import make_method
+from fedray.core import checkpoint
+from fedray.core.registry import make_method
+from fedray.core.storage import Storage
+from fedray.observe.metrics import MetricsWriter
 from fedray.runtime.async_loop import AsyncLoop
 from fedray.runtime.dispatch import Dispatcher
 from fedray.runtime.jobs import RoundFailedError
@@ -38,7 +37,8 @@ from fedray.runtime.pool import ExecutorPool
 from fedray.runtime.roster import ClientStates, Tiers
 from fedray.runtime.sampler import make_sampler
 from fedray.runtime.sync_loop import SyncLoop
-from fedray.storage import Storage
+from fedray.services.fleet import Fleet
+from fedray.services.privacy import CentralDP
 
 __all__ = ["Driver", "RoundFailedError"]
 

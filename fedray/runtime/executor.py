@@ -29,7 +29,6 @@ from fedray.methods.base import (
     accumulate,
     finite,
 )
-from fedray.payload import Payload
 from fedray.runtime.jobs import (
     Broadcast,
     EvalBatch,
@@ -40,6 +39,7 @@ from fedray.runtime.jobs import (
     TrainBatch,
     TrainJob,
 )
+from fedray.wire.payload import Payload
 
 
 def exit_if_fatal(exc: BaseException) -> None:
@@ -54,10 +54,10 @@ def exit_if_fatal(exc: BaseException) -> None:
 class ClientExecutor:
     def __init__(self, cfg: Any, algorithm_cls: type, data: Any, run_uri: str, tier: str,
                  index: int):
-        from fedray.registry import make_method
+        from fedray.core.registry import make_method
+        from fedray.core.state_store import ClientStateStore
+        from fedray.core.storage import Storage
         from fedray.runtime.devices import configure_process, worker_device
-        from fedray.state_store import ClientStateStore
-        from fedray.storage import Storage
 
         self.cfg, self.tier, self.index = cfg, tier, index
         self.name = f"{tier}/{index}"

@@ -16,13 +16,13 @@ from typing import Any
 
 import yaml
 
-from fedray import checkpoint
-from fedray.config import ExperimentConfig, load_config, migrate_stored
-from fedray.progress import Progress
+from fedray.core import checkpoint
+from fedray.core.config import ExperimentConfig, load_config, migrate_stored
+from fedray.core.spec import ConfigError, redact
+from fedray.core.storage import Storage, read_marker
+from fedray.observe.progress import Progress
+from fedray.observe.tracking import Tracker
 from fedray.runtime import warm
-from fedray.spec import ConfigError, redact
-from fedray.storage import Storage, read_marker
-from fedray.tracking import Tracker
 
 
 def default_run_dir(cfg: ExperimentConfig) -> str:
@@ -37,11 +37,11 @@ def init_ray(cfg: ExperimentConfig) -> bool:
     a stale one from ``/tmp/ray/ray_current_cluster``). Returns True when this call started
     Ray; :func:`ray_is_local` tells later callers that the Ray they share cannot grow.
     Unless verbose (``-v``), every worker hides the libraries' progress bars and harmless
-    warnings (:func:`fedray.console.worker_runtime_env`)."""
+    warnings (:func:`fedray.observe.console.worker_runtime_env`)."""
     global _STARTED_LOCAL
     import ray
 
-    from fedray.console import worker_runtime_env
+    from fedray.observe.console import worker_runtime_env
 
     if ray.is_initialized():
         return False
@@ -128,7 +128,7 @@ class Experiment:
     def __init__(self, cfg: ExperimentConfig, run_dir: str | None = None, *,
                  resume: bool = False, algorithm_cls: type | None = None,
                  data: Any | None = None, overwrite: bool = False):
-        from fedray import registry
+        from fedray.core import registry
 
         self.cfg, self.resume = cfg, resume
         self.algorithm_cls = algorithm_cls or registry.method(cfg.algorithm["name"])
@@ -323,7 +323,7 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | None = None, *, resume:
     ``data`` is ``build_data(cfg)`` when the caller already holds it (several methods on
     one corpus build it once). A new run needs an empty or new ``run_dir`` unless
     ``overwrite``, which first deletes what is there. The rounds are one stage of
-    ``progress`` (a job's :class:`~fedray.progress.Progress`, or a display of its own when
+    ``progress`` (a job's :class:`~fedray.observe.progress.Progress`, or a display of its own when
     True) named after the run."""
     prog = progress if isinstance(progress, Progress) else Progress(1, enabled=progress)
     exp = Experiment(cfg, run_dir, resume=resume, algorithm_cls=algorithm_cls, data=data,
@@ -356,7 +356,7 @@ def _note(row: dict) -> str:
 
 def _summary(cfg: ExperimentConfig, run_dir: str, rows: list[dict], finish: dict,
              info: dict, seconds: float) -> dict[str, Any]:
-    from fedray.metrics import read_metrics
+    from fedray.observe.metrics import read_metrics
 
     table = read_metrics(run_dir, "rounds").to_pylist()
     evals = [r for r in table if not math.isnan(r["global_accuracy"])]

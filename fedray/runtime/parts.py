@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from fedray.methods.base import AggregationPolicy, ClientSampler, State
-from fedray.metrics import MetricsWriter
+from fedray.observe.metrics import MetricsWriter
 from fedray.runtime.dispatch import Dispatcher
 from fedray.runtime.jobs import RoundFailedError
 from fedray.runtime.ledger import Ledger
@@ -88,7 +88,7 @@ class RoundParts:
 
     def privatize(self, accepted: list[tuple[int, int, State]], r: int, extra: dict
                   ) -> list[tuple[int, int, State]]:
-        """With central DP (:mod:`fedray.privacy`): every accepted update replaced by the
+        """With central DP (:mod:`fedray.services.privacy`): every accepted update replaced by the
         round's privatized mean, with unit weight (nobody accepted: the noise alone, as the
         update of pseudo-client -1); the DP metrics go to ``extra``."""
         if self.privacy is None:

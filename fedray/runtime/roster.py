@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedray.state_store import ClientStateStore
+from fedray.core.state_store import ClientStateStore
 
 TIER_CACHE = 1_000_000
 

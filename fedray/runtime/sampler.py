@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from fedray.core.seeding import rng
 from fedray.methods.base import ClientSampler, Draw
-from fedray.privacy import poisson_sample
-from fedray.seeding import rng
+from fedray.services.privacy import poisson_sample
 
 
 def sample_clients(seed: int, round: int, num_clients: int, k: int) -> list[int]:
@@ -57,7 +57,7 @@ class PoissonSampler(_Stateless):
 
 class FleetSampler(_Stateless):
     """``want`` clients among those the fleet has online at the round's start
-    (:meth:`fedray.fleet.Fleet.sample`); the round closes on K. Nobody online: the draw is
+    (:meth:`fedray.services.fleet.Fleet.sample`); the round closes on K. Nobody online: the draw is
     empty and the clock waits for the next one."""
 
     def __init__(self, fleet: Any, k: int, want: int):

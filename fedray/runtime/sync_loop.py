@@ -2,7 +2,7 @@
 client on the fleet clock, accept the uploads that report in time and are free of NaN and
 Inf, aggregate them in client-id order (or the executors' partial sums), evaluate, log.
 
-The fleet (:mod:`fedray.fleet`) times every client in simulated seconds from the byte
+The fleet (:mod:`fedray.services.fleet`) times every client in simulated seconds from the byte
 ledger and its device profile, and applies the participation rules: only online clients
 are sampled; over-commitment samples ``ceil((1 + o) K)`` and aggregates the first ``K`` to
 finish; dropouts, offline clients and clients past the deadline do not report; a round

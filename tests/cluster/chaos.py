@@ -16,10 +16,10 @@ import numpy as np
 import ray
 from ray.cluster_utils import Cluster
 
-from fedray import checkpoint
-from fedray.config import load_config
+from fedray.core import checkpoint
+from fedray.core.config import load_config
+from fedray.core.storage import Storage
 from fedray.runtime import Experiment, run_experiment
-from fedray.storage import Storage
 
 OVERRIDES = ["rounds=4", "seed=3", "clients.num_clients=8", "model.hidden=[64]",
              "local.epochs=30", "local.batch_size=8",

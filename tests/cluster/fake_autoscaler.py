@@ -53,7 +53,7 @@ def alive() -> list[dict]:
 def run(run_dir: str) -> None:
     import ray
 
-    from fedray.config import load_config
+    from fedray.core.config import load_config
     from fedray.runtime import run_experiment
 
     ray.init(address="auto", log_to_driver=False)

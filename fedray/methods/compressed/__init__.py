@@ -2,7 +2,7 @@
 PowerSGD low-rank version of their update, with error feedback.
 
 Each is FedAvg with its compressor as the first stage of the upload's transform chain
-(:mod:`fedray.transforms`): the error memory (and PowerSGD's warm-start Q) is the client's
+(:mod:`fedray.wire.transforms`): the error memory (and PowerSGD's warm-start Q) is the client's
 chain memory, kept in the client state store between its rounds; the runtime decodes every
 upload to dense tensors before FedAvg's policy averages them. Further stages configured in
 ``payload.transforms`` (e.g. ``int8``) follow the compressor.
@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from fedray.core.registry import register_method
+from fedray.core.spec import ConfigError, spec
 from fedray.methods.fedavg.method import FedAvg, FedAvgParams
-from fedray.registry import register_method
-from fedray.spec import ConfigError, spec
-from fedray.transforms import PowerSGD as PowerSGDStage
-from fedray.transforms import TopK as TopKStage
-from fedray.transforms import Transform, TransformChain, parse_transforms
+from fedray.wire.transforms import PowerSGD as PowerSGDStage
+from fedray.wire.transforms import TopK as TopKStage
+from fedray.wire.transforms import Transform, TransformChain, parse_transforms
 
 
 @dataclass

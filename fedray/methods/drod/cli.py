@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from fedray.console import JSON_OPT, emit, fail, parse_shape
+from fedray.core.registry import register_command
 from fedray.models.geometry import RESNET_BLOCKS
-from fedray.registry import register_command
+from fedray.observe.console import JSON_OPT, emit, fail, parse_shape
 
 app = register_command("drod", typer.Typer(
     help="DROD (dual-ratio ordered dropout) tools.", no_args_is_help=True))

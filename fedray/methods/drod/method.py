@@ -70,7 +70,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from fedray.config import dataset_shape
+from fedray.core.config import dataset_shape
+from fedray.core.registry import register_method
+from fedray.core.spec import ConfigError, spec
 from fedray.methods.base import (
     WEIGHTED_HELP,
     Algorithm,
@@ -79,9 +81,8 @@ from fedray.methods.base import (
     ReportSection,
     State,
 )
+from fedray.methods.drod.selection import fiarse_masks
 from fedray.models.geometry import RESNET_BLOCKS
-from fedray.registry import register_method
-from fedray.spec import ConfigError, spec
 
 SLICEABLE = ("sliceable_resnet18", "sliceable_resnet34")
 
@@ -214,25 +215,6 @@ def fiarse_keep(arch: Any, hw: tuple[int, int], rung: Any, rho: float,
     return float(np.clip((rho * full - (total - maskable)) / maskable, 1e-6, 1.0))
 
 
-def fiarse_masks(state: State, keep: float) -> dict[str, np.ndarray]:
-    """FIARSE's importance mask: per conv/linear weight (ndim ≥ 2) of ``state``, the
-    ``ceil(keep · size)`` entries of largest magnitude (ties by position: a stable sort, so
-    server and client draw the same mask from the same weights). Empty at keep = 1."""
-    if keep >= 1:
-        return {}
-    out = {}
-    for k, v in state.items():
-        v = np.asarray(v)
-        if v.ndim < 2 or k.startswith("bic."):
-            continue
-        n = int(np.ceil(keep * v.size))
-        order = np.argsort(-np.abs(v.reshape(-1)), kind="stable")[:n]
-        m = np.zeros(v.size, bool)
-        m[order] = True
-        out[k] = m.reshape(v.shape)
-    return out
-
-
 class Resident:
     """What an executor keeps: one built model per sub-model geometry it has run."""
 
@@ -302,7 +284,7 @@ class Hetero(Algorithm):
         if not cl.tasks:
             return {}
         from fedray.methods.drod.continual.metrics import summarize
-        from fedray.metrics import read_metrics
+        from fedray.observe.metrics import read_metrics
 
         return {"continual": summarize(read_metrics(run_dir).to_pylist(),
                                        [t.name for t in cfg.runtime.tiers], cl.tasks,
@@ -336,8 +318,8 @@ class Hetero(Algorithm):
 
     def init_global_state(self, resident, seed):
 
-        from fedray.seeding import torch_seeded
-        from fedray.training import get_state
+        from fedray.core.seeding import torch_seeded
+        from fedray.models.training import get_state
 
         with torch_seeded(seed, -1, -1, "model-init"):
             from fedray.models.sliceable import SliceableResNet
@@ -374,7 +356,7 @@ class Hetero(Algorithm):
         return task_classes(num_classes, cl.tasks, cl.class_order) if cl.tasks else None
 
     def client_update(self, ctx: ClientContext, broadcast: State) -> ClientOutput:
-        from fedray.training import get_state, set_state
+        from fedray.models.training import get_state, set_state
 
         res: Resident = ctx.resident
         rung = res.tiers[ctx.tier]
@@ -403,6 +385,7 @@ class Hetero(Algorithm):
         import torch
         import torch.nn.functional as F
 
+        from fedray.core.seeding import rng, torch_generator, torch_seeded
         from fedray.methods.drod.continual.buffer import ReservoirBuffer
         from fedray.methods.drod.continual.data import task_of_round
         from fedray.methods.drod.continual.objectives import (
@@ -412,9 +395,8 @@ class Hetero(Algorithm):
             fit_bias,
             old_classes,
         )
-        from fedray.seeding import rng, torch_generator, torch_seeded
-        from fedray.training import SGD, batches
-        from fedray.training import random_crop_flip as augment
+        from fedray.models.training import SGD, batches
+        from fedray.models.training import random_crop_flip as augment
 
         loc, cl, dev = self.cfg.local, self.cfg.continual, ctx.device
         classes = self._tasks(model.arch.num_classes)
@@ -582,7 +564,7 @@ class Hetero(Algorithm):
         """Logits of the sub-model in ``broadcast`` (its tier found by shape), BiC-corrected."""
         import torch
 
-        from fedray.training import set_state
+        from fedray.models.training import set_state
 
         tier = resident.tier_of_state({k: v for k, v in broadcast.items()
                                        if not k.startswith("bic.")})
@@ -619,7 +601,7 @@ def od_choices(seed: int, round: int, client: int, steps: int, options: int) -> 
     """Ordered Dropout: the index of the sub-model each local step samples, uniform over the
     ``options`` nested sub-models the client's tier contains; step t's draw is a function
     of (seed, round, client, t) alone."""
-    from fedray.seeding import rng
+    from fedray.core.seeding import rng
 
     return rng(seed, round, client, "ordered-dropout").integers(0, options, size=steps)
 

@@ -106,3 +106,22 @@ def scatter_add(arch: Arch, target: dict[str, np.ndarray], compact: dict[str, np
     for name, v in compact.items():
         t = target[name]
         t[_index(param_axes(arch, name, t.ndim), t.shape, sel, v.shape)] += scale * v
+
+
+def fiarse_masks(state: dict[str, np.ndarray], keep: float) -> dict[str, np.ndarray]:
+    """FIARSE's importance mask: per conv/linear weight (ndim ≥ 2) of ``state``, the
+    ``ceil(keep · size)`` entries of largest magnitude (ties by position: a stable sort, so
+    server and client draw the same mask from the same weights). Empty at keep = 1."""
+    if keep >= 1:
+        return {}
+    out = {}
+    for k, v in state.items():
+        v = np.asarray(v)
+        if v.ndim < 2 or k.startswith("bic."):
+            continue
+        n = int(np.ceil(keep * v.size))
+        order = np.argsort(-np.abs(v.reshape(-1)), kind="stable")[:n]
+        m = np.zeros(v.size, bool)
+        m[order] = True
+        out[k] = m.reshape(v.shape)
+    return out

@@ -79,7 +79,7 @@ class SliceMeanPolicy(AggregationPolicy):
 class FiarsePolicy(SliceMeanPolicy):
     """FIARSE (Wu et al. 2024) on a structural axis: each tier receives its structural
     sub-model with every conv/linear weight masked to its largest-magnitude entries
-    (:func:`fedray.methods.drod.method.fiarse_masks`, recomputed from the current global
+    (:func:`fedray.methods.drod.selection.fiarse_masks`, recomputed from the current global
     weights each round), uploads only the kept entries' updates (flat, in mask order), and each
     entry is averaged over the clients whose mask held it. The broadcast travels dense (masked
     entries as zeros): a real deployment would send values and a bitmap, so the download
@@ -90,7 +90,7 @@ class FiarsePolicy(SliceMeanPolicy):
         self.keep = keep
 
     def _masks(self, tier: str, compact: State) -> dict[str, np.ndarray]:
-        from fedray.methods.drod.method import fiarse_masks
+        from fedray.methods.drod.selection import fiarse_masks
 
         return fiarse_masks(compact, self.keep[tier])
 

@@ -98,8 +98,8 @@ def train_asce(texts: Sequence[str], labels: Sequence, backbone: str | None = No
     (head discarded), its tokenizer and the training metrics. The paper leaves epochs,
     learning rates, batch and length unspecified: these defaults are ours (AdamW).
     ``progress(batches done, batches)`` follows the training."""
-    from fedray.seeding import derive_seed, rng
-    from fedray.training import Adam
+    from fedray.core.seeding import derive_seed, rng
+    from fedray.models.training import Adam
 
     torch.manual_seed(derive_seed(seed, -1, -1, "asce-init"))
     model, tok = load_backbone(backbone)
@@ -156,7 +156,7 @@ def save_asce(encoder: StyleEncoder, tokenizer: Any, out_dir: str, meta: dict) -
     os.makedirs(out_dir, exist_ok=True)
     encoder.backbone.config.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    from fedray.storage import write_marker
+    from fedray.core.storage import write_marker
 
     torch.save(encoder.state_dict(), os.path.join(out_dir, "asce.pt"))
     write_marker(os.path.join(out_dir, "asce.json"),  # last, atomically: the cache marker

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from fedray.console import JSON_OPT, emit, fail
-from fedray.registry import register_command
+from fedray.core.registry import register_command
+from fedray.observe.console import JSON_OPT, emit, fail
 
 app = register_command("favor", typer.Typer(
     help="FAVoR (shared/private LoRA with style alignment) tools.", no_args_is_help=True))

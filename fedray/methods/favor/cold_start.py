@@ -38,9 +38,9 @@ def cold_start_arms(cfg: Any, shared: dict[str, np.ndarray], authors: list[Any],
     ``device`` (a Ray task's, :func:`fedray.runtime.devices.run_on_device`). The base LM is
     loaded once; the initial adapter (``local_from_base``) is drawn from the seed exactly as
     the federation's was, the random one at the shared adapter's scale."""
+    from fedray.core.registry import build_method
     from fedray.methods.favor.lm import load_lm, with_lora
     from fedray.methods.favor.method import lora_spec
-    from fedray.registry import build_method
 
     alg = build_method(cfg)
     base, tok = load_lm(alg.params.base, device)
@@ -62,6 +62,7 @@ def cold_start(params: Any, shared: dict[str, np.ndarray], initial: dict[str, np
     the LoRA-wrapped base and its tokenizer when the caller holds them)."""
     import torch
 
+    from fedray.core.seeding import derive_seed
     from fedray.data.blogtext import prompt_and_reference
     from fedray.methods.favor import style_metrics as sm
     from fedray.methods.favor.asce import embed, load_asce
@@ -69,7 +70,6 @@ def cold_start(params: Any, shared: dict[str, np.ndarray], initial: dict[str, np
     from fedray.methods.favor.lm import blocks, load_lm, with_lora
     from fedray.methods.favor.method import lora_spec
     from fedray.methods.favor.train import StageConfig, compose, private_stage, to_numpy, to_torch
-    from fedray.seeding import derive_seed
 
     if lm is None:
         base, tok = load_lm(params.base, device)

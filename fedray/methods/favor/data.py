@@ -97,9 +97,9 @@ class TextData:
 def build_text_data(cfg: Any) -> TextData:
     from transformers import AutoTokenizer
 
+    from fedray.core.spec import ConfigError
     from fedray.methods.favor.asce import author_target, embed, load_asce
     from fedray.methods.favor.lm import blocks
-    from fedray.spec import ConfigError
 
     p = cfg.algorithm
     tok = AutoTokenizer.from_pretrained(p["base"])

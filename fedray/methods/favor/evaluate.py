@@ -34,16 +34,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedray.core.seeding import derive_seed
 from fedray.methods.favor import style_metrics as sm
-from fedray.seeding import derive_seed
 
 
 def final_adapters(run_dir: str, variant: str, num_clients: int
                    ) -> tuple[dict[str, np.ndarray], dict[int, dict[str, np.ndarray]]]:
     """The final global adapter and each client's deployed personal adapter (if any)."""
-    from fedray import checkpoint
-    from fedray.state_store import ClientStateStore
-    from fedray.storage import Storage
+    from fedray.core import checkpoint
+    from fedray.core.state_store import ClientStateStore
+    from fedray.core.storage import Storage
 
     storage = Storage(run_dir)
     ck = checkpoint.read(storage)
@@ -70,7 +70,7 @@ def final_adapters(run_dir: str, variant: str, num_clients: int
 def never_trained(run_dir: str, num_clients: int) -> list[int]:
     """The roster clients with no completed round in the run's ``clients`` metrics (never
     sampled, or every attempt failed or was dropped): no federated update used their data."""
-    from fedray.metrics import read_metrics
+    from fedray.observe.metrics import read_metrics
 
     table = read_metrics(run_dir, "clients")
     if table is None or not table.num_rows:
@@ -178,7 +178,7 @@ def evaluate_style(run_dir: str | None, data: Any, params: Any, seed: int,
         if progress is not None:
             progress(total, planned)
     if archive is not None:
-        from fedray.storage import Storage
+        from fedray.core.storage import Storage
 
         Storage(archive).write_parquet("generations.parquet", archived)
     enc, etok = load_asce(params.asce, device)

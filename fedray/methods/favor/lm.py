@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedray.storage import read_marker, write_marker
+from fedray.core.storage import read_marker, write_marker
 
 
 @dataclass
@@ -76,8 +76,8 @@ def pretrain_tiny(texts: Sequence[str], out_dir: str, spec: TinyLM | None = None
     follows the training."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from fedray.seeding import derive_seed, rng
-    from fedray.training import Adam
+    from fedray.core.seeding import derive_seed, rng
+    from fedray.models.training import Adam
 
     spec = spec or TinyLM()
     marker = os.path.join(out_dir, "fedray_tiny_lm.json")

@@ -40,10 +40,10 @@ from typing import Any, Literal
 
 import numpy as np
 
+from fedray.core.registry import register_method
+from fedray.core.spec import ConfigError, spec
 from fedray.methods.base import BASE_HELP, Algorithm, ClientContext, ClientOutput
 from fedray.methods.fedavg.policy import FedAvgPolicy
-from fedray.registry import register_method
-from fedray.spec import ConfigError, spec
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -168,8 +168,8 @@ class Favor(Algorithm):
 
     def init_global_state(self, resident, seed):
 
+        from fedray.core.seeding import torch_seeded
         from fedray.methods.favor.train import adapter_of, to_numpy
-        from fedray.seeding import torch_seeded
 
         model = resident["model"]
         with torch_seeded(seed, -1, -1, "lora-init"):  # drawn on the CPU: the same on any device

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fedray.plots import UP, axis_label, chance_line, describe, mean_sd, pyplot, save
+from fedray.observe.plots import UP, axis_label, chance_line, describe, mean_sd, pyplot, save
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def style_retention_plot(rows: Iterable[Mapping[str, Any]], path: str,
     :data:`PANELS` columns, as the FAVoR job's results.parquet) to the PNG ``path``.
     ``authors`` (the roster size) sets the author-attribution chance level 1/authors; without
     it that panel has no chance line. Returns what was drawn: ``path``, the figure's
-    :func:`fedray.plots.describe` and, per panel, its column, chance level and each
+    :func:`fedray.observe.plots.describe` and, per panel, its column, chance level and each
     method's mean, sd (None for a single seed) and n."""
     rows = [dict(r) for r in rows]
     methods = list(dict.fromkeys(r["method"] for r in rows))

@@ -16,8 +16,8 @@ import numpy as np
 def train_pooled(cfg: Any, data: Any, device: str = "cpu") -> dict[str, np.ndarray]:
     import torch
 
+    from fedray.core.registry import build_method
     from fedray.methods.favor.train import StageConfig, shared_stage, to_numpy, to_torch
-    from fedray.registry import build_method
 
     alg = build_method(cfg)
     res = alg.build_resident(data.input_shape, 0, device)

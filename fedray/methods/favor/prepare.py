@@ -15,9 +15,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from fedray.core.storage import read_marker, write_marker
 from fedray.methods.favor.lm import TinyLM
-from fedray.progress import Progress
-from fedray.storage import read_marker, write_marker
+from fedray.observe.progress import Progress
 
 
 def train_style_encoder(texts: list[str], labels: list[int], out_dir: str, *,

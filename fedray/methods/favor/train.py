@@ -107,7 +107,7 @@ def training(model: nn.Module, seed: int, round: int, client: int, purpose: str
     applies only in train mode — with the torch RNG (the dropout masks) drawn from
     (seed, round, client, purpose), so a client's stage is the same on any executor and
     after any earlier work; the RNG is restored and the model left in eval mode after."""
-    from fedray.seeding import torch_seeded
+    from fedray.core.seeding import torch_seeded
 
     with torch_seeded(seed, round, client, purpose):
         model.train()
@@ -173,7 +173,7 @@ def lm_scores(model: nn.Module, adapter: Adapter, ids: torch.Tensor) -> tuple[fl
 def _micro_batches(n: int, cfg: StageConfig, seed: int, round: int, client: int,
                    purpose: str) -> list[list[np.ndarray]]:
     """Optimizer steps, each a list of ``accumulation`` micro-batches of indices."""
-    from fedray.training import batches
+    from fedray.models.training import batches
 
     micro = list(batches(n, cfg.micro_batch, cfg.epochs, seed, round, client, None, purpose))
     steps = [micro[i:i + cfg.accumulation] for i in range(0, len(micro), cfg.accumulation)]
@@ -184,7 +184,7 @@ def shared_stage(model: nn.Module, start: Adapter, ids: torch.Tensor, labels: to
                  cfg: StageConfig, prox: float, seed: int, round: int, client: int
                  ) -> tuple[Adapter, dict[str, float]]:
     """Eq. 8 from A_t = ``start``; returns the shared endpoint A_{i,t} and metrics."""
-    from fedray.training import Adam
+    from fedray.models.training import Adam
 
     params = {k: v.clone().requires_grad_(True) for k, v in start.items()}
     anchor = {k: v.detach() for k, v in start.items()}
@@ -237,8 +237,8 @@ def private_stage(model: nn.Module, shared: Adapter, ids: torch.Tensor, labels: 
     """Eq. 12 from the constant shared endpoint; returns the residual ΔA^(p) and metrics.
     ``align = 0`` (or no ``target``) is FAVoR without ASCE. ``prox`` · ‖base + ΔA −
     prox_anchor‖² is added when given (Ditto's personal branch uses it)."""
-    from fedray.seeding import torch_seeded
-    from fedray.training import Adam
+    from fedray.core.seeding import torch_seeded
+    from fedray.models.training import Adam
 
     base = {k: v.detach() for k, v in shared.items()}
     residual = {k: torch.zeros_like(v, requires_grad=True) for k, v in base.items()}
@@ -348,8 +348,8 @@ def feddpa_round(model: nn.Module, server: Adapter, local: Adapter | None, gate:
     on the mixture with the global endpoint frozen. The paper's gate is per prompt; ours is
     one learned scalar per client — what the paper evaluates with (the client's mean
     validation gate). Returns (upload, state {local, gate}, metrics)."""
-    from fedray.seeding import derive_seed
-    from fedray.training import Adam
+    from fedray.core.seeding import derive_seed
+    from fedray.models.training import Adam
 
     zeros = {k: torch.zeros_like(v) for k, v in server.items()}
     g_params = {k: v.clone().requires_grad_(True) for k, v in server.items()}

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from fedray.core.registry import register_method
+from fedray.core.spec import ConfigError, spec
 from fedray.methods.base import (
     BASE_HELP,
     WEIGHTED_HELP,
@@ -20,9 +22,7 @@ from fedray.methods.base import (
     State,
 )
 from fedray.methods.fedavg.policy import FedAvgPolicy
-from fedray.payload import Payload
-from fedray.registry import register_method
-from fedray.spec import ConfigError, spec
+from fedray.wire.payload import Payload
 
 
 def check_base(base: str | None, model_cfg: dict | None = None) -> None:
@@ -30,8 +30,8 @@ def check_base(base: str | None, model_cfg: dict | None = None) -> None:
     configured model."""
     if base is None:
         return
-    from fedray.pretrain import load_base
-    from fedray.storage import Storage
+    from fedray.core.storage import Storage
+    from fedray.models.pretrain import load_base
 
     if not Storage(base).exists("base.npz"):
         raise ConfigError("algorithm.base", base,
@@ -50,8 +50,8 @@ def apply_base(model: Any, base: str, model_cfg: dict) -> None:
     """Load the pretrained weights into ``model`` and freeze its head if it was pretrained
     frozen (FLITE §3.5: the frozen head is never trained nor communicated)."""
     from fedray.models.heads import classifier
-    from fedray.pretrain import load_base
-    from fedray.training import set_state
+    from fedray.models.pretrain import load_base
+    from fedray.models.training import set_state
 
     state, meta = load_base(base)
     _same_model(base, meta, model_cfg)
@@ -85,7 +85,7 @@ class FedAvg(Algorithm):
     def check(cls, cfg: Any) -> None:
         super().check(cfg)
         if cfg.local.dp_noise_multiplier is not None:
-            from fedray.config import dataset_shape
+            from fedray.core.config import dataset_shape
 
             try:
                 shape = dataset_shape(cfg.data)
@@ -98,7 +98,7 @@ class FedAvg(Algorithm):
         """Local DP-SGD needs a model Opacus can wrap (no BatchNorm) and no kept optimizer
         state (its optimizer is Opacus' own, rebuilt every round)."""
         from fedray.models import build_model
-        from fedray.training import opacus_problems
+        from fedray.models.training import opacus_problems
 
         loc = cfg.local
         if loc.keep_optimizer_state:
@@ -113,7 +113,7 @@ class FedAvg(Algorithm):
 
     def dp_sgd(self) -> Any:
         """Local DP-SGD settings (``local.dp_*``), or None when off."""
-        from fedray.training import DPSGD
+        from fedray.models.training import DPSGD
 
         loc = self.cfg.local
         if loc.dp_noise_multiplier is None:
@@ -139,7 +139,7 @@ class FedAvg(Algorithm):
 
     def base_bytes(self) -> int:
         """Bytes of the pretrained base each client downloads once (0 without a base)."""
-        from fedray.pretrain import load_base
+        from fedray.models.pretrain import load_base
 
         return Payload.encode(load_base(self.base)[0]).nbytes if self.base else 0
 
@@ -149,8 +149,8 @@ class FedAvg(Algorithm):
 
     def init_global_state(self, resident, seed):
 
-        from fedray.seeding import torch_seeded
-        from fedray.training import get_state
+        from fedray.core.seeding import torch_seeded
+        from fedray.models.training import get_state
 
         if self.base:
             return get_state(resident)
@@ -168,7 +168,7 @@ class FedAvg(Algorithm):
         return None
 
     def client_update(self, ctx: ClientContext, broadcast: State) -> ClientOutput:
-        from fedray.training import evaluate, get_state, set_state, train_local
+        from fedray.models.training import evaluate, get_state, set_state, train_local
 
         model, loc = ctx.resident, self.cfg.local
         set_state(model, broadcast)
@@ -192,13 +192,13 @@ class FedAvg(Algorithm):
         return ClientOutput(delta, len(ctx.x_train), metrics, state)
 
     def evaluate(self, resident, broadcast, x, y, device="cpu"):
-        from fedray.training import evaluate, set_state
+        from fedray.models.training import evaluate, set_state
 
         set_state(resident, broadcast)
         return evaluate(resident, x, y, device)
 
     def finetune_evaluate(self, ctx, broadcast, epochs):
-        from fedray.training import evaluate, set_state, train_local
+        from fedray.models.training import evaluate, set_state, train_local
 
         loc = self.cfg.local
         set_state(ctx.resident, broadcast)

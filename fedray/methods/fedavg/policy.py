@@ -1,15 +1,15 @@
 """FedAvg's aggregation rule: the pseudo-gradient Δ = Σ_i w_i Δ_i, w_i = n_i / Σ_j n_j
 (``weighted``) or 1/N, summed in client-id order in float64 (so the result does not depend
 on which executor produced which update), handed to the run's server optimizer
-(:mod:`fedray.server_opt`): ``sgd`` with η_s = 1 is McMahan et al.'s FedAvg, ``momentum`` is
-FedAvgM, ``adam`` / ``yogi`` / ``adagrad`` are Reddi et al.'s FedOpt family."""
+(:mod:`fedray.services.server_opt`): ``sgd`` with η_s = 1 is McMahan et al.'s FedAvg,
+``momentum`` is FedAvgM, ``adam`` / ``yogi`` / ``adagrad`` are Reddi et al.'s FedOpt family."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from fedray.methods.base import AggregationPolicy, State
-from fedray.server_opt import SGD, ServerOptimizer, norm
+from fedray.services.server_opt import SGD, ServerOptimizer, norm
 
 
 def weighted_mean(updates: list[tuple[int, int, State]], weighted: bool = True) -> State:

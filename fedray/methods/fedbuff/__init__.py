@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
+from fedray.core.registry import register_method
+from fedray.core.spec import ConfigError, spec
 from fedray.methods.base import AggregationPolicy, AsyncUpdate, State
 from fedray.methods.fedavg import FedAvg
-from fedray.registry import register_method
-from fedray.server_opt import SGD
-from fedray.spec import ConfigError, spec
+from fedray.services.server_opt import SGD
 
 
 def fedbuff_weight(staleness: int | np.ndarray) -> np.ndarray:

@@ -4,7 +4,7 @@ Algorithm 1) and FedAdam, FedYogi, FedAdagrad (Reddi et al., "Adaptive Federated
 Optimization", ICLR 2021, Algorithm 2).
 
 Each is FedAvg's clients and aggregation rule with its server optimizer fixed
-(:mod:`fedray.server_opt`): ``algorithm.name=fedadam`` is ``algorithm.name=fedavg`` with
+(:mod:`fedray.services.server_opt`): ``algorithm.name=fedadam`` is ``algorithm.name=fedavg`` with
 ``server.optimizer=adam``, and its hyperparameters are ``server.*`` (``server.lr``,
 ``server.beta1``, …; ``server.momentum`` for FedAvgM). The optimizer's state (FedAvgM's
 velocity, the moments m and v) is its own part of the checkpoint, restored on ``--resume``.
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fedray.core.registry import register_method
 from fedray.methods.fedavg import FedAvg
-from fedray.registry import register_method
 
 FEDAVG_ONLY = frozenset(FedAvg.capabilities - {"server_optimizer"})
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedray.core.registry import register_method
+from fedray.core.spec import spec
 from fedray.methods.fedavg.method import FedAvg, FedAvgParams
-from fedray.registry import register_method
-from fedray.spec import spec
 
 
 @register_method

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from fedray.console import DEFAULT_SHAPES, JSON_OPT, emit, fail, parse_shape
-from fedray.registry import register_command
-from fedray.spec import ConfigError
+from fedray.core.registry import register_command
+from fedray.core.spec import ConfigError
+from fedray.observe.console import DEFAULT_SHAPES, JSON_OPT, emit, fail, parse_shape
 
 app = register_command("flite", typer.Typer(
     help="FLITE (latent federated fine-tuning) tools.", no_args_is_help=True))

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedray.seeding import rng
-from fedray.spec import ConfigError
+from fedray.core.seeding import rng
+from fedray.core.spec import ConfigError
 
 if TYPE_CHECKING:
     from torch import nn

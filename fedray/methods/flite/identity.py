@@ -13,8 +13,8 @@ import fnmatch
 
 import numpy as np
 
+from fedray.core.spec import ConfigError
 from fedray.methods.flite.factors import LayerFactors
-from fedray.spec import ConfigError
 
 
 def mapped_names(state: dict[str, np.ndarray], patterns: list[str] | None) -> list[str]:
@@ -81,7 +81,7 @@ def payload_info(model_name: str, num_classes: int, d: int, r: int,
     ``fedray flite info`` prints. Builds the model (no factors, no weights downloaded)."""
     from fedray.methods.flite.factors import check_dims, mapped_layers
     from fedray.models import build_model
-    from fedray.payload import Payload
+    from fedray.wire.payload import Payload
 
     model = build_model(model_name, input_shape, num_classes, **model_kwargs)
     params = dict(model.named_parameters())

@@ -32,9 +32,9 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.func import functional_call
 
+from fedray.core.spec import ConfigError
 from fedray.methods.flite import factors as _factors
 from fedray.methods.flite.factors import LayerFactors, check_dims, check_seed, mapped_layers
-from fedray.spec import ConfigError
 
 MODES = ("stored", "regenerated")
 

@@ -28,11 +28,11 @@ from typing import Any, Literal
 
 import numpy as np
 
+from fedray.core.registry import register_method
+from fedray.core.spec import ConfigError, spec
 from fedray.methods.base import BASE_HELP, WEIGHTED_HELP, ClientContext, ClientOutput
 from fedray.methods.fedavg.method import FedAvg, apply_base, check_base
 from fedray.methods.fedavg.policy import FedAvgPolicy, weighted_mean
-from fedray.registry import register_method
-from fedray.spec import ConfigError, spec
 
 
 @dataclass
@@ -68,7 +68,7 @@ class FliteParams:
         if self.base is not None:
             from fedray.methods.flite.factors import check_dims
             from fedray.methods.flite.identity import mapped_names
-            from fedray.pretrain import load_base
+            from fedray.models.pretrain import load_base
 
             pre, _ = load_base(self.base)
             for name in mapped_names(pre, self.layers):
@@ -125,8 +125,8 @@ class Flite(FedAvg):
         return {"algorithm.d": {"choice": [32, 64, 128]}, "algorithm.r": {"choice": [8, 16, 32]}}
 
     def build_resident(self, input_shape, num_classes, device):
-        from fedray.methods.flite import LatentMapping
-        from fedray.pretrain import build_base_model
+        from fedray.methods.flite.mapping import LatentMapping
+        from fedray.models.pretrain import build_base_model
 
         model = build_base_model(self.cfg, input_shape, num_classes, head="orthogonal")
         if self.params.base:
@@ -140,7 +140,7 @@ class Flite(FedAvg):
 
     def _train(self, ctx: ClientContext, broadcast, epochs: int, purpose: str) -> dict:
         """Set z ← z̄ and train only the latents (Adam, wd, clip) for ``epochs``."""
-        from fedray.training import Adam, train_local
+        from fedray.models.training import Adam, train_local
 
         mapping, p, loc = ctx.resident, self.params, self.cfg.local
         mapping.set_latent_vector(broadcast["z"])
@@ -174,13 +174,13 @@ class Flite(FedAvg):
         return {"z": (global_state["z"] + delta["z"]).astype(np.float32)}
 
     def evaluate(self, resident, broadcast, x, y, device="cpu"):
-        from fedray.training import evaluate
+        from fedray.models.training import evaluate
 
         resident.set_latent_vector(broadcast["z"])
         return evaluate(resident, x, y, device)
 
     def finetune_evaluate(self, ctx, broadcast, epochs):
-        from fedray.training import evaluate
+        from fedray.models.training import evaluate
 
         self._train(ctx, broadcast, epochs, "finetune")
         return evaluate(ctx.resident, ctx.x_test, ctx.y_test, ctx.device)
@@ -189,7 +189,7 @@ class Flite(FedAvg):
         """(layer, latent size) in the mapping's order, from the base (cached)."""
         if getattr(self, "_layout_cache", None) is None:
             from fedray.methods.flite.identity import mapped_names
-            from fedray.pretrain import load_base
+            from fedray.models.pretrain import load_base
 
             pre, _ = load_base(self.params.base)
             self._layout_cache = latent_layout(mapped_names(pre, self.params.layers),
@@ -199,7 +199,7 @@ class Flite(FedAvg):
     def make_policy(self) -> FlitePolicy:
         from fedray.methods.flite.factors import LayerFactors
         from fedray.methods.flite.identity import IdentityChecker, mapped_names
-        from fedray.pretrain import load_base
+        from fedray.models.pretrain import load_base
 
         if self.params.base is None:
             return FlitePolicy(self.params, [], None)

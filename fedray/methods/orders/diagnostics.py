@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from fedray.methods.orders.policy import skewness
-from fedray.plots import FRACTION, UP, axis_label, pyplot, save
+from fedray.observe.plots import FRACTION, UP, axis_label, pyplot, save
 
 # the norm algorithm.norm chose (L2 by default), in the parameters' own units
 NORM = axis_label("update norm ‖Δθ_i‖", "algorithm.norm, parameter units")

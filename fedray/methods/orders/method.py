@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from fedray.core.registry import register_method
 from fedray.methods.base import ClientContext, ClientOutput, ReportSection
 from fedray.methods.fedavg.method import FedAvg
 from fedray.methods.orders.policy import (
@@ -22,7 +23,6 @@ from fedray.methods.orders.policy import (
     key_layer_mask,
     update_norms,
 )
-from fedray.registry import register_method
 
 
 @register_method

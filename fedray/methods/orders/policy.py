@@ -74,7 +74,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from fedray.config import ConfigError, spec
+from fedray.core.config import ConfigError, spec
 from fedray.methods.base import AggregationPolicy, State
 
 
@@ -342,14 +342,14 @@ class OrdersPolicy(AggregationPolicy):
 
     def __init__(self, params: OrdersParams, seed: int,
                  tier_of: Callable[[int], str] | None = None, optimizer: Any = None):
-        from fedray.server_opt import SGD
+        from fedray.services.server_opt import SGD
 
         self.p, self.seed, self.tier_of = params, seed, tier_of
         self.state = OrdersState()
         self.optimizer = optimizer if optimizer is not None else SGD.of()
 
     def aggregate(self, global_state: State, updates: list, round: int):
-        from fedray.seeding import rng
+        from fedray.core.seeding import rng
 
         names = [k for k in global_state if k in updates[0][2]]
         prev = np.concatenate([global_state[k].reshape(-1) for k in names]).astype(np.float32)

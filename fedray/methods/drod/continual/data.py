@@ -15,12 +15,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from fedray.config import ExperimentConfig
+from fedray.core.config import ExperimentConfig
+from fedray.core.seeding import rng
+from fedray.core.spec import ConfigError
 from fedray.data.datasets import Dataset, load_dataset
 from fedray.data.federated import local_split
 from fedray.data.partition import PartitionError, partition
-from fedray.seeding import rng
-from fedray.spec import ConfigError
 
 
 def task_classes(num_classes: int, tasks: int, class_order: list[int] | None = None

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from fedray.methods.drod.continual.metrics import accuracy_matrix, summarize
-from fedray.plots import FRACTION, UP, axis_label, pyplot, save
+from fedray.observe.plots import FRACTION, UP, axis_label, pyplot, save
 
 
 def setting(cfg: dict[str, Any]) -> dict[str, Any] | None:

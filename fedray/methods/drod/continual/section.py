@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fedray import registry
-from fedray.config import num_classes
-from fedray.spec import ConfigError, spec
+from fedray.core import registry
+from fedray.core.config import num_classes
+from fedray.core.spec import ConfigError, spec
 
 
 @dataclass

@@ -30,17 +30,21 @@ Codec = Literal["fp32", "bf16", "int8", "int4"]
 CODECS: tuple[str, ...] = ("fp32", "bf16", "int8", "int4")
 
 
-def _to_bf16(x: np.ndarray) -> np.ndarray:
+def to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 → bfloat16 bit patterns (uint16), rounded to nearest even."""
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
     return ((bits + rounding) >> 16).astype(np.uint16)
 
 
-def _from_bf16(b: np.ndarray) -> np.ndarray:
+def from_bf16(b: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) → float32, exactly."""
     return (b.astype(np.uint32) << 16).view(np.float32)
 
 
-def _quantize(x: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+def quantize(x: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-tensor affine quantization to ``bits`` (8 or 4, packed two per byte): (codes,
+    (scale, minimum) as float32)."""
     levels = (1 << bits) - 1
     flat = x.reshape(-1).astype(np.float32, copy=False)
     lo = float(flat.min()) if flat.size else 0.0
@@ -55,7 +59,8 @@ def _quantize(x: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
     return q, np.array([scale, lo], dtype=np.float32)
 
 
-def _dequantize(q: np.ndarray, sz: np.ndarray, bits: int, size: int) -> np.ndarray:
+def dequantize(q: np.ndarray, sz: np.ndarray, bits: int, size: int) -> np.ndarray:
+    """The inverse of :func:`quantize`: ``size`` float32 values from the codes."""
     if bits == 4:
         codes = np.empty(q.size * 2, dtype=np.uint8)
         codes[0::2] = q & 0x0F
@@ -94,9 +99,9 @@ class Payload:
             if codec == "fp32":
                 buffers.append(np.ascontiguousarray(arr, dtype=np.float32).reshape(-1))
             elif codec == "bf16":
-                buffers.append(_to_bf16(arr).reshape(-1))
+                buffers.append(to_bf16(arr).reshape(-1))
             else:
-                q, sz = _quantize(arr, 8 if codec == "int8" else 4)
+                q, sz = quantize(arr, 8 if codec == "int8" else 4)
                 buffers.extend((q, sz))
         header = json.dumps({"codec": codec, "tensors": entries},
                             separators=(",", ":")).encode()
@@ -121,9 +126,9 @@ class Payload:
             elif kind == "fp32":
                 arr = bufs[0]
             elif kind == "bf16":
-                arr = _from_bf16(bufs[0])
+                arr = from_bf16(bufs[0])
             else:
-                arr = _dequantize(bufs[0], bufs[1], 8 if kind == "int8" else 4, size)
+                arr = dequantize(bufs[0], bufs[1], 8 if kind == "int8" else 4, size)
             out[name] = arr.reshape(shape)
         return out
 
@@ -132,7 +137,7 @@ class Payload:
         for _, _, kind, bufs, _ in self._entries():
             if kind == "int":
                 continue
-            vals = _from_bf16(bufs[0]) if kind == "bf16" else bufs[-1] if kind in (
+            vals = from_bf16(bufs[0]) if kind == "bf16" else bufs[-1] if kind in (
                 "int8", "int4") else bufs[0]
             if not np.isfinite(vals).all():
                 return False

@@ -7,7 +7,7 @@ head frozen from initialisation (orthogonal by default, §3.5). Optionally only 
 (``pretrain.classes``) or a share of the data (``pretrain.fraction``) are used, so that a
 small study can pretrain on part of the data and fine-tune federatedly on the rest.
 ``pretrain.augment`` adds the paper's "standard crop+flip" (App. 0.C; random 4-pixel-padded
-crop and horizontal flip per image, :func:`fedray.training.random_crop_flip`), for images.
+crop and horizontal flip per image, :func:`fedray.models.training.random_crop_flip`), for images.
 
 Every epoch writes a checkpoint (model, momentum buffers, epoch, history) to
 ``OUT/checkpoints``; ``--resume`` continues from the latest one to the same result as an
@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from fedray.config import ExperimentConfig
-from fedray.seeding import rng, torch_generator, torch_seeded
-from fedray.spec import ConfigError
-from fedray.storage import Storage
+from fedray.core.config import ExperimentConfig
+from fedray.core.seeding import rng, torch_generator, torch_seeded
+from fedray.core.spec import ConfigError
+from fedray.core.storage import Storage
 
 
 def lr_at(step: int, steps_per_epoch: int, epochs: int, warmup_epochs: int, lr: float) -> float:
@@ -69,12 +69,12 @@ def pretrain(cfg: ExperimentConfig, out: str, *, resume: bool = False,
              on_epoch: Callable[[dict], None] | None = None) -> dict[str, Any]:
     """Train the base centrally; returns base.json's content. ``on_epoch(history_row)`` is
     called after each epoch's checkpoint is written (progress reporting, e.g. to Tune);
-    ``progress`` shows the epochs as one stage of :mod:`fedray.progress` on stderr."""
+    ``progress`` shows the epochs as one stage of :mod:`fedray.observe.progress` on stderr."""
     import torch
 
     from fedray.data import load_dataset
-    from fedray.progress import Progress
-    from fedray.training import SGD, evaluate, get_state, random_crop_flip, set_state
+    from fedray.models.training import SGD, evaluate, get_state, random_crop_flip, set_state
+    from fedray.observe.progress import Progress
 
     p = cfg.pretrain
     storage = Storage(out)

@@ -1,6 +1,6 @@
 """Where the plugins are found: methods, model builders and the config sections a method adds.
 
-Ground floor: imports nothing of fedray but :mod:`fedray.spec`. A method package registers
+Ground floor: imports nothing of fedray but :mod:`fedray.core.spec`. A method package registers
 itself with :func:`register_method` (a class decorator) when it is imported; a package that
 needs more configuration than its ``algorithm.*`` parameters (DROD's ``continual`` task
 stream) adds a top-level section with :func:`register_section`. :func:`discover` imports
@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from fedray.spec import ConfigError, build_dataclass
+from fedray.core.spec import ConfigError, build_dataclass
 
 METHODS: dict[str, type] = {}
 MODELS: dict[str, Callable[..., Any]] = {}
@@ -54,7 +54,7 @@ def register_model(name: str) -> Callable[[Any], Any]:
 
 
 def register_section(name: str, cls: type) -> type:
-    """Add the top-level config section ``name`` (a dataclass of :func:`fedray.spec.spec`
+    """Add the top-level config section ``name`` (a dataclass of :func:`fedray.core.spec.spec`
     fields; an optional ``validate(self, cfg)`` runs on every loaded config)."""
     if SECTIONS.get(name, cls) is not cls or name in RESERVED_SECTIONS:
         raise TypeError(f"config section {name!r} is taken")
@@ -137,7 +137,7 @@ def commands() -> dict[str, Any]:
 CAPABILITIES = {
     "dp": "central DP (dp.enabled): every client's update has one shape, to clip and noise",
     "dp_sgd": "local DP-SGD (local.dp_noise_multiplier): its clients train with "
-              "fedray.training.train_local's SGD, which Opacus wraps",
+              "fedray.models.training.train_local's SGD, which Opacus wraps",
     "transforms": "update transforms (payload.transforms): the upload has the broadcast's "
                   "tensor shapes",
     "continual": "a continual task stream (continual.tasks)",

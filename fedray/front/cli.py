@@ -1,6 +1,6 @@
 """The ``fedray`` command line. Every informational command takes ``--json`` and then prints
 exactly one JSON object on stdout; without it, a human summary ending with where the files
-are. Progress (:mod:`fedray.progress`) and logs go to stderr; the libraries' own progress
+are. Progress (:mod:`fedray.observe.progress`) and logs go to stderr; the libraries' own progress
 bars and known-harmless warnings only with ``fedray -v``."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import Any
 
 import typer
 
-from fedray import registry
-from fedray.config import DEFAULT_METHOD, load_config
-from fedray.config import keys as config_keys
-from fedray.console import DEFAULT_SHAPES, JSON_OPT, SET_OPT, emit, fail, set_verbosity
-from fedray.console import parse_shape as _parse_shape
-from fedray.spec import ConfigError
+from fedray.core import registry
+from fedray.core.config import DEFAULT_METHOD, load_config
+from fedray.core.config import keys as config_keys
+from fedray.core.spec import ConfigError
+from fedray.observe.console import DEFAULT_SHAPES, JSON_OPT, SET_OPT, emit, fail, set_verbosity
+from fedray.observe.console import parse_shape as _parse_shape
 
 app = typer.Typer(
     name="fedray",
@@ -122,10 +122,10 @@ def run(config: Path | None = typer.Argument(
                                            "-s dp.target_epsilon=X)."),
         as_json: bool = JSON_OPT) -> None:
     """Run a federated experiment (or resume one) and print its summary."""
+    from fedray.core.storage import StateFileError
     from fedray.runtime import resume_config, run_experiment
     from fedray.runtime.jobs import RoundFailedError
     from fedray.runtime.pool import PlacementError
-    from fedray.storage import StateFileError
 
     if target_epsilon is not None:
         set_ = [*(set_ or []), "dp.enabled=true", f"dp.target_epsilon={target_epsilon}"]
@@ -157,7 +157,7 @@ def demo(rounds: int | None = typer.Option(None, help="Rounds (default: the conf
          progress: bool = typer.Option(True, "--progress/--no-progress"),
          as_json: bool = JSON_OPT) -> None:
     """Run the embedded default offline: FedAvg, MLP, scikit-learn digits, 20 clients."""
-    from fedray.report import report as make_report
+    from fedray.front.report import report as make_report
     from fedray.runtime import run_experiment
 
     overrides = [f"rounds={rounds}"] if rounds else []
@@ -179,8 +179,8 @@ def report(run_dirs: list[str] = typer.Argument(..., help="One run directory, or
     per client per round and the compression ratio, plus report.html: tables and plots in one
     self-contained file to share. Several runs are overlaid (the bandwidth/accuracy Pareto),
     runs differing only in seed as mean ± sd."""
-    from fedray.report import compare as make_compare
-    from fedray.report import report as make_report
+    from fedray.front.report import compare as make_compare
+    from fedray.front.report import report as make_report
 
     missing = [d for d in run_dirs if not os.path.isdir(d)]
     if missing:
@@ -229,7 +229,7 @@ def tune(config: Path = typer.Argument(..., help="Experiment config; may hold a 
     """Sweep config keys with Ray Tune: each trial is one experiment (driver + executors in
     one placement group) reporting every round; ASHA stops weak trials; the table of all
     trials (Parquet + Markdown, best first) lands in STORAGE/NAME."""
-    from fedray.tune import parse_space_arg, sweep
+    from fedray.front.tune import parse_space_arg, sweep
 
     try:
         parsed = dict(parse_space_arg(t) for t in space or [])
@@ -247,7 +247,7 @@ def tune(config: Path = typer.Argument(..., help="Experiment config; may hold a 
 def sweep_text(res: Any) -> str:
     """A sweep's table for people (SWEEP.md: every trial, best first) and where its files
     are."""
-    from fedray.storage import Storage
+    from fedray.core.storage import Storage
 
     table = Storage(res.path).read_bytes("SWEEP.md").decode().rstrip()
     return (f"{table}\n\nfiles in {res.path}:\n  {res.markdown}  this table\n"
@@ -278,7 +278,7 @@ def pretrain(config: Path = typer.Argument(..., help="Experiment config: its dat
     """Pretrain the shared base centrally (SGD 0.9, lr 0.05, 3-epoch warmup + cosine,
     wd 5e-4, batch 128; frozen orthogonal head) and write OUT/base.npz + base.json, which
     `algorithm.base=OUT` then fine-tunes federatedly."""
-    from fedray.pretrain import pretrain as run_pretrain
+    from fedray.models.pretrain import pretrain as run_pretrain
 
     try:
         # The algorithm section is for the federated run (its base is what this writes).
@@ -371,9 +371,9 @@ def models_show(name: str = typer.Argument(..., help="Model name, see `fedray mo
                 as_json: bool = JSON_OPT) -> None:
     """Build one model and print its parameters and forward FLOPs for one input
     (conv + linear, 2 FLOPs per multiply-add), measured on the built model."""
-    from fedray.config import parse_override
+    from fedray.core.config import parse_override
+    from fedray.core.spec import check_kwargs
     from fedray.models import build_model, get_model_builder, profile_model
-    from fedray.spec import check_kwargs
 
     try:
         builder = get_model_builder(name, path="NAME")
@@ -400,7 +400,7 @@ def fleet_example(out: Path = typer.Option(..., "--out", help="Directory to writ
     laptop) with log-normal spread, and 2-4 online windows per client over a 24-hour day.
     Use it with -s fleet.trace=OUT/devices.csv -s fleet.availability=OUT/availability.csv
     -s fleet.availability_period_s=86400."""
-    from fedray.fleet import write_example
+    from fedray.services.fleet import write_example
 
     devices, avail = write_example(str(out), clients, seed)
     emit({"devices": devices, "availability": avail}, as_json,
@@ -417,7 +417,7 @@ def fleet_import(capacity: Path = typer.Argument(..., help="FedScale's pickled "
     """Convert FedScale's pickled device traces to fedray's CSV schema, once: the pickles
     are read with an unpickler that admits plain dicts, lists and numbers only (no class,
     no function: a planted pickle cannot run code); runs read only the CSV files."""
-    from fedray.fleet import import_fedscale
+    from fedray.services.fleet import import_fedscale
 
     try:
         written = import_fedscale(str(capacity), str(out),

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pyarrow.fs as pafs
 
-from fedray.spec import redact
+from fedray.core.spec import redact
 
 TREE = "__tree__"
 LATEST_LINE = re.compile(r"(\d{1,9}) ([0-9a-f]{64})")  # "INDEX SHA256" in FOLDER/LATEST

@@ -38,8 +38,8 @@ from typing import Any
 
 import yaml
 
-from fedray.spec import ConfigError, redact
-from fedray.storage import Storage
+from fedray.core.spec import ConfigError, redact
+from fedray.core.storage import Storage
 
 STATE_FILE = "tracking.json"
 TENSORBOARD_DIR = "tensorboard"

@@ -72,8 +72,8 @@ from typing import Any
 
 import numpy as np
 
-from fedray.seeding import rng
-from fedray.spec import ConfigError
+from fedray.core.seeding import rng
+from fedray.core.spec import ConfigError
 
 State = dict[str, np.ndarray]
 
@@ -184,7 +184,7 @@ def update_noise_multiplier(z: float, count_noise: float | None) -> float:
 def _cohort(cfg: Any) -> tuple[int, int]:
     """(population, reports per release) for the accountant and the denominator: the
     method's :meth:`Algorithm.dp_cohort` (default N and K)."""
-    from fedray import registry
+    from fedray.core import registry
 
     return registry.method(cfg.algorithm.get("name", "fedavg")).dp_cohort(cfg)
 
@@ -207,7 +207,7 @@ def _delta(cfg: Any) -> float:
 
 def check_config(cfg: Any) -> None:
     """The rules of ``dp.*`` with ``dp.enabled`` (a :class:`ConfigError` naming the key)."""
-    from fedray import registry
+    from fedray.core import registry
 
     dp = cfg.dp
     name = cfg.algorithm.get("name", "fedavg")
@@ -256,7 +256,7 @@ def clip_update(update: State, clip: float) -> tuple[dict[str, np.ndarray], floa
 def poisson_sample(seed: int, round: int, num_clients: int, q: float) -> list[int]:
     """Every client independently with probability ``q`` (SplitMix64 of (seed, round,
     client): no per-population state), in id order."""
-    from fedray.seeding import uniform
+    from fedray.core.seeding import uniform
 
     draws = uniform(seed, round, np.arange(num_clients, dtype=np.int64), "dp-poisson")
     return np.flatnonzero(draws < q).tolist()

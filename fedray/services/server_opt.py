@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from fedray.spec import spec
+from fedray.core.spec import spec
 
 State = dict[str, np.ndarray]
 OPTIMIZERS: dict[str, type[ServerOptimizer]] = {}
@@ -226,7 +226,7 @@ class Yogi(Adaptive):
 
 def make_optimizer(spec_: dict[str, Any]) -> ServerOptimizer:
     """The optimizer of a resolved ``server`` config section ``{"optimizer": name, ...}``."""
-    from fedray.spec import build_dataclass
+    from fedray.core.spec import build_dataclass
 
     name = spec_.get("optimizer") or "sgd"
     cls = OPTIMIZERS[name]

@@ -4,7 +4,7 @@ Every stateful part of the round (:mod:`fedray.runtime.parts`: the server state,
 policy, the ledger, the client-state manifest, the dispatcher, the sampler, the loop, DP)
 has ``state_dict`` / ``load_state_dict``; a checkpoint holds each part's state under the
 part's name, so a new piece of state is one edit, in its part. Stored through
-:meth:`fedray.storage.Storage.write_checkpoint` (data only, digest-checked, never
+:meth:`fedray.core.storage.Storage.write_checkpoint` (data only, digest-checked, never
 unpickled). A checkpoint of the flat layout versions before 2026-12 wrote is read as the
 same parts, so a run started by an older fedray resumes.
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from fedray.spec import ConfigError
-from fedray.storage import StateFileError, Storage
+from fedray.core.spec import ConfigError
+from fedray.core.storage import StateFileError, Storage
 
 FORMAT = 2
 KEEP = 2  # checkpoints kept (the newest, and the one before in case it is damaged)

@@ -5,14 +5,14 @@ become an :class:`ExperimentConfig`. Every check runs before any Ray work, and e
 is a :class:`ConfigError` naming the field, the value and what is allowed.
 
 The ``model`` and ``algorithm`` sections are open-ended: ``name`` picks an entry of the
-model or method registry (:mod:`fedray.registry`) and the remaining keys are checked against
+model or method registry (:mod:`fedray.core.registry`) and the remaining keys are checked against
 that entry's typed parameters (a dataclass for methods, the builder's keyword arguments for
 models). A method package may add a top-level section of its own
-(:func:`fedray.registry.register_section`): it is read, validated, listed by ``fedray config
+(:func:`fedray.core.registry.register_section`): it is read, validated, listed by ``fedray config
 --keys`` and stored in ``config.yaml`` like the core ones.
 
-Layering: this module sits on the ground floor (it imports :mod:`fedray.spec`,
-:mod:`fedray.registry` and :mod:`fedray.transforms` only); the registry finds the plugins
+Layering: this module sits on the ground floor (it imports :mod:`fedray.core.spec`,
+:mod:`fedray.core.registry` and :mod:`fedray.wire.transforms` only); the registry finds the plugins
 by name.
 """
 
@@ -30,8 +30,8 @@ from typing import Any, Literal
 import numpy as np
 import yaml
 
-from fedray import registry
-from fedray.spec import (
+from fedray.core import registry
+from fedray.core.spec import (
     ConfigError,
     Knob,
     build_dataclass,
@@ -43,7 +43,7 @@ from fedray.spec import (
     short_repr,
     spec,
 )
-from fedray.transforms import parse_transforms
+from fedray.wire.transforms import parse_transforms
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -141,7 +141,7 @@ class PayloadConfig:
     download: Literal["fp32", "bf16"] = spec("fp32", help="wire codec of the broadcast")
     transforms: list[str | dict[str, Any]] = spec(
         default_factory=list, help="update transforms each upload passes through, in order "
-                                   "(fedray.transforms): topk, powersgd, int8, int4, bf16, as "
+                                   "(fedray.wire.transforms): topk, powersgd, int8, int4, bf16, as "
                                    "a name or {name: topk, density: 0.1}; 'weights' first "
                                    "sends weights θ_t+Δ instead of Δ ([weights, int4]: int4 "
                                    "FedAvg of weights); for methods whose upload has the "
@@ -236,7 +236,7 @@ class RuntimeConfig:
 @dataclass
 class FleetConfig:
     """Device speed, network and availability of the clients, and how rounds treat them
-    (:mod:`fedray.fleet`). The clock always runs (``sim_seconds`` in every round row); the
+    (:mod:`fedray.services.fleet`). The clock always runs (``sim_seconds`` in every round row); the
     participation rules are off by default."""
 
     trace: str | None = spec(None, help="device-capacity CSV/Parquet: client_id, "
@@ -276,7 +276,7 @@ class FleetConfig:
         if self.min_reports > cfg.clients.sampled_count():
             raise ConfigError("fleet.min_reports", self.min_reports,
                               f"at most the {cfg.clients.sampled_count()} clients per round")
-        from fedray.fleet import Fleet
+        from fedray.services.fleet import Fleet
 
         for key in ("trace", "availability"):  # the driver actor may run elsewhere
             if getattr(self, key):
@@ -296,7 +296,7 @@ class FleetConfig:
 @dataclass
 class DPConfig:
     """Central, client-level differential privacy: DP-FedAvg (McMahan et al., ICLR 2018) with
-    an accountant from Google's ``dp-accounting`` (:mod:`fedray.privacy`)."""
+    an accountant from Google's ``dp-accounting`` (:mod:`fedray.services.privacy`)."""
 
     enabled: bool = spec(False, help="clip every client's update and add Gaussian noise to "
                                      "their sum (needs noise_multiplier or target_epsilon)")
@@ -325,14 +325,14 @@ class DPConfig:
     def validate(self, cfg: Any) -> None:
         if not self.enabled:
             return
-        from fedray.privacy import check_config
+        from fedray.services.privacy import check_config
 
         check_config(cfg)
 
 
 @dataclass
 class TrackingConfig:
-    """Experiment tracking through the libraries themselves (:mod:`fedray.tracking`)."""
+    """Experiment tracking through the libraries themselves (:mod:`fedray.observe.tracking`)."""
 
     tensorboard: bool = spec(False, help="write every round's metrics and the config with "
                                          "TensorBoard's SummaryWriter to RUN_DIR/tensorboard")
@@ -342,7 +342,7 @@ class TrackingConfig:
                                                     "config's name)")
 
     def validate(self, cfg: Any) -> None:
-        from fedray.tracking import check_config
+        from fedray.observe.tracking import check_config
 
         check_config(cfg)
 
@@ -422,7 +422,7 @@ class ExperimentConfig:
         names = [t.name for t in self.runtime.tiers]
         fractions = self.clients.tier_fractions
         if fractions is not None:
-            from fedray.seeding import uniform
+            from fedray.core.seeding import uniform
 
             edges = np.cumsum(fractions) / float(np.sum(fractions))
             idx = np.minimum(np.searchsorted(edges, uniform(self.seed, -1, ids, "tier"),
@@ -671,7 +671,7 @@ def resolve_server(server: Any, method: type) -> dict[str, Any]:
     ``server.optimizer``, or fixed by the method — so switching ``algorithm.name`` never
     hands one optimizer's learning rate to another; a key the optimizer does not have is an
     error naming it."""
-    from fedray.server_opt import OPTIMIZERS
+    from fedray.services.server_opt import OPTIMIZERS
 
     if not isinstance(server, dict):
         raise ConfigError("server", server, "a section: optimizer plus its hyperparameters")
@@ -796,7 +796,7 @@ def keys() -> list[Knob]:
     """Every knob (``fedray config --keys``): the core sections, the registered sections,
     each method's ``algorithm.*`` parameters and each server optimizer's ``server.*``
     hyperparameters, one row per key with the methods or optimizers it applies to."""
-    from fedray.server_opt import OPTIMIZERS
+    from fedray.services.server_opt import OPTIMIZERS
 
     rows = [k for k in knobs(ExperimentConfig) if k.key not in ("algorithm", "server")]
     for name, cls in registry.sections().items():

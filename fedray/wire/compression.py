@@ -34,7 +34,7 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-from fedray.seeding import rng
+from fedray.core.seeding import rng
 
 __all__ = ["COMPRESSORS", "CompressResult", "PayloadCount", "index_dtype",
            "payload_values", "powersgd_compress", "powersgd_decompress", "powersgd_is_compressed",

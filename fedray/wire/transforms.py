@@ -3,8 +3,8 @@
 A client's upload (``name -> ndarray``) can pass through a :class:`TransformChain` whatever
 the method that produced it (FedAvg, FedProx, ORDERS, ...), in the spirit of pfl-research's
 postprocessors and Flower's mods: ``["topk", "int8"]`` sparsifies each tensor and then
-quantizes the kept values. The top-k and PowerSGD stages reuse :mod:`fedray.compression`
-and the quantizers reuse :mod:`fedray.payload`'s, so a one-stage chain is bit-identical to
+quantizes the kept values. The top-k and PowerSGD stages reuse :mod:`fedray.wire.compression`
+and the quantizers reuse :mod:`fedray.wire.payload`'s, so a one-stage chain is bit-identical to
 the compressor it wraps.
 
 Stages and keys. A stage transforms the float tensors whose names are in ``shapes`` and
@@ -60,7 +60,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from fedray.compression import (
+from fedray.wire.compression import (
     powersgd_compress,
     powersgd_decompress,
     powersgd_is_compressed,
@@ -68,7 +68,7 @@ from fedray.compression import (
     topk_decompress,
     topk_k,
 )
-from fedray.payload import _dequantize, _from_bf16, _quantize, _to_bf16
+from fedray.wire.payload import dequantize, from_bf16, quantize, to_bf16
 
 __all__ = ["BF16", "TRANSFORMS", "PowerSGD", "Quantize", "TopK", "Transform", "TransformChain",
            "Weights", "parse_transforms"]
@@ -184,7 +184,7 @@ class Transform:
 @dataclass(frozen=True)
 class TopK(Transform):
     """Keep each tensor's ``topk_k(size, density)`` largest-magnitude entries
-    (:func:`fedray.compression.topk_compress`: ties lowest index first, ascending indices)."""
+    (:func:`fedray.wire.compression.topk_compress`: ties lowest index first, ascending indices)."""
 
     density: float = 0.01
     name: ClassVar[str] = "topk"
@@ -212,7 +212,7 @@ class TopK(Transform):
 
 @dataclass(frozen=True)
 class PowerSGD(Transform):
-    """Rank-``rank`` PowerSGD with warm start (:func:`fedray.compression.powersgd_compress`):
+    """Rank-``rank`` PowerSGD with warm start (:func:`fedray.wire.compression.powersgd_compress`):
     the memory is ``{name: Q}``, and the first Q of a tensor is drawn from
     ``rng(seed, round, client, f"powersgd-{name}")`` with ``name`` the key this stage sees.
     Tensors whose factors would not be smaller are emitted dense under ``name``."""
@@ -280,7 +280,7 @@ class Quantize(Transform):
         return f"int{self.bits}"
 
     def _encode(self, name, x, memory, *, seed, round, client):
-        q, sz = _quantize(x, self.bits)
+        q, sz = quantize(x, self.bits)
         return {name + ".q": q, name + ".scale": sz}
 
     def out_shapes(self, shapes):
@@ -288,7 +288,7 @@ class Quantize(Transform):
 
     def decode(self, tensors, shapes):
         return _decode_pairs(tensors, shapes, ".q", ".scale", self.name,
-                             lambda q, sz, shape: _dequantize(q, sz, self.bits, _size(shape))
+                             lambda q, sz, shape: dequantize(q, sz, self.bits, _size(shape))
                              .reshape(shape))
 
 
@@ -300,13 +300,13 @@ class BF16(Transform):
     code_suffixes: ClassVar[tuple[str, ...]] = (".bf16",)
 
     def _encode(self, name, x, memory, *, seed, round, client):
-        return {name + ".bf16": _to_bf16(x).reshape(-1)}
+        return {name + ".bf16": to_bf16(x).reshape(-1)}
 
     def out_shapes(self, shapes):
         return {}
 
     def decode(self, tensors, shapes):
-        replace = {name + ".bf16": {name: _from_bf16(np.asarray(tensors[name + ".bf16"]))
+        replace = {name + ".bf16": {name: from_bf16(np.asarray(tensors[name + ".bf16"]))
                                     .reshape(tuple(shape))}
                    for name, shape in shapes.items() if name + ".bf16" in tensors}
         return _splice(tensors, replace, set(), self.name)

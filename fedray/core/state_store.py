@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from fedray.storage import Storage
+from fedray.core.storage import Storage
 
 
 class ClientStateStore:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from fedray.storage import Storage
+from fedray.core.storage import Storage
 
 KINDS = ("rounds", "clients")
 

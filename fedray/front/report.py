@@ -29,10 +29,11 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from fedray import registry
-from fedray.config import DataConfig, dataset_shape
-from fedray.metrics import read_metrics
-from fedray.plots import (
+from fedray.core import registry
+from fedray.core.config import DataConfig, dataset_shape
+from fedray.core.spec import ConfigError, build_dataclass
+from fedray.observe.metrics import read_metrics
+from fedray.observe.plots import (
     FRACTION,
     UP,
     axis_label,
@@ -42,9 +43,8 @@ from fedray.plots import (
     mean_sd,
     save_figure,
 )
-from fedray.plots import images as _images
-from fedray.plots import pyplot as _plt
-from fedray.spec import ConfigError, build_dataclass
+from fedray.observe.plots import images as _images
+from fedray.observe.plots import pyplot as _plt
 
 ACCURACY = axis_label("global test accuracy", FRACTION, UP)
 # the per-run table's columns summarised over seeds in ``compare``
@@ -183,7 +183,7 @@ def _finish(ax: Any, **labels: Any) -> None:
 
 
 def _accuracy_plots(runs: list[dict], groups: list[dict], out_dir: str) -> list[dict]:
-    """The figures (see the module docstring); each as :func:`fedray.plots.save_figure`
+    """The figures (see the module docstring); each as :func:`fedray.observe.plots.save_figure`
     describes it."""
     plt = _plt()
     figures = []
@@ -222,7 +222,7 @@ def _accuracy_plots(runs: list[dict], groups: list[dict], out_dir: str) -> list[
     figures.append(save_figure(fig, out_dir, "accuracy_vs_bytes.png"))
 
     timed = [g for g in groups if all("cum_sim_seconds" in r["rounds"] for r in g["runs"])]
-    if timed:  # the virtual clock (fedray.fleet): what a deployment would wait for
+    if timed:  # the virtual clock (fedray.services.fleet): what a deployment would wait for
         longest = max(float(r["rounds"]["cum_sim_seconds"].max()) for g in timed
                       for r in g["runs"])
         unit, scale = (("seconds", 1.0) if longest < 120 else
@@ -238,7 +238,7 @@ def _accuracy_plots(runs: list[dict], groups: list[dict], out_dir: str) -> list[
         figures.append(save_figure(fig, out_dir, "accuracy_vs_sim_time.png"))
 
     private = [g for g in groups if all("dp_epsilon" in r["rounds"] for r in g["runs"])]
-    if private:  # client-level DP (fedray.privacy): what each accuracy cost in privacy
+    if private:  # client-level DP (fedray.services.privacy): what each accuracy cost in privacy
         fig, ax = plt.subplots(figsize=(7, 4.6))
         for g in private:
             _draw(ax, g["label"], [_frame(r, "global_accuracy", "dp_epsilon")

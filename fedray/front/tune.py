@@ -28,11 +28,11 @@ from typing import Any
 
 import yaml
 
-from fedray import registry
-from fedray.config import ExperimentConfig, load_config, read_file
-from fedray.console import library_stdout
-from fedray.progress import Progress
-from fedray.spec import ConfigError, redact
+from fedray.core import registry
+from fedray.core.config import ExperimentConfig, load_config, read_file
+from fedray.core.spec import ConfigError, redact
+from fedray.observe.console import library_stdout
+from fedray.observe.progress import Progress
 
 KINDS = ("choice", "grid", "uniform", "loguniform", "randint")
 
@@ -209,7 +209,7 @@ def _trial(params: dict, *, base: dict, overrides: list[str], run_root: str, cwd
     last: dict[str, float] = {}
     try:
         if exp.done:  # all rounds ran before the sweep was interrupted: report them again
-            from fedray.metrics import read_metrics
+            from fedray.observe.metrics import read_metrics
 
             for row in read_metrics(run_dir).to_pylist():
                 last |= _finite(row)
@@ -340,7 +340,7 @@ def tracking_callbacks(cfg: ExperimentConfig, name: str) -> list[Any]:
     (``TBXLoggerCallback``, which Tune also adds by itself unless
     ``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=1``) and MLflow (``MLflowLoggerCallback`` on the
     checked URI, experiment ``tracking.mlflow_experiment`` or the sweep's name)."""
-    from fedray.tracking import check_config, mlflow_uri
+    from fedray.observe.tracking import check_config, mlflow_uri
 
     t, callbacks = cfg.tracking, []
     check_config(cfg)
@@ -360,7 +360,7 @@ def tracking_callbacks(cfg: ExperimentConfig, name: str) -> list[Any]:
 def write_table(grid: Any, spec: SweepSpec, path: str) -> SweepResult:
     """Every trial's config and final metrics, best first, as Parquet and Markdown."""
 
-    from fedray.storage import Storage
+    from fedray.core.storage import Storage
 
     keys = list(spec.space)
     rows = []

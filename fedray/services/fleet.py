@@ -44,8 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from fedray.seeding import rng, uniform
-from fedray.spec import ConfigError
+from fedray.core.seeding import rng, uniform
+from fedray.core.spec import ConfigError
 
 TRACE_COLUMNS = ("client_id", "compute_ms_per_sample", "down_kbps", "up_kbps")
 AVAILABILITY_COLUMNS = ("client_id", "start_s", "end_s")

@@ -1,5 +1,5 @@
 """What every ``fedray`` command and job shares, so a method's own sub-commands (registered
-with :func:`fedray.registry.register_command`) and the ``jobs/*.py`` scripts behave like the
+with :func:`fedray.core.registry.register_command`) and the ``jobs/*.py`` scripts behave like the
 built-in commands: ``--json`` prints exactly one JSON object on stdout, errors are one line
 (or one ``{"error": ...}`` object) and exit with status 2, and the libraries' progress bars
 and known-harmless warnings are hidden unless ``-v``/``--verbose`` (:func:`set_verbosity`),
@@ -20,7 +20,7 @@ from typing import Any
 
 import typer
 
-from fedray.metrics import json_text
+from fedray.observe.metrics import json_text
 
 JSON_OPT = typer.Option(False, "--json", help="Print one JSON object on stdout, nothing else.")
 SET_OPT = typer.Option(None, "--set", "-s",
@@ -97,7 +97,7 @@ def worker_runtime_env() -> dict[str, Any]:
     job = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}")
     if "worker_process_setup_hook" in (job.get("runtime_env") or {}):
         return {}
-    return {"worker_process_setup_hook": "fedray.console.quiet_libraries"}
+    return {"worker_process_setup_hook": "fedray.observe.console.quiet_libraries"}
 
 
 def add_output_args(parser: argparse.ArgumentParser) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedray.seeding import rng, torch_seeded
+from fedray.core.seeding import rng, torch_seeded
 
 
 def get_state(model: nn.Module) -> dict[str, np.ndarray]:
@@ -227,7 +227,7 @@ class DPSGD:
         from opacus.accountants import RDPAccountant
         from opacus.optimizers import DPOptimizer
 
-        from fedray.seeding import torch_generator
+        from fedray.core.seeding import torch_generator
 
         model.train()
         problems = opacus_problems(model)
