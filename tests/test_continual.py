@@ -63,7 +63,7 @@ def test_class_order_and_bad_continual_configs():
         cl_cfg(**{"continual.class_order": "[0,1,2]"})
     with pytest.raises(ConfigError, match="rounds"):
         cl_cfg(rounds=11)
-    with pytest.raises(ConfigError, match="algorithm.name"):
+    with pytest.raises(ConfigError, match="continual.tasks.*lacks the .continual. capability"):
         cl_cfg(**{"algorithm.name": "fedavg", "model.name": "mlp"})
     with pytest.raises(ConfigError, match="eval.every"):
         cl_cfg(**{"eval.every": 3})

@@ -20,7 +20,7 @@ from test_runtime import assert_bitwise_equal, final_state
 from fedray.core.spec import ConfigError
 from fedray.methods.base import accumulate
 from fedray.methods.fedavg.method import FedAvg
-from fedray.runtime import Experiment, run_experiment
+from fedray.runtime import run_experiment
 from fedray.runtime.dispatch import combine, even_groups
 from fedray.runtime.jobs import Partial
 
@@ -111,12 +111,13 @@ def test_partials_are_added_in_group_order_whatever_order_they_came_in():
     ({"payload.transforms": "[topk]"}, "update transforms"),
     ({"dp.enabled": "true", "dp.noise_multiplier": 1.0}, "central DP"),
     ({"fleet.deadline_s": 100}, "fleet.availability"),
-    ({"algorithm.name": "fedbuff", "algorithm.concurrency": 4}, "needs every upload"),
+    ({"algorithm.name": "fedbuff", "algorithm.concurrency": 4}, "lacks the 'linear'"),
+    ({"algorithm.name": "orders"}, "lacks the 'linear'"),
 ])
 def test_refused_where_the_server_needs_each_upload(tiny_cfg, tmp_path, extra, why):
-    cfg = tiny_cfg(**{"runtime.reduce": "executors", **extra})
+    """Refused when the config is loaded, before any Ray work or run directory."""
     with pytest.raises(ConfigError, match=why) as e:
-        Experiment(cfg, str(tmp_path / "run"))
+        tiny_cfg(**{"runtime.reduce": "executors", **extra})
     assert "runtime.reduce" in str(e.value)
     assert not (tmp_path / "run").exists()
 

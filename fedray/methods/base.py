@@ -290,10 +290,10 @@ def check_reduce(cfg: Any, method: Any) -> None:
         return
     from fedray.core.spec import ConfigError
 
+    require(method, "linear", "runtime.reduce", "executors")
     fl = cfg.fleet
-    caps = method.capabilities
-    why = ("its aggregation rule needs every upload" if "linear" not in caps
-           or "asynchronous" in caps
+    why = ("its asynchronous rule applies each buffer as it fills"
+           if "asynchronous" in method.capabilities
            else "update transforms are decoded on the server" if method.transforms_of(cfg)
            else "central DP clips every upload on the server" if cfg.dp.enabled
            else "fleet.availability, fleet.deadline_s and fleet.overcommit pick the "

@@ -43,6 +43,8 @@ class ContinualConfig:
         boundary, and run under a method of the sub-model family."""
         if not self.tasks:
             return
+        registry.require(registry.method(cfg.algorithm.get("name", "fedavg")), "continual",
+                         "continual.tasks", self.tasks)
         classes = num_classes(cfg)
         if classes % self.tasks:
             raise ConfigError("continual.tasks", self.tasks,
@@ -64,8 +66,6 @@ class ContinualConfig:
             raise ConfigError("continual.buffer_total", self.buffer_total,
                               f"0 or at least one exemplar per client "
                               f"({cfg.clients.num_clients})")
-        registry.require(registry.method(cfg.algorithm.get("name", "fedavg")), "continual",
-                "continual.tasks", self.tasks)
 
 
 registry.register_section("continual", ContinualConfig)
