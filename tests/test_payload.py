@@ -80,3 +80,27 @@ def test_integer_tensors_travel_exactly_at_their_width(codec):
     assert np.array_equal(d["j"], big) and p.all_finite()
     value_bytes = {"fp32": 8, "bf16": 4, "int8": 2 + 8, "int4": 1 + 8}[codec]
     assert p.nbytes == len(p.header) + value_bytes + idx.nbytes + big.nbytes
+
+
+def test_codecs_register_like_the_other_plugins_and_the_config_takes_them():
+    from fedray.core.config import ConfigError, load_config
+    from fedray.wire.payload import CODECS, Codec, register_codec
+
+    assert list(CODECS) == ["fp32", "bf16", "int8", "int4"]
+    half = Codec("fp16", 1, lambda x: (np.asarray(x, np.float16).reshape(-1),),
+                 lambda b, size: b[0].astype(np.float32), lambda b: b[0], broadcast=True)
+    register_codec(half)
+    try:
+        w = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+        p = Payload.encode({"w": w, "i": np.arange(3)}, "fp16")
+        assert p.nbytes == len(p.header) + 12 * 2 + 3 * 8
+        back = p.decode()
+        assert np.allclose(back["w"], w, atol=1e-3) and back["i"].tolist() == [0, 1, 2]
+        cfg = load_config(None, ["payload.upload=fp16", "payload.download=fp16"])
+        assert cfg.payload.upload == "fp16"
+        with pytest.raises(TypeError, match="taken"):
+            register_codec(Codec("fp16", 1, half.encode, half.decode, half.values))
+    finally:
+        del CODECS["fp16"]
+    with pytest.raises(ConfigError, match="payload.download.*'fp32', 'bf16'"):
+        load_config(None, ["payload.download=int8"])  # a lossy code is no broadcast codec

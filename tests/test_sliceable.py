@@ -223,3 +223,33 @@ def test_tiny_sub_models_with_one_value_per_group_can_be_measured():
     m = measure(arch, (8, 8), g)
     assert m["parameters"] > 0 and m["flops"] > 0
     assert solve_rung(arch, (8, 8), 0.064, "dual", 0.25).geometry.within(arch.full())
+
+
+def test_counted_from_the_geometry_equals_built_and_run():
+    """The ladder's torch-free count (fedray.models.geometry.count) against building the
+    sub-model and running one input through it, on 150+ geometries: both ResNets, with and
+    without exits, odd and even inputs, depth cuts, identity blocks, narrow streams."""
+    import random
+
+    from fedray.models.geometry import RESNET_BLOCKS, count
+
+    gen = random.Random(0)
+    checked = 0
+    for blocks in (RESNET_BLOCKS["resnet18"], RESNET_BLOCKS["resnet34"]):
+        for exits in (False, True):
+            for width, cin, hw, classes in ((4, 1, (8, 8), 10), (8, 3, (32, 32), 100),
+                                            (6, 3, (7, 9), 5)):
+                arch = Arch(cin, classes, blocks, width, 8, exits)
+                geos = [arch.full()]
+                for _ in range(12):
+                    bs = [gen.choice([1.0, 0.5, 0.25, 0.0]) for _ in range(arch.num_blocks)]
+                    bs = [0.5 if b == 0 and arch.first_in_stage(j) else b
+                          for j, b in enumerate(bs)]
+                    geos.append(arch.geometry(gen.choice([1.0, 0.75, 0.5, 0.3]), tuple(bs),
+                                              gen.randint(1, arch.num_blocks)))
+                for g in geos:
+                    assert count(arch, hw, g) == measure(arch, hw, g), (arch, hw, g)
+                    assert count(arch, hw, g, flops=False) == measure(arch, hw, g,
+                                                                      flops=False)
+                    checked += 1
+    assert checked == 156

@@ -262,3 +262,16 @@ def test_chain_order_is_honoured():
         assert np.count_nonzero(d1[k]) <= math.ceil(0.1 * np.prod(s))
         step = (u[k].max() - u[k].min()) / 255
         assert np.abs(d2[k] - u[k]).max() <= step / 2 * 1.001  # dense, within half a step
+
+
+def test_transform_parameters_are_listed_and_plugins_register():
+    from fedray.core.config import keys
+    from fedray.wire.transforms import BF16, TRANSFORMS, register_transform
+
+    rows = {k.key: k for k in keys() if k.key.startswith("payload.transforms[].")}
+    assert rows["payload.transforms[].density"].applies_to == ["topk"]
+    assert rows["payload.transforms[].density"].default == 0.01
+    assert rows["payload.transforms[].bits"].applies_to == ["quantize"]
+    assert register_transform("bf16", TRANSFORMS["bf16"]) is BF16  # the same is no clash
+    with pytest.raises(TypeError, match="taken"):
+        register_transform("bf16", lambda: BF16())

@@ -136,9 +136,10 @@ class LocalConfig:
 
 @dataclass
 class PayloadConfig:
-    upload: Literal["fp32", "bf16", "int8", "int4"] = spec(
-        "fp32", help="wire codec of every uploaded float tensor")
-    download: Literal["fp32", "bf16"] = spec("fp32", help="wire codec of the broadcast")
+    upload: str = spec("fp32", help="wire codec of every uploaded float tensor: a registered "
+                                    "codec (fedray.wire.payload: fp32, bf16, int8, int4)")
+    download: str = spec("fp32", help="wire codec of the broadcast: a registered codec "
+                                      "marked for broadcasts (fp32, bf16)")
     transforms: list[str | dict[str, Any]] = spec(
         default_factory=list, help="update transforms each upload passes through, in order "
                                    "(fedray.wire.transforms): topk, powersgd, int8, int4, bf16, as "
@@ -635,6 +636,7 @@ def validate(cfg: ExperimentConfig) -> None:
         if hasattr(section, "validate"):
             section.validate(cfg)
 
+    _validate_codecs(cfg)
     _validate_transforms(cfg)
 
     model = dict(cfg.model)
@@ -747,6 +749,17 @@ def _validate_population(cfg: ExperimentConfig) -> None:
                               f"split by natural id)")
 
 
+def _validate_codecs(cfg: ExperimentConfig) -> None:
+    from fedray.wire.payload import codec_names
+
+    for key, broadcast in (("upload", False), ("download", True)):
+        names = codec_names(broadcast)
+        value = getattr(cfg.payload, key)
+        if value not in names:
+            raise ConfigError(f"payload.{key}", value,
+                              "one of " + ", ".join(repr(n) for n in names))
+
+
 def _validate_transforms(cfg: ExperimentConfig) -> None:
     p = cfg.payload
     if not p.transforms:
@@ -806,6 +819,10 @@ def keys() -> list[Knob]:
                      "the method (fedray methods lists each one's capabilities)"))
     rows += merged([(name, k) for name, cls in methods.items()
                     for k in knobs(cls.Params, "algorithm.")])
+    from fedray.wire.transforms import TRANSFORMS
+
+    rows += merged([(name, k) for name, t in TRANSFORMS.items() if dataclasses.is_dataclass(t)
+                    for k in knobs(t, "payload.transforms[].")])
     rows.append(Knob("server.optimizer", "one of " + ", ".join(OPTIMIZERS), None,
                      "the server optimizer applying the rule's pseudo-gradient (default: "
                      "the method's own; its hyperparameters need it named)"))

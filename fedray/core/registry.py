@@ -104,17 +104,6 @@ def methods() -> dict[str, type]:
     return dict(sorted(METHODS.items()))
 
 
-def model_builder(name: Any, path: str = "model.name") -> Callable[..., Any]:
-    """The model builder registered as ``name``; a :class:`ConfigError` at ``path``."""
-    discover()
-    if name not in MODELS:
-        raise ConfigError(path, name, "one of " + ", ".join(sorted(MODELS)))
-    if isinstance(MODELS[name], str):
-        module, _, attr = MODELS[name].partition(":")
-        MODELS[name] = getattr(importlib.import_module(module), attr)
-    return MODELS[name]
-
-
 def model_entry(name: Any, path: str = "model.name") -> Any:
     """What ``name`` is registered as, not imported: a builder or its ``"module:function"``
     path (its keywords are read from the source: checking a config loads no torch)."""
@@ -122,6 +111,16 @@ def model_entry(name: Any, path: str = "model.name") -> Any:
     if name not in MODELS:
         raise ConfigError(path, name, "one of " + ", ".join(sorted(MODELS)))
     return MODELS[name]
+
+
+def model_builder(name: Any, path: str = "model.name") -> Callable[..., Any]:
+    """The model builder registered as ``name`` (imported on first use); a
+    :class:`ConfigError` at ``path``."""
+    entry = model_entry(name, path)
+    if isinstance(entry, str):
+        module, _, attr = entry.partition(":")
+        entry = MODELS[name] = getattr(importlib.import_module(module), attr)
+    return entry
 
 
 def sections() -> dict[str, type]:

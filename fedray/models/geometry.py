@@ -118,3 +118,42 @@ def arch_for(input_shape: tuple[int, ...], num_classes: int, blocks: tuple[int, 
              width: int, groups: int, exits: bool, name: str) -> tuple[Arch, tuple[int, int]]:
     c, h, w = image_shape(input_shape, name)
     return Arch(c, num_classes, tuple(blocks), width, groups, exits), (h, w)
+
+
+def _out(size: int, stride: int) -> int:
+    """Spatial size after a 3x3 conv (padding 1) or a 1x1 conv (padding 0) at ``stride``."""
+    return (size - 1) // stride + 1
+
+
+def count(arch: Arch, input_hw: tuple[int, int], g: Geometry, flops: bool = True
+          ) -> dict[str, int]:
+    """Parameters and forward FLOPs per sample of the sub-model ``g`` of the sliceable
+    ResNet built for it alone (only the head it uses), counted from the geometry — no torch.
+    The same numbers as :func:`fedray.models.sliceable.measure`, which builds the model and
+    runs an input through it (equal on every geometry of the ladders:
+    ``tests/test_sliceable.py``): convs and linears at 2 FLOPs per multiply-add, GroupNorm
+    weight and bias per channel, an identity block (hidden width 0) costing nothing."""
+    k = arch.num_classes
+    h, w = input_hw
+    c = g.stream[0]
+    params = arch.in_channels * c * 9 + 2 * c
+    fl = 2 * c * h * w * arch.in_channels * 9
+    cin = c
+    for j in range(g.depth):
+        cout, hid, stride = g.stream[arch.stage_of[j]], g.hidden[j], arch.stride(j)
+        if hid:
+            params += cin * hid * 9 + 2 * hid + hid * cout * 9 + 2 * cout
+            h, w = _out(h, stride), _out(w, stride)
+            fl += 2 * hid * h * w * cin * 9 + 2 * cout * h * w * hid * 9
+            if arch.has_shortcut_conv(j):
+                fl += 2 * cout * h * w * cin
+        if arch.has_shortcut_conv(j):
+            params += cin * cout + 2 * cout
+        cin = cout
+    last, final = arch.stage_of[g.depth - 1], len(arch.blocks) - 1
+    if not arch.exits or last == final:
+        params += g.stream[-1] * k + k
+    else:
+        params += g.stream[last] * k + k
+    fl += 2 * k * cin
+    return {"parameters": params, "flops": fl} if flops else {"parameters": params}

@@ -15,19 +15,20 @@ Codecs (per tensor):
 
 Integer tensors (e.g. top-k indices) travel as they are, whatever the codec: exact, and
 counted at their own item size.
+
+Codecs are registered (:func:`register_codec`), as methods, models and transforms are: a
+:class:`Codec` says how one float tensor becomes buffers and back; ``payload.upload`` and
+``payload.download`` take any registered name (``download`` only one marked for
+broadcasts).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
-
-Codec = Literal["fp32", "bf16", "int8", "int4"]
-CODECS: tuple[str, ...] = ("fp32", "bf16", "int8", "int4")
 
 
 def to_bf16(x: np.ndarray) -> np.ndarray:
@@ -70,6 +71,50 @@ def dequantize(q: np.ndarray, sz: np.ndarray, bits: int, size: int) -> np.ndarra
 
 
 @dataclass(frozen=True)
+class Codec:
+    """How one float tensor crosses the wire: ``encode(x) -> buffers`` (``buffers`` of
+    them) and ``decode(buffers, size) -> flat float32``; ``values(buffers)`` are the floats
+    a NaN or Inf would show in; ``broadcast``: allowed for ``payload.download``."""
+
+    name: str
+    buffers: int
+    encode: Callable[[np.ndarray], tuple[np.ndarray, ...]]
+    decode: Callable[[tuple[np.ndarray, ...], int], np.ndarray]
+    values: Callable[[tuple[np.ndarray, ...]], np.ndarray]
+    broadcast: bool = False
+
+
+CODECS: dict[str, Codec] = {}
+
+
+def register_codec(codec: Codec) -> Codec:
+    """Make ``codec`` the wire codec ``codec.name`` (two claiming one name is an error)."""
+    if CODECS.get(codec.name, codec) != codec:
+        raise TypeError(f"codec {codec.name!r} is taken")
+    CODECS[codec.name] = codec
+    return codec
+
+
+def _quantized(bits: int) -> Codec:
+    return Codec(f"int{bits}", 2, lambda x: quantize(x, bits),
+                 lambda b, size: dequantize(b[0], b[1], bits, size), lambda b: b[1])
+
+
+for _codec in (
+        Codec("fp32", 1, lambda x: (np.ascontiguousarray(x, dtype=np.float32).reshape(-1),),
+              lambda b, size: b[0], lambda b: b[0], broadcast=True),
+        Codec("bf16", 1, lambda x: (to_bf16(x).reshape(-1),), lambda b, size: from_bf16(b[0]),
+              lambda b: from_bf16(b[0]), broadcast=True),
+        _quantized(8), _quantized(4)):
+    register_codec(_codec)
+
+
+def codec_names(broadcast: bool = False) -> list[str]:
+    """The registered codecs (for ``payload.download``: those marked for broadcasts)."""
+    return [n for n, c in CODECS.items() if c.broadcast or not broadcast]
+
+
+@dataclass(frozen=True)
 class Payload:
     """Encoded named tensors; ``nbytes`` is the exact size of what is sent."""
 
@@ -88,6 +133,7 @@ class Payload:
     def encode(cls, tensors: Mapping[str, np.ndarray], codec: str = "fp32") -> Payload:
         if codec not in CODECS:
             raise ValueError(f"unknown codec {codec!r}; allowed: {', '.join(CODECS)}")
+        spec = CODECS[codec]
         entries, buffers = [], []
         for name, value in tensors.items():
             arr = np.asarray(value)
@@ -96,13 +142,7 @@ class Payload:
                 buffers.append(np.ascontiguousarray(arr).reshape(-1))
                 continue
             entries.append([name, list(arr.shape)])
-            if codec == "fp32":
-                buffers.append(np.ascontiguousarray(arr, dtype=np.float32).reshape(-1))
-            elif codec == "bf16":
-                buffers.append(to_bf16(arr).reshape(-1))
-            else:
-                q, sz = quantize(arr, 8 if codec == "int8" else 4)
-                buffers.extend((q, sz))
+            buffers.extend(spec.encode(arr))
         header = json.dumps({"codec": codec, "tensors": entries},
                             separators=(",", ":")).encode()
         return cls(header, tuple(buffers))
@@ -110,10 +150,12 @@ class Payload:
     def _entries(self):
         """(name, shape, kind, buffers) per tensor; kind is the codec or "int"."""
         meta = json.loads(self.header)
+        if meta["codec"] not in CODECS:
+            raise ValueError(f"payload codec {meta['codec']!r} is not registered here")
         i = 0
         for entry in meta["tensors"]:
             kind = "int" if len(entry) == 3 else meta["codec"]
-            n = 2 if kind in ("int8", "int4") else 1
+            n = 1 if kind == "int" else CODECS[kind].buffers
             yield entry[0], entry[1], kind, self.buffers[i:i + n], entry[2:]
             i += n
 
@@ -123,12 +165,8 @@ class Payload:
             size = int(np.prod(shape)) if shape else 1
             if kind == "int":
                 arr = bufs[0].view(np.dtype(extra[0]))
-            elif kind == "fp32":
-                arr = bufs[0]
-            elif kind == "bf16":
-                arr = from_bf16(bufs[0])
             else:
-                arr = dequantize(bufs[0], bufs[1], 8 if kind == "int8" else 4, size)
+                arr = CODECS[kind].decode(tuple(bufs), size)
             out[name] = arr.reshape(shape)
         return out
 
@@ -137,8 +175,7 @@ class Payload:
         for _, _, kind, bufs, _ in self._entries():
             if kind == "int":
                 continue
-            vals = from_bf16(bufs[0]) if kind == "bf16" else bufs[-1] if kind in (
-                "int8", "int4") else bufs[0]
+            vals = CODECS[kind].values(tuple(bufs))
             if not np.isfinite(vals).all():
                 return False
         return True

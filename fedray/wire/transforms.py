@@ -60,6 +60,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from fedray.core.spec import spec as field_spec
 from fedray.wire.compression import (
     powersgd_compress,
     powersgd_decompress,
@@ -186,7 +187,7 @@ class TopK(Transform):
     """Keep each tensor's ``topk_k(size, density)`` largest-magnitude entries
     (:func:`fedray.wire.compression.topk_compress`: ties lowest index first, ascending indices)."""
 
-    density: float = 0.01
+    density: float = field_spec(0.01, help="share of each tensor's entries sent, in (0, 1]")
     name: ClassVar[str] = "topk"
 
     def __post_init__(self) -> None:
@@ -217,7 +218,7 @@ class PowerSGD(Transform):
     ``rng(seed, round, client, f"powersgd-{name}")`` with ``name`` the key this stage sees.
     Tensors whose factors would not be smaller are emitted dense under ``name``."""
 
-    rank: int = 2
+    rank: int = field_spec(2, help="rank of the P Qᵀ approximation")
     name: ClassVar[str] = "powersgd"
 
     def __post_init__(self) -> None:
@@ -267,7 +268,7 @@ class Quantize(Transform):
     ``Payload.encode(..., "int8"/"int4")``: ``name.q`` uint8 codes (int4 packed two per
     byte) and ``name.scale`` float32 ``[scale, lo]``."""
 
-    bits: int = 8
+    bits: int = field_spec(8, help="bits per code: 8 or 4")
     code_suffixes: ClassVar[tuple[str, ...]] = (".q",)
 
     def __post_init__(self) -> None:
@@ -385,6 +386,17 @@ TRANSFORMS: dict[str, Callable[..., Transform]] = {
     "topk": TopK, "powersgd": PowerSGD, "int8": _int8, "int4": _int4, "quantize": Quantize,
     "bf16": BF16, "weights": Weights,
 }
+
+
+def register_transform(name: str, factory: Callable[..., Transform]) -> Callable[..., Transform]:
+    """Make ``factory`` (a :class:`Transform` dataclass, or a function returning one) the
+    ``payload.transforms`` entry ``name`` (a plugin's stage; two claiming one name is an
+    error). Its dataclass fields are the entry's parameters, listed by ``fedray config
+    --keys``."""
+    if TRANSFORMS.get(name, factory) is not factory:
+        raise TypeError(f"transform {name!r} is taken")
+    TRANSFORMS[name] = factory
+    return factory
 
 
 def parse_transforms(specs: list[str | dict | Transform] | None) -> list[Transform]:

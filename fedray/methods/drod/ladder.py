@@ -18,7 +18,8 @@ the deep blocks hold most weights). ScaleFL's own split, *not* matched on either
 DROD paper's ‡ row sits on neither ladder; its mid tier holds 65 % of the parameters, a split
 it does not state — ours is a documented choice; measured ratios are reported).
 
-Every ratio is measured by building the sub-model (:func:`fedray.models.sliceable.measure`);
+Every ratio is counted from the sub-model's geometry (:func:`fedray.models.geometry.count`,
+equal to building it and running an input through it, :func:`fedray.models.sliceable.measure`);
 each axis picks the candidate whose measured ratio is closest to ρ.
 """
 
@@ -28,7 +29,7 @@ import functools
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from fedray.models.sliceable import Arch, Geometry, measure
+from fedray.models.geometry import Arch, Geometry, count
 
 AXES = ("dual", "width", "shortcut", "depth", "scalefl")
 Axis = Literal["dual", "width", "shortcut", "depth", "scalefl"]
@@ -73,7 +74,7 @@ def snap(s: float) -> float:
 
 @functools.lru_cache(maxsize=4096)
 def _measured(arch: Arch, hw: tuple[int, int], g: Geometry, flops: bool) -> dict[str, int]:
-    return measure(arch, hw, g, flops=flops)
+    return count(arch, hw, g, flops=flops)
 
 
 def _ratio(arch: Arch, hw: tuple[int, int], g: Geometry, match: Match) -> float:
