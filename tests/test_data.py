@@ -207,3 +207,33 @@ def test_cifar_missing_root_is_a_clear_error(tmp_path):
         load_cifar(str(empty), "cifar100")
     with pytest.raises(ConfigError, match="data.root"):
         load_dataset(DataConfig(dataset="cifar10"), seed=0)
+
+
+def test_a_dataset_registers_like_a_method_and_the_config_and_loader_take_it():
+    """A package registers a dataset entry; ``data.dataset`` accepts its name, the config
+    is checked against its shape without loading it, and the loader builds it."""
+    from fedray.core import registry
+    from fedray.core.config import load_config
+    from fedray.data.catalog import DatasetEntry
+    from fedray.data.datasets import Dataset, load_dataset
+
+    def ring(d, seed):
+        gen = np.random.default_rng(seed)
+        x = gen.normal(size=(60, 5)).astype(np.float32)
+        y = (x[:, 0] > 0).astype(np.int64)
+        return Dataset("ring", x[:48], y[:48], x[48:], y[48:], 2, (5,))
+
+    entry = registry.register_dataset(DatasetEntry("ring", "arrays", ring, lambda d: ((5,), 2)))
+    try:
+        cfg = load_config(None, ["data.dataset=ring", "clients.num_clients=3"])
+        assert load_dataset(cfg.data, 0).x_train.shape == (48, 5)
+        with pytest.raises(ConfigError, match="data.classes_per_client.*2 classes"):
+            load_config(None, ["data.dataset=ring", "data.partition=pathological",
+                               "data.classes_per_client=3"])
+        with pytest.raises(TypeError, match="taken"):
+            registry.register_dataset(DatasetEntry("ring", "arrays", ring))
+        assert registry.register_dataset(entry) is entry
+    finally:
+        del registry.DATASETS["ring"]
+    with pytest.raises(ConfigError, match="data.dataset.*'digits'"):
+        load_config(None, ["data.dataset=ring"])

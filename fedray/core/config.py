@@ -59,9 +59,9 @@ EVAL_ALL_MAX = 100_000  # eval.clients=all beyond this is refused (every client,
 
 @dataclass
 class DataConfig:
-    dataset: Literal["digits", "synthetic", "cifar10", "cifar100", "blogtext", "parquet",
-                     "hf"] = spec(
-        "digits", help="digits ships with scikit-learn; cifar* read a local torchvision root; "
+    dataset: str = spec(
+        "digits", help="a registered dataset (fedray.data.catalog): "
+                       "digits ships with scikit-learn; cifar* read a local torchvision root; "
                        "blogtext reads a BlogText-schema CSV (FAVoR); parquet (a file or "
                        "directory) and hf (a Hugging Face `datasets` save_to_disk directory) "
                        "are split by data.client_column, one client per natural id")
@@ -556,22 +556,14 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# the image datasets' shapes: (channels, height, width), classes
-IMAGE_DATASETS = {"cifar10": ((3, 32, 32), 10), "cifar100": ((3, 32, 32), 100),
-                  "digits": ((1, 8, 8), 10)}
-
-
 def dataset_shape(data: DataConfig) -> tuple[tuple[int, ...], int]:
     """Input shape (without batch) and class count of the configured dataset, without
-    loading it (the one table of them). BlogText has neither: a :class:`ConfigError`."""
-    if data.dataset == "digits":
-        size = data.image_size or 8
-        return (data.channels, size, size), 10
-    if data.dataset in IMAGE_DATASETS:
-        return IMAGE_DATASETS[data.dataset]
-    if data.dataset == "synthetic":
-        return (data.synthetic_features,), data.synthetic_classes
-    raise ConfigError("data.dataset", data.dataset, "a classification dataset")
+    loading it (its registry entry says). BlogText has neither and a table's are read at
+    run time: a :class:`ConfigError`."""
+    entry = registry.dataset(data.dataset)
+    if entry.shape is None:
+        raise ConfigError("data.dataset", data.dataset, "a classification dataset")
+    return entry.shape(data)
 
 
 def num_classes(cfg: ExperimentConfig) -> int:
@@ -608,18 +600,10 @@ def validate(cfg: ExperimentConfig) -> None:
         for i, t in enumerate(c.tiers):
             if t not in names:
                 raise ConfigError(f"clients.tiers[{i}]", t, f"one of the tiers {names}")
-    if cfg.data.dataset == "blogtext" and (cfg.data.root is None
-                                           or not Path(cfg.data.root).is_file()):
-        raise ConfigError("data.root", cfg.data.root, "an existing BlogText-schema CSV file")
-    if cfg.data.dataset.startswith("cifar"):
-        root = cfg.data.root
-        if root is None:
-            raise ConfigError("data.root", root, "a local directory for " + cfg.data.dataset)
-        if not cfg.data.download and not Path(root).is_dir():
-            raise ConfigError("data.root", root,
-                              "an existing directory (or set data.download=true)")
-    if cfg.data.partition == "pathological" and cfg.data.dataset not in (
-            "blogtext", "parquet", "hf") and \
+    dataset = registry.dataset(cfg.data.dataset)
+    if dataset.check is not None:
+        dataset.check(cfg)
+    if cfg.data.partition == "pathological" and not dataset.natural_ids and \
             cfg.data.classes_per_client > num_classes(cfg):
         raise ConfigError("data.classes_per_client", cfg.data.classes_per_client,
                           f"at most the dataset's {num_classes(cfg)} classes")
@@ -740,13 +724,6 @@ def _validate_population(cfg: ExperimentConfig) -> None:
             if getattr(d, name):
                 raise ConfigError(f"data.{name}", getattr(d, name),
                                   "unset with data.synthetic_per_client")
-    if d.dataset in ("parquet", "hf"):
-        if not d.root or not Path(d.root).exists():
-            raise ConfigError("data.root", d.root, f"an existing local path for {d.dataset}")
-        if not d.client_column:
-            raise ConfigError("data.client_column", d.client_column,
-                              f"the column naming each row's client ({d.dataset} data is "
-                              f"split by natural id)")
 
 
 def _validate_codecs(cfg: ExperimentConfig) -> None:
@@ -810,8 +787,14 @@ def keys() -> list[Knob]:
     each method's ``algorithm.*`` parameters and each server optimizer's ``server.*``
     hyperparameters, one row per key with the methods or optimizers it applies to."""
     from fedray.services.server_opt import OPTIMIZERS
+    from fedray.wire.payload import codec_names
 
     rows = [k for k in knobs(ExperimentConfig) if k.key not in ("algorithm", "server")]
+    plugins = {"data.dataset": list(registry.datasets()), "payload.upload": codec_names(),
+               "payload.download": codec_names(broadcast=True)}
+    for k in rows:  # the registered names, plugins' included
+        if k.key in plugins:
+            k.type = "one of " + ", ".join(plugins[k.key])
     for name, cls in registry.sections().items():
         rows += knobs(cls, name + ".")
     methods = registry.methods()

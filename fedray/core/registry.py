@@ -22,13 +22,14 @@ from fedray.core.spec import ConfigError, build_dataclass
 
 METHODS: dict[str, type] = {}
 MODELS: dict[str, Callable[..., Any]] = {}
+DATASETS: dict[str, Any] = {}
 SECTIONS: dict[str, type] = {}
 COMMANDS: dict[str, Any] = {}
 PLUGIN_GROUP = "fedray.plugins"
 RESERVED_SECTIONS = {"name", "seed", "rounds", "run_dir", "data", "clients", "model",
                      "algorithm", "local", "payload", "eval", "runtime", "pretrain", "sections",
                      "sweep", "fleet", "dp", "tracking"}
-BUILTIN = ("fedray.models",)
+BUILTIN = ("fedray.models", "fedray.data")
 _discovered = False
 
 
@@ -51,6 +52,29 @@ def register_model(name: str) -> Callable[[Any], Any]:
         MODELS[name] = builder
         return builder
     return add
+
+
+def register_dataset(entry: Any) -> Any:
+    """Make ``entry`` (a :class:`fedray.data.catalog.DatasetEntry`: how the data is built,
+    its input shape, its config checks) the ``data.dataset`` called ``entry.name``; two
+    claiming one name is an error."""
+    if DATASETS.get(entry.name, entry) is not entry:
+        raise TypeError(f"dataset {entry.name!r} is taken")
+    DATASETS[entry.name] = entry
+    return entry
+
+
+def dataset(name: Any, path: str = "data.dataset") -> Any:
+    """The dataset registered as ``name``; a :class:`ConfigError` at ``path`` if unknown."""
+    discover()
+    if name not in DATASETS:
+        raise ConfigError(path, name, "one of " + ", ".join(repr(n) for n in DATASETS))
+    return DATASETS[name]
+
+
+def datasets() -> dict[str, Any]:
+    discover()
+    return dict(DATASETS)
 
 
 def register_section(name: str, cls: type) -> type:
@@ -178,7 +202,8 @@ def build_method(cfg: Any) -> Any:
     return make_method(method(cfg.algorithm["name"]), cfg)
 
 
-__all__ = ["CAPABILITIES", "COMMANDS", "METHODS", "MODELS", "SECTIONS", "build_method",
-           "capabilities_of", "commands", "discover", "make_method", "method", "methods",
-           "model_builder", "register_command", "register_method", "register_model",
-           "model_entry", "register_section", "require", "sections"]
+__all__ = ["CAPABILITIES", "COMMANDS", "DATASETS", "METHODS", "MODELS", "SECTIONS",
+           "build_method", "capabilities_of", "commands", "dataset", "datasets", "discover",
+           "make_method", "method", "methods", "model_builder", "model_entry",
+           "register_command", "register_dataset", "register_method", "register_model",
+           "register_section", "require", "sections"]

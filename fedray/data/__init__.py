@@ -1,5 +1,6 @@
 """Datasets, client partitions and the per-client federated view of a dataset."""
 
+from fedray.data import catalog  # noqa: F401 — registers the built-in datasets
 from fedray.data.build import build_data
 from fedray.data.datasets import (
     Dataset,

@@ -161,15 +161,13 @@ def load_cifar(root: str, name: Literal["cifar10", "cifar100"],
 
 
 def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
-    """The dataset named by ``cfg.dataset``, built with the config's knobs and ``seed``."""
-    if cfg.dataset == "digits":
-        return load_digits(cfg.image_size, cfg.channels, seed)
-    if cfg.dataset == "synthetic":
-        return make_synthetic(cfg.synthetic_samples, cfg.synthetic_features,
-                              cfg.synthetic_classes, cfg.synthetic_test_fraction, seed)
-    if cfg.dataset in _CIFAR_FOLDERS:
-        if cfg.root is None:
-            raise ConfigError("data.root", None, f"a local directory for {cfg.dataset}")
-        return load_cifar(cfg.root, cfg.dataset, cfg.download)
-    raise ConfigError("data.dataset", cfg.dataset, "one of 'digits', 'synthetic', "
-                      "'cifar10', 'cifar100'")
+    """The dataset named by ``cfg.dataset`` (its registry entry,
+    :mod:`fedray.data.catalog`), built with the config's knobs and ``seed``."""
+    from fedray.core import registry
+
+    entry = registry.dataset(cfg.dataset)
+    if entry.load is None:
+        arrays = [n for n, e in registry.datasets().items() if e.load is not None]
+        raise ConfigError("data.dataset", cfg.dataset,
+                          "one of " + ", ".join(repr(n) for n in arrays))
+    return entry.load(cfg, seed)

@@ -43,7 +43,9 @@ def build_client_data(cfg: ExperimentConfig, dataset: Any = None) -> Any:
     n = cfg.clients.num_clients
     if d.dataset == "synthetic" and d.synthetic_per_client is not None:
         return SyntheticPopulation.build(d, n, cfg.seed)
-    if d.dataset in ("parquet", "hf"):
+    from fedray.core import registry
+
+    if registry.dataset(d.dataset).kind == "table":
         return TablePopulation.build(d, n, cfg.seed)
     from fedray.data.federated import build_federated
 

@@ -1,0 +1,98 @@
+"""The built-in datasets, registered as plugins are (:func:`fedray.core.registry.
+register_dataset`): each entry says how its data is built, what input shape and classes it
+has (known before loading, so configs are checked without reading a file), and what its
+config must hold. A new dataset is one :class:`DatasetEntry` registered from a package;
+``data.dataset`` then takes its name and ``fedray config --keys`` lists it.
+
+Kinds: ``arrays`` (``load`` returns a :class:`fedray.data.datasets.Dataset` that the
+configured partition splits among the clients), ``table`` (a table with a natural-id
+column, one client per id: :class:`fedray.data.population.TablePopulation`), ``method``
+(read by the method that uses it: BlogText by FAVoR's ``build_data``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from fedray.core import registry
+from fedray.core.spec import ConfigError
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    name: str
+    kind: Literal["arrays", "table", "method"]
+    load: Callable[[Any, int], Any] | None = None  # (DataConfig, seed) -> Dataset
+    shape: Callable[[Any], tuple[tuple[int, ...], int]] | None = None  # None: read at run time
+    check: Callable[[Any], None] | None = None  # (ExperimentConfig) -> None, raises ConfigError
+
+    @property
+    def natural_ids(self) -> bool:
+        """Split by a natural id, not by a label partition."""
+        return self.kind != "arrays"
+
+
+def _digits(d: Any, seed: int) -> Any:
+    from fedray.data.datasets import load_digits
+
+    return load_digits(d.image_size, d.channels, seed)
+
+
+def _synthetic(d: Any, seed: int) -> Any:
+    from fedray.data.datasets import make_synthetic
+
+    return make_synthetic(d.synthetic_samples, d.synthetic_features, d.synthetic_classes,
+                          d.synthetic_test_fraction, seed)
+
+
+def _cifar(name: str) -> Callable[[Any, int], Any]:
+    def load(d: Any, seed: int) -> Any:
+        from fedray.data.datasets import load_cifar
+
+        if d.root is None:
+            raise ConfigError("data.root", None, f"a local directory for {name}")
+        return load_cifar(d.root, name, d.download)
+    return load
+
+
+def _check_cifar(cfg: Any) -> None:
+    root = cfg.data.root
+    if root is None:
+        raise ConfigError("data.root", root, "a local directory for " + cfg.data.dataset)
+    if not cfg.data.download and not Path(root).is_dir():
+        raise ConfigError("data.root", root, "an existing directory (or set data.download=true)")
+
+
+def _check_table(cfg: Any) -> None:
+    d = cfg.data
+    if not d.root or not Path(d.root).exists():
+        raise ConfigError("data.root", d.root, f"an existing local path for {d.dataset}")
+    if not d.client_column:
+        raise ConfigError("data.client_column", d.client_column,
+                          f"the column naming each row's client ({d.dataset} data is split "
+                          f"by natural id)")
+
+
+def _check_blogtext(cfg: Any) -> None:
+    if cfg.data.root is None or not Path(cfg.data.root).is_file():
+        raise ConfigError("data.root", cfg.data.root, "an existing BlogText-schema CSV file")
+
+
+for _entry in (
+        DatasetEntry("digits", "arrays", _digits,
+                     lambda d: ((d.channels, d.image_size or 8, d.image_size or 8), 10)),
+        DatasetEntry("synthetic", "arrays", _synthetic,
+                     lambda d: ((d.synthetic_features,), d.synthetic_classes)),
+        DatasetEntry("cifar10", "arrays", _cifar("cifar10"), lambda d: ((3, 32, 32), 10),
+                     _check_cifar),
+        DatasetEntry("cifar100", "arrays", _cifar("cifar100"), lambda d: ((3, 32, 32), 100),
+                     _check_cifar),
+        DatasetEntry("blogtext", "method", check=_check_blogtext),
+        DatasetEntry("parquet", "table", check=_check_table),
+        DatasetEntry("hf", "table", check=_check_table)):
+    registry.register_dataset(_entry)
+
+__all__ = ["DatasetEntry"]
