@@ -1,4 +1,6 @@
-"""Where the plugins are found: methods, model builders and the config sections a method adds.
+"""Where the plugins are found: methods, model builders, datasets and the config sections a
+method adds (codecs and transforms register in :mod:`fedray.wire`, server optimizers in
+:mod:`fedray.services.server_opt`).
 
 Ground floor: imports nothing of fedray but :mod:`fedray.core.spec`. A method package registers
 itself with :func:`register_method` (a class decorator) when it is imported; a package that
