@@ -16,13 +16,13 @@ from typing import Any
 
 import yaml
 
+import fedray.runtime.warm as warm
 from fedray.core import checkpoint
 from fedray.core.config import ExperimentConfig, load_config, migrate_stored
 from fedray.core.spec import ConfigError, redact
 from fedray.core.storage import Storage, read_marker
 from fedray.observe.progress import Progress
 from fedray.observe.tracking import Tracker
-from fedray.runtime import warm
 
 
 def default_run_dir(cfg: ExperimentConfig) -> str:

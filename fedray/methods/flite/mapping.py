@@ -32,8 +32,8 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.func import functional_call
 
+import fedray.methods.flite.factors as _factors
 from fedray.core.spec import ConfigError
-from fedray.methods.flite import factors as _factors
 from fedray.methods.flite.factors import LayerFactors, check_dims, check_seed, mapped_layers
 
 MODES = ("stored", "regenerated")

@@ -47,7 +47,7 @@ class Orders(FedAvg):
     def report_sections(cls, run: dict[str, Any], out_dir: str) -> list[ReportSection]:
         """§5.2's diagnostics: norm histograms and skewness, norm vs accuracy gain, rank
         stability, weights and coefficients by rank."""
-        from fedray.methods.orders import diagnostics
+        import fedray.methods.orders.diagnostics as diagnostics
 
         if not diagnostics.applies(run["clients"]):
             return []
