@@ -111,7 +111,7 @@ class ClientExecutor:
         if broadcast.key != self._broadcast_key:
             import ray
 
-            self._broadcast = None
+            self._broadcast_key = None  # a failed fetch leaves nothing stale behind
             self._broadcast = ray.get(broadcast.ref).decode()
             self._broadcast_key = broadcast.key
         return self._broadcast  # type: ignore[return-value]
