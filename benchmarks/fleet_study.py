@@ -43,7 +43,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-TRACE = ROOT / "configs" / "traces" / "example"
+TRACE = ROOT / "fedray" / "configs" / "traces" / "example"
 
 FLEET_ARMS = {
     "FedAvg": {"algorithm": {"name": "fedavg"}, "clients": {"per_round": 10}},
@@ -79,7 +79,7 @@ def fleet_config(arm: str, seed: int, args) -> dict:
 def drod_config(arm: str, seed: int) -> dict:
     import yaml
 
-    cfg = yaml.safe_load((ROOT / "configs" / "drod_split_digits.yaml").read_text())
+    cfg = yaml.safe_load((ROOT / "fedray" / "configs" / "drod_split_digits.yaml").read_text())
     cfg["name"], cfg["seed"] = f"drod-fleet-{DROD_ARMS[arm]['name']}-s{seed}", seed
     cfg["algorithm"] = {**DROD_ARMS[arm], "match": "params"}
     cfg["fleet"] = {"tier_speed": {"t100": 1.0, "t025": 0.251, "t006": 0.064}}

@@ -16,5 +16,5 @@ SMOKE = ["rounds=2", "continual.tasks=5", "continual.rounds_per_task=1", "eval.e
          "{name: t006, executors: 1, num_cpus: 0.25, capacity: 0.064}]"]
 
 if __name__ == "__main__":
-    main(config=os.path.join(ROOT, "configs", "drod_split_digits.yaml"), preset="drod",
+    main(config=os.path.join(ROOT, "fedray", "configs", "drod_split_digits.yaml"), preset="drod",
          smoke=SMOKE, description=__doc__)

@@ -10,7 +10,7 @@ import _bootstrap  # noqa: F401
 from sweep import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = os.path.join(ROOT, "configs", "flite_digits.yaml")
+CONFIG = os.path.join(ROOT, "fedray", "configs", "flite_digits.yaml")
 SMOKE = ["rounds=2", "clients.num_clients=4", "pretrain.epochs=1", "pretrain.warmup_epochs=0",
          "runtime.tiers=[{name: default, executors: 1, num_cpus: 0.5}]"]
 

@@ -15,5 +15,5 @@ SMOKE = ["rounds=2", "clients.num_clients=6", "eval.finetune_epochs=0",
          "runtime.tiers=[{name: default, executors: 1, num_cpus: 0.5}]"]
 
 if __name__ == "__main__":
-    main(config=os.path.join(ROOT, "configs", "orders_digits.yaml"), preset="orders",
+    main(config=os.path.join(ROOT, "fedray", "configs", "orders_digits.yaml"), preset="orders",
          smoke=SMOKE, description=__doc__)
