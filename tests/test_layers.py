@@ -1,5 +1,5 @@
-"""The import-layer contract (README "Architecture"; DESIGN.md "Layers and plugins"), read from
-the source itself. The subpackages of ``fedray/`` are the layers:
+"""The import-layer contract (README "Architecture"), read from the source itself. The
+subpackages of ``fedray/`` are the layers:
 
 ground — ``core`` (errors and specs, the registry, the config loader, storage, client
 state, seeding, checkpoints), ``wire`` (payload and codecs, compression, the update
