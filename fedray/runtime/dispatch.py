@@ -82,12 +82,13 @@ class Trained:
     attempts: dict[int, int] = field(default_factory=dict)
     decoded: dict[int, tuple[State, bool]] = field(default_factory=dict)
     partials: list[tuple[GroupKey, Partial]] = field(default_factory=list)
+    nonfinite: set[int] = field(default_factory=set)  # left out of the partials' sums
 
     def upload(self, client: int) -> tuple[State | None, bool]:
         """(decoded upload or None when it was summed on its executor, finite?)."""
         if client in self.decoded:
             return self.decoded[client]
-        return None, not any(client in p.nonfinite for _, p in self.partials)
+        return None, client not in self.nonfinite
 
 
 class Decoder:
@@ -228,6 +229,7 @@ class Dispatcher:
                     results = batch.results
                     if batch.partial is not None:
                         out.partials.append((keys[results[0].client_id], batch.partial))
+                        out.nonfinite.update(batch.partial.nonfinite)
                 for res in results:
                     c = res.client_id
                     if res.status is Status.ERROR and out.attempts[c] <= \

@@ -132,7 +132,8 @@ class Experiment:
 
         self.cfg, self.resume = cfg, resume
         self.algorithm_cls = algorithm_cls or registry.method(cfg.algorithm["name"])
-        self.algorithm_cls.check(cfg)  # a class handed in directly is checked too
+        if algorithm_cls is not None:  # the registered one was checked when cfg was loaded
+            algorithm_cls.check(cfg)
         self.run_dir = run_dir or cfg.run_dir or default_run_dir(cfg)
         self.storage = open_run_dir(self.run_dir)
         self.locked = False
