@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import importlib.util
 import inspect
 import math
@@ -223,10 +224,12 @@ def _annotation(node: ast.AST | None) -> Any:
     return Any
 
 
+@functools.lru_cache(maxsize=64)
 def keyword_params(target: Any) -> dict[str, tuple[Any, Any]]:
     """``{name: (type, default)}`` of the keyword arguments with defaults of a builder: a
     callable, or a ``"module:function"`` path read from its source without importing the
-    module (validating ``model.*`` must not load torch)."""
+    module (validating ``model.*`` must not load torch). Read once per builder a process
+    (the result is shared: not to be modified)."""
     if not isinstance(target, str):
         sig, hints = inspect.signature(target), typing.get_type_hints(target)
         return {n: (hints.get(n, Any), p.default) for n, p in sig.parameters.items()
