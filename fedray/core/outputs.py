@@ -1,0 +1,115 @@
+"""Files a command writes into one local output directory (``fedray report``, ``compare``,
+``fleet example``, ``fleet import-fedscale``, ``pretrain``, jobs): all or nothing.
+
+- An existing file of the set is never replaced without ``overwrite`` (one
+  :class:`ConfigError` naming it, before anything is written).
+- A name that is a symbolic link or a directory is refused even with ``overwrite``: a
+  planted ``report/index.md -> /etc/passwd`` is never written through.
+- Each file is written to a temp file next to its target and renamed into place only when
+  the whole set was written; after a failure no temp file is left and no target changed,
+  and a directory the set created is removed again.
+"""
+
+from __future__ import annotations
+
+import os
+from types import TracebackType
+
+from fedray.core.spec import ConfigError
+
+OVERWRITE_HINT = "a new file (pass --overwrite to replace it)"
+
+
+def refuse_links(root: str, rel: str, field: str) -> str:
+    """``root/rel`` after checking that ``rel`` is a plain relative path (no ``..``, not
+    absolute) and that no existing component below ``root`` is a symbolic link; the root
+    itself is the user's choice and may be one. Returns the joined path."""
+    parts = [p for p in rel.replace(os.sep, "/").split("/") if p not in ("", ".")]
+    if os.path.isabs(rel) or ".." in parts:
+        raise ConfigError(field, rel, f"a path inside {root} (no '..', not absolute)")
+    path = root
+    for p in parts:
+        path = os.path.join(path, p)
+        if os.path.islink(path):
+            raise ConfigError(field, path, f"a real file or directory inside {root}, not a "
+                                           f"symbolic link (fedray never writes, reads or "
+                                           f"deletes through a link)")
+    return path
+
+
+class OutputFiles:
+    """``with OutputFiles(out_dir, names, overwrite) as out:`` then ``out.write_bytes(name,
+    data)``/``out.write_text(name, text)`` or ``open(out.temp(name), "w")``; every name is
+    committed on a clean exit, none on an exception. ``names`` are relative (sub-folders
+    allowed) and declared up front so the overwrite check comes before any work."""
+
+    def __init__(self, out_dir: str, names: list[str], overwrite: bool = False,
+                 field: str = "--out"):
+        self.root, self.field, self.overwrite = os.path.abspath(out_dir), field, overwrite
+        if os.path.exists(self.root) and not os.path.isdir(self.root):
+            raise ConfigError(field, out_dir, "a directory (this is a file)")
+        self.targets = {n: refuse_links(self.root, n, field) for n in names}
+        for name, path in self.targets.items():
+            if os.path.isdir(path):
+                raise ConfigError(field, path, "a file name (this is a directory)")
+            if os.path.exists(path) and not overwrite:
+                raise ConfigError(field, path, OVERWRITE_HINT)
+        self._temps: dict[str, str] = {}
+        self._created: list[str] = []
+
+    def __enter__(self) -> OutputFiles:
+        self._mkdirs(self.root)
+        return self
+
+    def _mkdirs(self, folder: str) -> None:
+        missing = []
+        while not os.path.isdir(folder):
+            missing.append(folder)
+            folder = os.path.dirname(folder)
+        for d in reversed(missing):
+            try:
+                os.mkdir(d)
+            except OSError as e:
+                raise ConfigError(self.field, d, f"a directory fedray can create "
+                                                 f"({e.strerror})") from None
+            self._created.append(d)
+
+    def temp(self, name: str) -> str:
+        """The temp path to write ``name`` to (committed on a clean exit)."""
+        if name not in self.targets:
+            raise KeyError(f"{name}: not declared in this OutputFiles")
+        target = self.targets[name]
+        self._mkdirs(os.path.dirname(target))
+        tmp = f"{target}.tmp-{os.getpid()}"
+        self._temps[name] = tmp
+        return tmp
+
+    def write_bytes(self, name: str, data: bytes) -> str:
+        with open(self.temp(name), "wb") as f:
+            f.write(data)
+        return self.targets[name]
+
+    def write_text(self, name: str, text: str) -> str:
+        return self.write_bytes(name, text.encode())
+
+    def path(self, name: str) -> str:
+        """Where ``name`` lands once committed."""
+        return self.targets[name]
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is None:
+            for name, tmp in self._temps.items():
+                os.replace(tmp, self.targets[name])
+            return
+        for tmp in self._temps.values():
+            if os.path.lexists(tmp):
+                os.remove(tmp)
+        for d in reversed(self._created):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+
+
+__all__ = ["OVERWRITE_HINT", "OutputFiles", "refuse_links"]
