@@ -27,11 +27,11 @@ import argparse
 
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
 
-from fedray.observe.console import add_output_args, emit, set_verbosity
+from fedray.observe.console import JobParser, add_output_args, emit, guarded, set_verbosity
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__,
+    p = JobParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-root", help="directory holding torchvision's cifar-100-python")
     p.add_argument("--download", action="store_true", help="let torchvision download it")
@@ -124,4 +124,4 @@ def continual_text(continual: dict | None) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(guarded(main))

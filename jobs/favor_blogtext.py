@@ -42,7 +42,7 @@ import time
 
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
 
-from fedray.observe.console import add_output_args, emit, set_verbosity
+from fedray.observe.console import JobParser, add_output_args, emit, guarded, set_verbosity
 
 VARIANTS = ["favor", "fedavg", "ditto", "local"]
 # method -> (algorithm.variant, algorithm.align); None: the variant's default
@@ -54,7 +54,7 @@ METHODS = {"favor": ("favor", None), "fedavg": ("fedavg", None), "fedprox": ("fe
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__,
+    p = JobParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-root", help="blogtext.csv (default: the synthetic corpus)")
     p.add_argument("--model", help="base LM hub id or directory (default: the tiny LM)")
@@ -335,4 +335,4 @@ def write_table(rows: list[dict], out: str, authors: int | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(guarded(main))

@@ -13,11 +13,11 @@ import argparse
 
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
 
-from fedray.observe.console import add_output_args, emit, set_verbosity
+from fedray.observe.console import JobParser, add_output_args, emit, guarded, set_verbosity
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__,
+    p = JobParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, help="rounds (default 30)")
     p.add_argument("--run-dir", help="run directory: a path or a pyarrow.fs URI "
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.smoke:
         overrides += ["rounds=3", "clients.num_clients=6",
                       "runtime.tiers=[{name: default, executors: 2, num_cpus: 0.5}]"]
-    if args.rounds:
+    if args.rounds is not None:  # --rounds 0 is refused by the config, not ignored
         overrides.append(f"rounds={args.rounds}")
     cfg = load_config(demo_config_path(), overrides + args.set)
     summary = run_experiment(cfg, args.run_dir, progress=not args.no_progress)
@@ -50,4 +50,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(guarded(main))

@@ -79,11 +79,11 @@ import argparse
 
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
 
-from fedray.observe.console import add_output_args, emit, set_verbosity
+from fedray.observe.console import JobParser, add_output_args, emit, guarded, set_verbosity
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__,
+    p = JobParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-root", help="directory holding torchvision's cifar-100-python")
     p.add_argument("--download", action="store_true", help="let torchvision download it")
@@ -188,4 +188,4 @@ def epoch_reporter(report, epochs: int):
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(guarded(main))

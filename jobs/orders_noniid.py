@@ -16,7 +16,7 @@ import argparse
 
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
 
-from fedray.observe.console import add_output_args, emit, set_verbosity
+from fedray.observe.console import JobParser, add_output_args, emit, guarded, set_verbosity
 
 BASE = ["rounds=20", "clients.num_clients=20", "clients.fraction=0.5", "local.epochs=2",
         "local.batch_size=16", "local.lr=0.05", "eval.every=2", "eval.finetune_epochs=1",
@@ -43,7 +43,7 @@ METHODS = {
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__,
+    p = JobParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--skew", choices=list(NONIID), default="label")
     p.add_argument("--model", choices=list(MODELS), default="mlp")
@@ -83,4 +83,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(guarded(main))

@@ -18,11 +18,11 @@ import argparse
 
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
 
-from fedray.observe.console import add_output_args, emit, set_verbosity
+from fedray.observe.console import JobParser, add_output_args, emit, guarded, set_verbosity
 
 
 def parser(description: str = __doc__, config: str | None = None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description,
+    p = JobParser(description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     if config is None:
         p.add_argument("config", help="experiment config (may hold a `sweep:` block)")
@@ -77,4 +77,4 @@ def main(argv: list[str] | None = None, *, config: str | None = None,
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(guarded(main))

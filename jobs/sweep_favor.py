@@ -10,6 +10,8 @@ import os
 import _bootstrap  # noqa: F401
 from sweep import main
 
+from fedray.observe.console import guarded
+
 WORK = os.path.join("runs", "favor-embedded-cache")
 BASE = {"name": "favor-sweep", "rounds": 6, "clients": {"num_clients": 50, "per_round": 12},
         "eval": {"clients": "none", "every": 1},
@@ -33,6 +35,15 @@ def prepare(args, overrides: list[str], progress) -> list[str]:
     return embedded_overrides(prep)
 
 
-if __name__ == "__main__":
-    main(config=BASE, preset="favor", smoke=SMOKE, description=__doc__, prepare=prepare,
+
+def run() -> None:
+    main(config=BASE,
+         preset="favor",
+         smoke=SMOKE,
+         description=__doc__,
+         prepare=prepare,
          prepare_stages=3)
+
+
+if __name__ == "__main__":
+    raise SystemExit(guarded(run))

@@ -9,6 +9,8 @@ import os
 import _bootstrap  # noqa: F401
 from sweep import main
 
+from fedray.observe.console import guarded
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "fedray", "configs", "flite_digits.yaml")
 SMOKE = ["rounds=2", "clients.num_clients=4", "pretrain.epochs=1", "pretrain.warmup_epochs=0",
@@ -42,6 +44,15 @@ def pretrain_base(args, overrides: list[str], progress) -> list[str]:
     return [f"algorithm.base={base}"]
 
 
-if __name__ == "__main__":
-    main(config=CONFIG, preset="flite", smoke=SMOKE, description=__doc__, prepare=pretrain_base,
+
+def run() -> None:
+    main(config=CONFIG,
+         preset="flite",
+         smoke=SMOKE,
+         description=__doc__,
+         prepare=pretrain_base,
          prepare_stages=1)
+
+
+if __name__ == "__main__":
+    raise SystemExit(guarded(run))

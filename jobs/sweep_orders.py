@@ -10,10 +10,19 @@ import os
 import _bootstrap  # noqa: F401
 from sweep import main
 
+from fedray.observe.console import guarded
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = ["rounds=2", "clients.num_clients=6", "eval.finetune_epochs=0",
          "runtime.tiers=[{name: default, executors: 1, num_cpus: 0.5}]"]
 
+
+def run() -> None:
+    main(config=os.path.join(ROOT, "fedray", "configs", "orders_digits.yaml"),
+         preset="orders",
+         smoke=SMOKE,
+         description=__doc__)
+
+
 if __name__ == "__main__":
-    main(config=os.path.join(ROOT, "fedray", "configs", "orders_digits.yaml"), preset="orders",
-         smoke=SMOKE, description=__doc__)
+    raise SystemExit(guarded(run))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -371,7 +372,8 @@ class PretrainConfig:
 
 @dataclass
 class ExperimentConfig:
-    name: str = "experiment"
+    name: str = spec("experiment", help="the run's name: letters, digits, '.', '_', '-' "
+                                        "(the default run directory is runs/NAME-TIMESTAMP)")
     seed: int = spec(0, ge=0)
     rounds: int = spec(10, ge=1)
     run_dir: str | None = spec(None, help="local path or pyarrow.fs URI; default runs/NAME")
@@ -448,6 +450,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    except RecursionError:
+        raise ConfigError(key, raw[:40] + "...", f"a value nested at most {MAX_CONFIG_DEPTH} "
+                                                 f"levels deep") from None
+    check_size(value, text[:80], key)
     return key.split("."), value
 
 
@@ -488,31 +494,78 @@ def apply_overrides(data: dict[str, Any], overrides: typing.Iterable[str]) -> di
     return data
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a config is a page of text, not a dataset
+MAX_CONFIG_NODES = 100_000  # values after YAML aliases are expanded
+MAX_CONFIG_DEPTH = 32
+
+
+def parse_text(data: bytes, fmt: str, where: str, field: str = "config file") -> dict[str, Any]:
+    """A config document (``fmt``: yaml, toml or json) as a mapping, through the guards every
+    config read back goes through — a file given on the command line and the
+    ``config.yaml`` a run directory stores alike: at most 1 MiB, UTF-8, nesting at most 32
+    deep, at most 100,000 values once YAML aliases are expanded (an alias bomb is refused,
+    not expanded), a mapping at the top. Safe loaders only (no Python tags)."""
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(field, where, f"a config of at most {MAX_CONFIG_BYTES:,} bytes "
+                                        f"(this one has {len(data):,})")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(field, where, f"UTF-8 text (byte {e.start} is not)") from None
+    try:
+        if fmt == "toml":
+            out = tomllib.loads(text)
+        elif fmt == "json":
+            out = json.loads(text)
+        else:
+            out = yaml.safe_load(text)
+    except (yaml.YAMLError, tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        reason = " ".join(str(e).split())[:200]  # one line, bounded
+        raise ConfigError(field, where, f"valid {fmt.upper()}: {reason}") from None
+    except RecursionError:
+        raise ConfigError(field, where, f"nesting at most {MAX_CONFIG_DEPTH} levels deep") \
+            from None
+    check_size(out, where, field)
+    if out is None:
+        out = {}
+    if not isinstance(out, dict):
+        raise ConfigError(field, where, f"a mapping at the top level (got a "
+                                        f"{type(out).__name__})")
+    return out
+
+
+def check_size(data: Any, where: str, field: str = "config file") -> None:
+    """Refuse a parsed document nested deeper than :data:`MAX_CONFIG_DEPTH` or holding more
+    than :data:`MAX_CONFIG_NODES` values counted as if expanded (shared YAML aliases count
+    once per use), walking it without recursion and without expanding it."""
+    stack, nodes = [(data, 0)], 0
+    while stack:
+        node, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_CONFIG_NODES:
+            raise ConfigError(field, where, f"at most {MAX_CONFIG_NODES:,} values (YAML "
+                                            f"aliases counted expanded)")
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(field, where, f"nesting at most {MAX_CONFIG_DEPTH} levels deep")
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+            stack.extend((k, depth + 1) for k in node if isinstance(k, (tuple, dict, list)))
+        elif isinstance(node, (list, tuple)):
+            stack.extend((v, depth + 1) for v in node)
+
+
 def read_file(path: str | os.PathLike) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError("config file", str(path), "an existing .yaml, .yml, .toml or .json file")
     try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError("config file", str(path), f"UTF-8 text (byte {e.start} is not)") \
+        with open(p, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise ConfigError("config file", str(path), f"a readable file ({e.strerror})") \
             from None
-    try:
-        if p.suffix == ".toml":
-            data = tomllib.loads(text)
-        elif p.suffix == ".json":
-            data = json.loads(text)
-        else:
-            data = yaml.safe_load(text)
-    except (yaml.YAMLError, tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
-        reason = " ".join(str(e).split())[:200]  # one line, bounded
-        raise ConfigError("config file", str(path), f"valid {p.suffix[1:] or 'YAML'}: "
-                                                    f"{reason}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError("config file", str(path), "a mapping at the top level")
-    return data
+    fmt = {".toml": "toml", ".json": "json"}.get(p.suffix, "yaml")
+    return parse_text(data, fmt, str(path))
 
 
 def default_sections() -> dict[str, Any]:
@@ -570,8 +623,15 @@ def num_classes(cfg: ExperimentConfig) -> int:
     return dataset_shape(cfg.data)[1]
 
 
+NAME_RULE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+
+
 def validate(cfg: ExperimentConfig) -> None:
     """Cross-field rules, the registered sections, the model and the method's parameters."""
+    if not NAME_RULE.fullmatch(cfg.name) or ".." in cfg.name:
+        raise ConfigError("name", cfg.name, "a plain name of letters, digits, '.', '_' and "
+                                            "'-' (no path separator, no '..', at most 128 "
+                                            "characters): it names the run directory")
     c = cfg.clients
     if c.per_round is not None and c.per_round > c.num_clients:
         raise ConfigError("clients.per_round", c.per_round,

@@ -49,7 +49,7 @@ class OutputFiles:
         if os.path.exists(self.root) and not os.path.isdir(self.root):
             raise ConfigError(field, out_dir, "a directory (this is a file)")
         self.targets = {n: refuse_links(self.root, n, field) for n in names}
-        for name, path in self.targets.items():
+        for path in self.targets.values():
             if os.path.isdir(path):
                 raise ConfigError(field, path, "a file name (this is a directory)")
             if os.path.exists(path) and not overwrite:

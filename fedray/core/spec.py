@@ -36,6 +36,14 @@ def short_repr(value: Any, limit: int = 240) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def shown(text: Any) -> str:
+    """``text`` as it can be printed: control and other non-printable characters escaped
+    (``\\r``, ``\\x1b``), so a key that holds them is never shown as a different, valid-looking
+    key; printable text (any script) as it is."""
+    text = str(text)
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
 _CREDENTIALS = re.compile(r"(?<=://)[^/@\s'\"]+@")
 
 
@@ -50,7 +58,7 @@ class ConfigError(ValueError):
 
     def __init__(self, path: str, value: Any, allowed: str):
         self.path, self.value, self.allowed = path, value, allowed
-        super().__init__(redact(f"config error at '{path}': got {short_repr(value)}; "
+        super().__init__(redact(f"config error at '{shown(path)}': got {short_repr(value)}; "
                                 f"allowed: {allowed}"))
 
     def __reduce__(self):  # survives pickling (errors raised inside Ray workers)

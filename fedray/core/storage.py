@@ -93,7 +93,7 @@ def write_marker(path: str | os.PathLike, data: dict) -> None:
     """``data`` as JSON at ``path``, atomically (temp file + rename)."""
     path = os.fspath(path)
     Storage(os.path.dirname(os.path.abspath(path))).write_bytes(
-        os.path.basename(path), json.dumps(data).encode())
+        os.path.basename(path), json.dumps(data, allow_nan=False).encode())
 
 
 def pack_state(obj: Any) -> bytes:
@@ -108,6 +108,42 @@ def pack_state(obj: Any) -> bytes:
     return buf.getvalue()
 
 
+MAX_TREE_BYTES = 64 << 20
+
+
+def _check_headers(data: bytes, name: str) -> None:
+    """Each member's ``.npy`` header against the bytes it occupies, before numpy allocates
+    anything: :func:`pack_state` stores members uncompressed, so the declared shape x
+    itemsize must be exactly what follows the header. A header declaring a huge array, a
+    compressed member (a zip bomb) or an object dtype is refused with its member named."""
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        for info in zf.infolist():
+            where = f"member {info.filename}"
+            if info.compress_type != zipfile.ZIP_STORED:
+                raise StateFileError(name, f"{where} is compressed; fedray stores state "
+                                           f"uncompressed")
+            if info.file_size > len(data):
+                raise StateFileError(name, f"{where} declares {info.file_size:,} bytes in a "
+                                           f"file of {len(data):,}")
+            with zf.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                reader = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                          else np.lib.format.read_array_header_2_0)
+                shape, _, dtype = reader(f, max_header_size=10_000)
+                header = f.tell()
+            if dtype.hasobject:
+                raise StateFileError(name, f"{where} holds Python objects; fedray never "
+                                           f"unpickles run-directory files")
+            declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
+            if declared != info.file_size - header:
+                raise StateFileError(name, f"{where} declares shape {shape} of {dtype} "
+                                           f"({declared:,} bytes) but holds "
+                                           f"{info.file_size - header:,}")
+            if info.filename == TREE + ".npy" and declared > MAX_TREE_BYTES:
+                raise StateFileError(name, f"its skeleton is {declared:,} bytes (at most "
+                                           f"{MAX_TREE_BYTES:,})")
+
+
 def unpack_state(data: bytes, name: str = "state") -> Any:
     """The object :func:`pack_state` wrote; anything else — a pickle, object arrays, a
     damaged file — raises :class:`StateFileError` naming ``name``, and nothing is executed
@@ -116,6 +152,7 @@ def unpack_state(data: bytes, name: str = "state") -> Any:
         raise StateFileError(name, "a Python pickle; fedray never unpickles run-directory files "
                                    "(unpickling runs code)")
     try:
+        _check_headers(data, name)
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             if TREE not in npz.files:
                 raise StateFileError(name, "not a fedray state file (no skeleton)")
@@ -127,7 +164,18 @@ def unpack_state(data: bytes, name: str = "state") -> Any:
             zipfile.BadZipFile) as e:
         raise StateFileError(name, f"not a readable fedray state file ({type(e).__name__}: "
                                    f"{str(e)[:200]})") from None
-    return _decode(tree, arrays, name)
+    except RecursionError:
+        raise StateFileError(name, "its skeleton nests too deep") from None
+    try:
+        return _decode(tree, arrays, name)
+    except RecursionError:
+        raise StateFileError(name, "its skeleton nests too deep") from None
+    except (TypeError, ValueError, AttributeError) as e:
+        raise StateFileError(name, f"a damaged skeleton ({type(e).__name__})") from None
+
+
+def _reason(e: OSError) -> str:
+    return e.strerror or " ".join(str(e).split())[:160]
 
 
 class Storage:
@@ -157,7 +205,26 @@ class Storage:
         return (Storage, (self.uri,))
 
     def path(self, rel: str) -> str:
-        return f"{self.root}/{rel}" if rel else self.root
+        """The full path of ``rel``, which stays inside the directory: a relative path
+        without ``..``, and on a local disk no existing component below the root may be a
+        symbolic link (a planted ``checkpoints -> /elsewhere`` is refused for reading,
+        writing and deleting alike; the root itself is the user's choice)."""
+        if not rel:
+            return self.root
+        parts = rel.split("/")
+        if rel.startswith("/") or ".." in parts or "\\" in rel:
+            raise StateFileError(f"{self.root}/{rel}", "a path inside the run directory "
+                                                       "(no '..', not absolute)")
+        full = f"{self.root}/{rel}"
+        if self.is_local:
+            at = self.root
+            for p in parts:
+                at = f"{at}/{p}"
+                if os.path.islink(at):
+                    raise StateFileError(at, "a symbolic link inside a run directory; fedray "
+                                             "never reads, writes or deletes through one "
+                                             "(replace it with the real file or directory)")
+        return full
 
     @property
     def is_local(self) -> bool:
@@ -169,8 +236,12 @@ class Storage:
         are fsynced, so the write survives a power loss, not only a crash."""
         target = self.path(rel)
         folder = target.rsplit("/", 1)[0]
-        self.fs.create_dir(folder, recursive=True)
         tmp = f"{target}.tmp-{os.getpid()}"
+        try:
+            self.fs.create_dir(folder, recursive=True)
+        except OSError as e:
+            raise StateFileError(folder, f"a directory fedray can create and write "
+                                         f"({_reason(e)})") from None
         try:
             if self.is_local:
                 with open(tmp, "wb") as f:
@@ -189,9 +260,15 @@ class Storage:
                 with self.fs.open_output_stream(tmp) as f:
                     f.write(data)
                 self.fs.move(tmp, target)
-        except BaseException:
-            if self.fs.get_file_info(tmp).type == pafs.FileType.File:
-                self.fs.delete_file(tmp)
+        except BaseException as e:
+            try:
+                if self.fs.get_file_info(tmp).type == pafs.FileType.File:
+                    self.fs.delete_file(tmp)
+            except OSError:
+                pass
+            if isinstance(e, OSError):
+                raise StateFileError(target, f"a file fedray can write ({_reason(e)})") \
+                    from None
             raise
 
     def read_bytes(self, rel: str) -> bytes:
@@ -228,6 +305,13 @@ class Storage:
         for f in self.listdir(folder):
             if ".tmp-" in f or (f.endswith(".npz") and f not in named):
                 self.delete(f"{folder}/{f}")
+
+    def latest_index(self, folder: str = "checkpoints") -> int | None:
+        """The index ``FOLDER/LATEST`` names first (the newest checkpoint), None when there
+        is none or it is not one fedray wrote."""
+        lines = self._latest_lines(folder)
+        match = LATEST_LINE.fullmatch(lines[0]) if lines else None
+        return int(match[1]) if match else None
 
     def _latest_lines(self, folder: str) -> list[str]:
         if not self.exists(f"{folder}/LATEST"):

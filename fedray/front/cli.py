@@ -18,7 +18,17 @@ from fedray.core import registry
 from fedray.core.config import DEFAULT_METHOD, load_config
 from fedray.core.config import keys as config_keys
 from fedray.core.spec import ConfigError
-from fedray.observe.console import DEFAULT_SHAPES, JSON_OPT, SET_OPT, emit, fail, set_verbosity
+from fedray.observe.console import (
+    DEFAULT_SHAPES,
+    JSON_OPT,
+    SET_OPT,
+    Stopped,
+    UsageError,
+    emit,
+    fail,
+    guarded,
+    set_verbosity,
+)
 from fedray.observe.console import parse_shape as _parse_shape
 
 app = typer.Typer(
@@ -115,7 +125,7 @@ def run(config: Path | None = typer.Argument(
                                        "otherwise needs an empty or new directory)."),
         progress: bool = typer.Option(True, "--progress/--no-progress",
                                       help="Show a progress bar on stderr."),
-        target_epsilon: float | None = typer.Option(
+        target_epsilon: str | None = typer.Option(
             None, "--target-epsilon", help="Client-level DP with the noise calibrated "
                                            "before the run so that ε after all rounds is at "
                                            "most this (at dp.delta; same as -s dp.enabled=true "
@@ -149,7 +159,8 @@ def run(config: Path | None = typer.Argument(
 
 
 @app.command()
-def demo(rounds: int | None = typer.Option(None, help="Rounds (default: the config's 30)."),
+def demo(rounds: str | None = typer.Option(None, help="Rounds (default: the config's 30; "
+                                                    "parsed as the config key `rounds`)."),
          run_dir: str | None = typer.Option(None, "--run-dir", "-o",
                                                help="Where the run is written."),
          report_: bool = typer.Option(True, "--report/--no-report",
@@ -160,8 +171,12 @@ def demo(rounds: int | None = typer.Option(None, help="Rounds (default: the conf
     from fedray.front.report import report as make_report
     from fedray.runtime import run_experiment
 
-    overrides = [f"rounds={rounds}"] if rounds else []
-    cfg = load_config(demo_config_path(), overrides)
+    # the option is the config key: one parser, one rule (--rounds 0 is refused as rounds=0)
+    overrides = [f"rounds={rounds}"] if rounds is not None else []
+    try:
+        cfg = load_config(demo_config_path(), overrides)
+    except ConfigError as e:
+        fail(str(e), as_json)
     summary = run_experiment(cfg, run_dir, progress=progress)
     if report_:
         summary["report"] = make_report(summary["run_dir"])["markdown"]
@@ -427,8 +442,36 @@ def fleet_import(capacity: Path = typer.Argument(..., help="FedScale's pickled "
     emit({"written": written}, as_json, "wrote " + ", ".join(written))
 
 
-def main() -> None:
-    app()
+def main(argv: list[str] | None = None) -> None:
+    """The ``fedray`` entry point: every error, usage errors included, ends in one line (or
+    one JSON object with ``--json``) and an exit status of
+    :data:`fedray.observe.console.EXIT_CODES` — never a traceback."""
+    import sys
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    sys.exit(guarded(lambda: _invoke(argv), argv))
+
+
+def _invoke(argv: list[str]) -> None:
+    try:  # typer >= 0.20 ships its own copy of click
+        from typer._click import exceptions as click
+    except ImportError:
+        from click import exceptions as click
+
+    try:
+        code = app(args=argv, prog_name="fedray", standalone_mode=False)
+    except click.UsageError as e:
+        if type(e).__name__ == "NoArgsIsHelpError" and e.ctx is not None:
+            typer.echo(e.ctx.get_help())
+            raise SystemExit(2) from None
+        where = f" (see {e.ctx.command_path} --help)" if e.ctx is not None else ""
+        raise UsageError(f"usage: {e.format_message()}{where}") from None
+    except click.ClickException as e:
+        raise UsageError(e.format_message()) from None
+    except typer.Abort:
+        raise Stopped("SIGINT", 130) from None
+    if isinstance(code, int) and code:
+        raise SystemExit(code)
 
 
 if __name__ == "__main__":

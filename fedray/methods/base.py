@@ -372,6 +372,16 @@ class Algorithm:
     def init_global_state(self, resident: Any, seed: int) -> State:
         raise NotImplementedError
 
+    def state_schema(self, input_shape: tuple[int, ...], num_classes: int
+                     ) -> dict[str, tuple[tuple[int, ...], str]] | None:
+        """``{entry: (shape, dtype)}`` of the global state this config starts from, which a
+        checkpoint must match before a resume starts Ray. Built here on the CPU from the
+        method's own resident and start state; None where that would cost more than a
+        check should (a language model), and the driver's own load then decides."""
+        state = self.init_global_state(self.build_resident(input_shape, num_classes, "cpu"),
+                                       0)
+        return {k: (tuple(np.shape(v)), np.asarray(v).dtype.str) for k, v in state.items()}
+
     def base_bytes(self) -> int:
         """Bytes every client downloads once, at its first round (a pretrained base)."""
         return 0

@@ -29,6 +29,7 @@ from fedray.core.config import ExperimentConfig
 from fedray.core.seeding import rng, torch_generator, torch_seeded
 from fedray.core.spec import ConfigError
 from fedray.core.storage import Storage
+from fedray.observe.metrics import json_text
 
 
 def lr_at(step: int, steps_per_epoch: int, epochs: int, warmup_epochs: int, lr: float) -> float:
@@ -144,7 +145,7 @@ def pretrain(cfg: ExperimentConfig, out: str, *, resume: bool = False,
             "epochs": p.epochs, "seed": cfg.seed, "train_samples": int(len(x)),
             "test_accuracy": history[-1]["test_accuracy"] if history else None,
             "history": history}
-    storage.write_bytes("base.json", json.dumps(meta, indent=2).encode())
+    storage.write_bytes("base.json", json_text(meta, indent=2).encode())
     return meta
 
 

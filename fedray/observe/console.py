@@ -119,11 +119,111 @@ def emit(obj: Any, as_json: bool, text: str | None = None) -> None:
 
 
 def fail(msg: str, as_json: bool, code: int = 2) -> None:
-    if as_json:
-        sys.stdout.write(json.dumps({"error": msg}) + "\n")
-    else:
-        typer.echo(f"error: {msg}", err=True)
+    report_failure(msg, as_json, code)
     raise typer.Exit(code)
+
+
+# the exit statuses of every command and job (README "Exit status")
+EXIT_CODES = {0: "success", 1: "the run failed (a round, placement)",
+              2: "bad input: a config value, a file, a usage error",
+              3: "an unexpected internal error (one line; FEDRAY_DEBUG=1 adds the traceback)",
+              130: "interrupted by SIGINT (Ctrl-C)", 143: "terminated by SIGTERM"}
+DEBUG_ENV = "FEDRAY_DEBUG"
+
+
+class Stopped(BaseException):
+    """A signal stopped the command (SIGINT: 130, SIGTERM: 143). Like KeyboardInterrupt it is
+    not an Exception, so every ``finally`` and ``except BaseException`` cleanup runs; the
+    run loop re-raises it with where the run stopped and how to resume
+    (:class:`fedray.runtime.experiment.RunStopped`)."""
+
+    def __init__(self, signal_name: str, code: int, message: str | None = None):
+        self.signal_name, self.code = signal_name, code
+        super().__init__(message or f"stopped by {signal_name}")
+
+
+def on_signals() -> None:
+    """SIGTERM (and SIGINT) raise :class:`Stopped` in the main thread instead of killing the
+    process (SIGTERM) or raising a bare KeyboardInterrupt, so a run releases Ray, keeps its
+    checkpoints and ends with one line. A second signal while stopping is ignored."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        signal.signal(signum, signal.SIG_IGN)
+        raise Stopped(name, 128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+
+class UsageError(ValueError):
+    """A command line that does not parse (an unknown flag, a missing argument)."""
+
+
+class JobParser(argparse.ArgumentParser):
+    """``argparse`` for the jobs: a usage error is raised (and reported by :func:`guarded`
+    as one line, or one JSON object under ``--json``), not printed and exited on."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def failure(e: BaseException) -> tuple[str, int]:
+    """The one line and exit status of an error that ended a command or job: bad input
+    (ValueError: config, state file, usage) 2, a failed run (RuntimeError the runtime
+    raises with its reason) 1, a signal 130/143, anything else an internal error 3."""
+    from fedray.core.spec import redact
+
+    text = " ".join(str(e).split())[:2000]
+    if isinstance(e, Stopped):
+        return redact(text), e.code
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted (SIGINT)", 130
+    if isinstance(e, RecursionError):
+        return f"internal error: input nested too deep ({text[:200]})", 3
+    if isinstance(e, (ValueError, OSError)) and not isinstance(e, UnicodeError):
+        return redact(text or type(e).__name__), 2
+    if type(e).__name__ in ("RoundFailedError", "PlacementError"):
+        return redact(text), 1
+    return redact(f"internal error: {type(e).__name__}: {text} (set {DEBUG_ENV}=1 for the "
+                  f"traceback, and please report it)"), 3
+
+
+def guarded(fn: Any, argv: list[str] | None = None) -> int:
+    """Run a command's or job's entry point so that no error ends in a traceback: it exits
+    with one line on stderr (``--json``: one ``{"error": ..., "exit_code": ...}`` object on
+    stdout) and a status from :data:`EXIT_CODES`. Signals are turned into
+    :class:`Stopped` first (:func:`on_signals`)."""
+    argv = sys.argv[1:] if argv is None else argv
+    as_json = "--json" in argv
+    on_signals()
+    try:
+        fn()
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except BaseException as e:  # noqa: BLE001 — the one place every error is reported
+        msg, code = failure(e)
+        if os.environ.get(DEBUG_ENV) == "1":
+            import traceback
+
+            traceback.print_exception(e)
+        report_failure(msg, as_json, code)
+        return code
+    return 0
+
+
+def report_failure(msg: str, as_json: bool, code: int) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps({"error": msg, "exit_code": code}) + "\n")
+        sys.stdout.flush()
+    else:
+        sys.stderr.write(f"error: {msg}\n")
+        sys.stderr.flush()
 
 
 def parse_shape(text: str | None) -> tuple[int, ...] | None:

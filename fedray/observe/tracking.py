@@ -40,6 +40,7 @@ import yaml
 
 from fedray.core.spec import ConfigError, redact
 from fedray.core.storage import Storage
+from fedray.observe.metrics import json_text
 
 STATE_FILE = "tracking.json"
 TENSORBOARD_DIR = "tensorboard"
@@ -350,7 +351,7 @@ class Tracker:
         return state
 
     def _write_state(self, state: dict) -> None:
-        self.storage.write_bytes(STATE_FILE, json.dumps(state, indent=2).encode())
+        self.storage.write_bytes(STATE_FILE, json_text(state, indent=2).encode())
 
 
 def _code(text: str) -> str:

@@ -14,13 +14,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import yaml
 
 import fedray.runtime.warm as warm
 from fedray.core import checkpoint
-from fedray.core.config import ExperimentConfig, load_config, migrate_stored
-from fedray.core.spec import ConfigError, redact
+from fedray.core.config import ExperimentConfig, load_config, migrate_stored, parse_text
+from fedray.core.spec import ConfigError, redact, shown
 from fedray.core.storage import Storage, read_marker
+from fedray.observe.console import Stopped
+from fedray.observe.metrics import json_text
 from fedray.observe.progress import Progress
 from fedray.observe.tracking import Tracker
 
@@ -137,11 +140,15 @@ class Experiment:
         self.run_dir = run_dir or cfg.run_dir or default_run_dir(cfg)
         self.storage = open_run_dir(self.run_dir)
         self.locked = False
+        # a new run that fails before its first checkpoint removes the directory it made
+        self.created = not resume and self.storage.is_local and \
+            not os.path.lexists(self.storage.root)
+        states = None
         if resume:  # a missing config or a damaged or planted checkpoint fails here
             if not self.storage.exists("config.yaml"):
                 raise ConfigError("--resume", self.run_dir, "a run directory holding "
                                                             "config.yaml")
-            checkpoint.read(self.storage)
+            states = checkpoint.read(self.storage)
         elif not self.storage.is_empty() and not overwrite:
             raise ConfigError("run_dir", self.run_dir, "an empty or new directory (this one "
                               "holds files: --resume continues the run in it, --overwrite "
@@ -151,17 +158,8 @@ class Experiment:
         if self.data.num_clients != cfg.clients.num_clients:
             raise ConfigError("data", self.data.num_clients, f"prebuilt data for "
                                                              f"{cfg.clients.num_clients} clients")
-        self.locked = acquire_lock(self.storage)
-        if not resume:
-            if overwrite:
-                for name in self.storage.listdir(""):
-                    if name != LOCK:
-                        self.storage.delete(name)
-            self.storage.write_bytes("config.yaml", yaml.safe_dump(
-                cfg.to_dict(), sort_keys=False).encode())
-            self.storage.write_bytes("data.json", json.dumps(self.data.summary()).encode())
-            if hasattr(self.data, "partition_table"):  # the partition, computed once
-                self.storage.write_parquet("partition.parquet", self.data.partition_table())
+        if states is not None:
+            check_state_shapes(self.algorithm_cls, cfg, self.data, states, self.run_dir)
         self.driver: Any = None
         self.pool: Any = None
         self.failed = False  # a round raised: nothing of this run is kept warm
@@ -169,6 +167,59 @@ class Experiment:
         self.round = 0
         self.rows: list[dict] = []
         self.t_start = time.perf_counter()
+        self.locked = acquire_lock(self.storage)
+        try:
+            self._write_run_files(resume, overwrite)
+        except BaseException:
+            self.discard()
+            raise
+
+    def _write_run_files(self, resume: bool, overwrite: bool) -> None:
+        cfg = self.cfg
+        if not resume:
+            if overwrite:
+                for name in self.storage.listdir(""):
+                    if name != LOCK:
+                        self.storage.delete(name)
+            self.storage.write_bytes("config.yaml", yaml.safe_dump(
+                cfg.to_dict(), sort_keys=False).encode())
+            self.storage.write_bytes("data.json", json_text(self.data.summary()).encode())
+            if hasattr(self.data, "partition_table"):  # the partition, computed once
+                self.storage.write_parquet("partition.parquet", self.data.partition_table())
+
+    def stopped(self, e: BaseException) -> Stopped:
+        """The :class:`Stopped` a signal ends this run with: which signal, the last
+        checkpointed round and the command that continues from it."""
+        name, code = (e.signal_name, e.code) if isinstance(e, Stopped) else ("SIGINT", 130)
+        try:
+            last = self.storage.latest_index()
+        except (ValueError, OSError):
+            last = None
+        if last is None:
+            where = ("before its first checkpoint; its new run directory was removed (run "
+                     "the same command again)" if not os.path.isdir(self.storage.root) else
+                     f"before its first checkpoint (nothing to resume in {self.run_dir})")
+        else:
+            where = (f"after round {last} was checkpointed; continue with: fedray run "
+                     f"--resume {self.run_dir}")
+        return Stopped(name, code, redact(f"{self.cfg.name} stopped by {name} {where}"))
+
+    def discard(self) -> None:
+        """After a failure: remove the run directory when this run created it and wrote no
+        checkpoint yet (a plain retry then starts afresh); a directory that held anything
+        before, or a run with a checkpoint to resume from, is kept as it is."""
+        self.release()
+        if not self.created or not os.path.isdir(self.storage.root):
+            return
+        try:
+            if self.storage.exists("checkpoints/LATEST"):
+                return
+        except ValueError:  # a planted link: leave it for the user
+            return
+        import shutil
+
+        shutil.rmtree(self.storage.root, ignore_errors=True)
+        self.created = False
 
     def start(self) -> dict:
         import ray
@@ -254,7 +305,7 @@ class Experiment:
         summary = _summary(self.cfg, self.run_dir, self.rows, finish, self.info,
                            time.perf_counter() - self.t_start)
         summary |= self.algorithm_cls.summarize(self.cfg, self.run_dir)
-        self.storage.write_bytes("summary.json", json.dumps(summary, indent=2).encode())
+        self.storage.write_bytes("summary.json", json_text(summary, indent=2).encode())
         if self.tracker is not None:
             self.tracker.close(summary)
         if self.cfg.runtime.keep_warm and self.done and not self.failed:
@@ -339,6 +390,12 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | None = None, *, resume:
                 if on_round is not None:
                     on_round(row)
         return exp.close()
+    except (Stopped, KeyboardInterrupt) as e:
+        exp.discard()
+        raise exp.stopped(e) from None
+    except BaseException:
+        exp.discard()
+        raise
     finally:
         exp.release()
 
@@ -417,7 +474,13 @@ def acquire_lock(storage: Storage) -> bool:
     if not storage.is_local:
         return False
     path = storage.path(LOCK)
-    os.makedirs(storage.root, exist_ok=True)
+    try:
+        os.makedirs(storage.root, exist_ok=True)
+    except OSError as e:
+        raise ConfigError("run_dir", storage.uri, f"a directory fedray can create "
+                                                  f"({e.strerror})") from None
+    if not os.access(storage.root, os.W_OK | os.X_OK):
+        raise ConfigError("run_dir", storage.uri, "a directory fedray can write to")
     me = {"pid": os.getpid(), "host": socket.gethostname(),
           "since": time.strftime("%Y-%m-%d %H:%M:%S")}
     for _ in range(3):
@@ -448,6 +511,35 @@ def release_lock(storage: Storage) -> None:
         os.unlink(path)
 
 
+def check_state_shapes(algorithm_cls: type, cfg: ExperimentConfig, data: Any,
+                       states: dict[str, Any], where: str) -> None:
+    """The checkpoint's global state against what the method builds for this config
+    (:meth:`~fedray.methods.base.Algorithm.state_schema`): the same entries with the same
+    shapes and dtypes, checked before Ray starts, so a foreign or edited checkpoint is one
+    error naming the entry, not a failure inside the driver."""
+    from fedray.core.registry import make_method
+
+    schema = make_method(algorithm_cls, cfg).state_schema(data.input_shape, data.num_classes)
+    params = (states.get("server") or {}).get("params") if isinstance(states, dict) else None
+    if schema is None:
+        return
+    if not isinstance(params, dict):
+        raise ConfigError("--resume", where, "a checkpoint holding the global state")
+    for key in sorted(set(schema) | set(params), key=str):
+        if key not in params or key not in schema:
+            which = "lacks" if key not in params else "holds an unknown entry"
+            raise ConfigError("--resume", where, f"a checkpoint of this run's model (it "
+                                                 f"{which} {shown(key)!r})")
+        arr = params[key]
+        got = (tuple(np.shape(arr)), np.asarray(arr).dtype.str) if isinstance(
+            arr, (np.ndarray, np.generic)) else (None, type(arr).__name__)
+        if got != schema[key]:
+            raise ConfigError("--resume", where, f"a checkpoint of this run's model: "
+                                                 f"{shown(key)!r} is {got[0]} {got[1]}, the "
+                                                 f"model's is {schema[key][0]} "
+                                                 f"{schema[key][1]}")
+
+
 def open_run_dir(run_dir: str) -> Storage:
     """``Storage(run_dir)``, a bad path or URI being a :class:`ConfigError`."""
     try:
@@ -469,18 +561,25 @@ def resumable(run_dir: str, cfg: ExperimentConfig, data: Any | None = None) -> b
     if not storage.exists("config.yaml"):
         raise ConfigError("run_dir", run_dir, "an empty directory or one holding this run "
                                               "(it holds files but no config.yaml)")
-    stored = _resolved(yaml.safe_load(storage.read_bytes("config.yaml").decode()))
+    stored = _resolved(stored_config(storage))
     diff = _first_difference(stored, yaml.safe_load(yaml.safe_dump(cfg.to_dict())))
     if diff is not None:
         raise ConfigError("run_dir", run_dir, f"a new directory or one holding this run: this "
                                               f"one holds a run whose config differs at "
                                               f"'{diff}'")
     if data is not None and storage.exists("data.json"):
-        if json.loads(storage.read_bytes("data.json").decode()) != json.loads(
-                json.dumps(data.summary())):
+        if _json_or_none(storage.read_bytes("data.json")) != json.loads(
+                json_text(data.summary())):
             raise ConfigError("run_dir", run_dir, "a new directory or one holding this run: "
                                                   "this one holds a run on other data")
     return True
+
+
+def _json_or_none(data: bytes) -> Any:
+    try:
+        return json.loads(data.decode())
+    except (ValueError, RecursionError):
+        return None
 
 
 def _resolved(stored: Any) -> Any:
@@ -502,14 +601,20 @@ def _first_difference(a: Any, b: Any, path: str = "") -> str | None:
     return None if a == b else (path or "<root>")
 
 
+def stored_config(storage: Storage) -> dict[str, Any]:
+    """A run directory's ``config.yaml`` through the guards of every config file (size,
+    UTF-8, nesting, YAML aliases counted expanded, a mapping):
+    :func:`fedray.core.config.parse_text`."""
+    return parse_text(storage.read_bytes("config.yaml"), "yaml", storage.path("config.yaml"),
+                      "--resume")
+
+
 def resume_config(run_dir: str, overrides: list[str] = ()) -> ExperimentConfig:
     """The resolved config a run was started with (``rounds`` may be raised on resume)."""
     storage = open_run_dir(run_dir)
     if not storage.exists("config.yaml"):
         raise ConfigError("--resume", run_dir, "a run directory holding config.yaml")
-    base = yaml.safe_load(storage.read_bytes("config.yaml").decode())
-    if isinstance(base, dict):  # a run an earlier version started: today's keys
-        base = migrate_stored(base)
+    base = migrate_stored(stored_config(storage))  # a run an earlier version started
     for text in overrides:
         if not text.startswith("rounds="):
             raise ConfigError(text.split("=")[0], text, "only rounds=N may change on --resume")
