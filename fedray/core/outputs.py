@@ -12,7 +12,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from types import TracebackType
 
 from fedray.core.spec import ConfigError
@@ -112,4 +114,42 @@ class OutputFiles:
                 pass
 
 
-__all__ = ["OVERWRITE_HINT", "OutputFiles", "refuse_links"]
+@contextlib.contextmanager
+def staged_dir(out_dir: str, overwrite: bool = False, field: str = "--out") -> Iterator[str]:
+    """For a command whose file names are known only as it writes them (a report's plots):
+    yields a fresh staging directory next to ``out_dir``; on a clean exit its files replace
+    those of ``out_dir`` (``os.replace``: a link among them is replaced, never written
+    through), on an exception the staging directory goes and ``out_dir`` is as it was.
+    An ``out_dir`` that already holds files needs ``overwrite``; one that is a link is the
+    caller's to refuse (:func:`refuse_links`) when fedray derived it."""
+    import shutil
+    import tempfile
+
+    root = os.path.abspath(out_dir)
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise ConfigError(field, out_dir, "a directory (this is a file)")
+    if os.path.isdir(root) and os.listdir(root) and not overwrite:
+        raise ConfigError(field, out_dir, "a new or empty directory (pass --overwrite to "
+                                          "replace the files it holds)")
+    parent = os.path.dirname(root)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        stage = tempfile.mkdtemp(prefix=f".{os.path.basename(root)}.tmp-", dir=parent)
+    except OSError as e:
+        raise ConfigError(field, out_dir, f"a directory fedray can create ({e.strerror})") \
+            from None
+    try:
+        yield stage
+        if not os.path.isdir(root):
+            os.rename(stage, root)
+            return
+        for name in sorted(os.listdir(stage)):
+            target = os.path.join(root, name)
+            if os.path.isdir(target) and not os.path.islink(target):
+                shutil.rmtree(target)
+            os.replace(os.path.join(stage, name), target)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+__all__ = ["OVERWRITE_HINT", "OutputFiles", "refuse_links", "staged_dir"]

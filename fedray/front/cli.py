@@ -188,12 +188,16 @@ def report(run_dirs: list[str] = typer.Argument(..., help="One run directory, or
                                                          "to overlay (as `fedray compare`)."),
            out: str | None = typer.Option(None, help="Output folder (default RUN_DIR/report; "
                                                      "several runs: compare-TIMESTAMP)."),
+           overwrite: bool = typer.Option(False, "--overwrite", help="Replace the files of "
+                                          "an earlier report in the output folder (refused "
+                                          "otherwise)."),
            as_json: bool = JSON_OPT) -> None:
     """Plot a run (accuracy vs round, accuracy vs cumulative bytes on a log axis, per tier,
     method diagnostics; chance level dashed) and write a Markdown summary with the payload
     per client per round and the compression ratio, plus report.html: tables and plots in one
     self-contained file to share. Several runs are overlaid (the bandwidth/accuracy Pareto),
     runs differing only in seed as mean ± sd."""
+    from fedray.core.storage import StateFileError
     from fedray.front.report import compare as make_compare
     from fedray.front.report import report as make_report
 
@@ -202,10 +206,11 @@ def report(run_dirs: list[str] = typer.Argument(..., help="One run directory, or
         fail(f"not run directories: {missing}", as_json)
     try:
         if len(run_dirs) == 1:
-            res = make_report(run_dirs[0], out)
+            res = make_report(run_dirs[0], out, overwrite=overwrite)
         else:
-            res = make_compare(run_dirs, out or f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
-    except FileNotFoundError as e:
+            res = make_compare(run_dirs, out or f"compare-{time.strftime('%Y%m%d-%H%M%S')}",
+                               overwrite=overwrite)
+    except (FileNotFoundError, ConfigError, StateFileError) as e:
         fail(str(e), as_json)
     emit(res, as_json, f"wrote {res['markdown']} and {res['html']} (one self-contained "
                        f"file)\n" + "\n".join(res["plots"]))
@@ -274,10 +279,15 @@ def sweep_text(res: Any) -> str:
 def compare(run_dirs: list[str] = typer.Argument(..., help="Two or more run directories."),
             out: str | None = typer.Option(None, help="Output folder "
                                                       "(default compare-TIMESTAMP)."),
+            overwrite: bool = typer.Option(False, "--overwrite", help="Replace the files of "
+                                           "an earlier comparison in the output folder."),
             as_json: bool = JSON_OPT) -> None:
     """Overlay several runs in the same plots and one Markdown table (plus compare.html);
     runs whose configs differ only in seed and name are shown as mean ± sd over the seeds."""
-    report(run_dirs, out or f"compare-{time.strftime('%Y%m%d-%H%M%S')}", as_json)
+    if len(run_dirs) < 2:
+        fail(f"compare needs two or more run directories (got {len(run_dirs)}); `fedray "
+             f"report RUN_DIR` draws one", as_json)
+    report(run_dirs, out or f"compare-{time.strftime('%Y%m%d-%H%M%S')}", overwrite, as_json)
 
 
 @app.command()

@@ -27,11 +27,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from fedray.core import registry
-from fedray.core.config import DataConfig, dataset_shape
+from fedray.core.config import DataConfig, dataset_shape, parse_text
+from fedray.core.outputs import refuse_links, staged_dir
 from fedray.core.spec import ConfigError, build_dataclass
+from fedray.core.storage import StateFileError, Storage
 from fedray.observe.metrics import read_metrics
 from fedray.observe.plots import (
     FRACTION,
@@ -53,29 +54,57 @@ GROUPED = ["final_global_accuracy", "best_global_accuracy", "final_personalized_
 
 
 def _load(run_dir: str) -> dict[str, Any]:
-    rounds = read_metrics(run_dir, "rounds").to_pandas()
+    """A run directory's tables and files, read as data and confined to it (a link inside
+    is refused): a damaged file is one :class:`StateFileError` naming it."""
+    storage = Storage(run_dir)
+    rounds = _table(run_dir, "rounds")
     try:
-        clients = read_metrics(run_dir, "clients").to_pandas()
+        clients = _table(run_dir, "clients")
     except FileNotFoundError:
         clients = None
-    summary = _json(os.path.join(run_dir, "summary.json"))
-    config = {}
-    path = os.path.join(run_dir, "config.yaml")
-    if os.path.exists(path):
-        with open(path) as f:
-            config = yaml.safe_load(f) or {}
-    label = summary.get("name") or os.path.basename(os.path.normpath(run_dir))
-    dataset = (config.get("data") or {}).get("dataset")
+    summary = _json(storage, "summary.json")
+    config: dict[str, Any] = {}
+    if storage.exists("config.yaml"):
+        config = parse_text(storage.read_bytes("config.yaml"), "yaml",
+                            storage.path("config.yaml"), "run directory")
+    label = str(summary.get("name") or os.path.basename(os.path.normpath(run_dir)))
+    data = config.get("data")
+    dataset = data.get("dataset") if isinstance(data, dict) else None
     return {"dir": run_dir, "rounds": rounds, "clients": clients, "summary": summary,
             "label": label, "config": config, "dataset": dataset,
-            "chance": _chance(config, _json(os.path.join(run_dir, "data.json")))}
+            "chance": _chance(config, _json(storage, "data.json"))}
 
 
-def _json(path: str) -> dict[str, Any]:
-    if not os.path.exists(path):
+def _table(run_dir: str, kind: str) -> pd.DataFrame:
+    import pyarrow as pa
+
+    try:
+        table = read_metrics(run_dir, kind)
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError, pa.ArrowException) as e:
+        if isinstance(e, StateFileError):
+            raise
+        raise StateFileError(f"{run_dir}/{kind}.parquet", f"a readable metrics table "
+                             f"({type(e).__name__}: {' '.join(str(e).split())[:160]})") \
+            from None
+    if "round" not in table.column_names:
+        raise StateFileError(f"{run_dir}/{kind}.parquet", "a metrics table with a 'round' "
+                                                          "column")
+    return table.to_pandas()
+
+
+def _json(storage: Storage, name: str) -> dict[str, Any]:
+    if not storage.exists(name):
         return {}
-    with open(path) as f:
-        return json.load(f)
+    try:
+        data = json.loads(storage.read_bytes(name).decode("utf-8"))
+    except (ValueError, RecursionError) as e:
+        raise StateFileError(storage.path(name), f"the JSON fedray writes "
+                                                 f"({type(e).__name__})") from None
+    if not isinstance(data, dict):
+        raise StateFileError(storage.path(name), "a JSON object")
+    return data
 
 
 def _chance(config: dict[str, Any], data_summary: dict[str, Any]) -> float | None:
@@ -409,7 +438,8 @@ def _common_chance(runs: list[dict]) -> float | None:
     return levels.pop() if len(levels) == 1 else None
 
 
-def report(run_dir: str, out_dir: str | None = None) -> dict[str, Any]:
+def report(run_dir: str, out_dir: str | None = None, overwrite: bool = False
+           ) -> dict[str, Any]:
     """Plots, REPORT.md and report.html for one run (default into RUN_DIR/report), plus the
     sections its method adds (:meth:`fedray.methods.base.Algorithm.report_sections`:
     ORDERS' norms and ranks, the continual accuracy matrices, ...). report.html holds the
@@ -417,8 +447,14 @@ def report(run_dir: str, out_dir: str | None = None) -> dict[str, Any]:
     names the files and has ``figures`` (what each plot shows: titles, axis labels, chance
     levels, error bars) and ``chance_level`` (None when there is none)."""
     run = _load(run_dir)
-    out_dir = out_dir or os.path.join(run_dir, "report")
-    os.makedirs(out_dir, exist_ok=True)
+    final = out_dir or refuse_links(os.path.abspath(run_dir), "report", "report")
+    with staged_dir(final, overwrite, "--out" if out_dir else "report") as stage:
+        res = _report(run, stage)
+    return _rebased(res, stage, final) | {"run_dir": run_dir}
+
+
+def _report(run: dict[str, Any], out_dir: str) -> dict[str, Any]:
+    run_dir = run["dir"]
     groups = _groups([run], by_seed=False)
     figures = _accuracy_plots([run], groups, out_dir)
     plots = [f["path"] for f in figures]
@@ -447,7 +483,7 @@ def _method_sections(run: dict[str, Any], out_dir: str) -> list:
     return method.report_sections(run, out_dir)
 
 
-def compare(run_dirs: list[str], out_dir: str) -> dict[str, Any]:
+def compare(run_dirs: list[str], out_dir: str, overwrite: bool = False) -> dict[str, Any]:
     """Overlay several runs in the same plots, one table and compare.html (tables and plots
     inline). Runs that differ only in seed (and name) are grouped: one series of mean ± sd
     error bars, and a second table; the result's ``groups`` has, per series, its runs, seeds
@@ -456,7 +492,25 @@ def compare(run_dirs: list[str], out_dir: str) -> dict[str, Any]:
     if len({r["label"] for r in runs}) < len(runs):
         for r in runs:
             r["label"] = os.path.basename(os.path.normpath(r["dir"]))
-    os.makedirs(out_dir, exist_ok=True)
+    with staged_dir(out_dir, overwrite) as stage:
+        res = _compare(runs, stage)
+    return _rebased(res, stage, out_dir) | {"runs": run_dirs}
+
+
+def _rebased(obj: Any, stage: str, final: str) -> Any:
+    """``obj`` with every path under the staging directory moved to where it landed."""
+    if isinstance(obj, str):
+        return final + obj[len(stage):] if obj == stage or obj.startswith(stage + os.sep) \
+            else obj
+    if isinstance(obj, dict):
+        return {k: _rebased(v, stage, final) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_rebased(v, stage, final) for v in obj]
+    return obj
+
+
+def _compare(runs: list[dict[str, Any]], out_dir: str) -> dict[str, Any]:
+    run_dirs = [r["dir"] for r in runs]
     groups = _groups(runs, by_seed=True)
     figures = _accuracy_plots(runs, groups, out_dir)
     plots = [f["path"] for f in figures]
