@@ -111,12 +111,16 @@ def pack_state(obj: Any) -> bytes:
 MAX_TREE_BYTES = 64 << 20
 
 
-def _check_headers(data: bytes, name: str) -> None:
+def check_npz(data: bytes, name: str) -> None:
     """Each member's ``.npy`` header against the bytes it occupies, before numpy allocates
     anything: :func:`pack_state` stores members uncompressed, so the declared shape x
     itemsize must be exactly what follows the header. A header declaring a huge array, a
     compressed member (a zip bomb) or an object dtype is refused with its member named."""
-    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+    try:
+        zf = zipfile.ZipFile(io.BytesIO(data))
+    except zipfile.BadZipFile as e:
+        raise StateFileError(name, f"not a readable .npz ({e})") from None
+    with zf:
         for info in zf.infolist():
             where = f"member {info.filename}"
             if info.compress_type != zipfile.ZIP_STORED:
@@ -152,7 +156,7 @@ def unpack_state(data: bytes, name: str = "state") -> Any:
         raise StateFileError(name, "a Python pickle; fedray never unpickles run-directory files "
                                    "(unpickling runs code)")
     try:
-        _check_headers(data, name)
+        check_npz(data, name)
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             if TREE not in npz.files:
                 raise StateFileError(name, "not a fedray state file (no skeleton)")

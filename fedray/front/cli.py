@@ -298,6 +298,8 @@ def pretrain(config: Path = typer.Argument(..., help="Experiment config: its dat
              set_: list[str] | None = SET_OPT,
              resume: bool = typer.Option(False, "--resume", help="Continue from the latest "
                                                                  "per-epoch checkpoint."),
+             overwrite: bool = typer.Option(False, "--overwrite", help="Replace the base "
+                                            "and checkpoints OUT holds (refused otherwise)."),
              progress: bool = typer.Option(True, "--progress/--no-progress"),
              as_json: bool = JSON_OPT) -> None:
     """Pretrain the shared base centrally (SGD 0.9, lr 0.05, 3-epoch warmup + cosine,
@@ -308,7 +310,7 @@ def pretrain(config: Path = typer.Argument(..., help="Experiment config: its dat
     try:
         # The algorithm section is for the federated run (its base is what this writes).
         cfg = load_config(config, (set_ or []) + [f"algorithm={{name: {DEFAULT_METHOD}}}"])
-        meta = run_pretrain(cfg, out, resume=resume, progress=progress)
+        meta = run_pretrain(cfg, out, resume=resume, progress=progress, overwrite=overwrite)
     except ConfigError as e:
         fail(str(e), as_json)
     meta = {k: v for k, v in meta.items() if k != "history"} | {"out": out}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import zipfile
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +29,7 @@ import numpy as np
 from fedray.core.config import ExperimentConfig
 from fedray.core.seeding import rng, torch_generator, torch_seeded
 from fedray.core.spec import ConfigError
-from fedray.core.storage import Storage
+from fedray.core.storage import StateFileError, Storage, check_npz
 from fedray.observe.metrics import json_text
 
 
@@ -65,12 +66,17 @@ def build_base_model(cfg: ExperimentConfig, input_shape: tuple[int, ...], num_cl
     return configure_head(model, head or cfg.pretrain.head, cfg.seed)
 
 
+OUTPUTS = ("base.npz", "base.json", "checkpoints")
+
+
 def pretrain(cfg: ExperimentConfig, out: str, *, resume: bool = False,
-             progress: bool = True,
+             progress: bool = True, overwrite: bool = False,
              on_epoch: Callable[[dict], None] | None = None) -> dict[str, Any]:
     """Train the base centrally; returns base.json's content. ``on_epoch(history_row)`` is
     called after each epoch's checkpoint is written (progress reporting, e.g. to Tune);
-    ``progress`` shows the epochs as one stage of :mod:`fedray.observe.progress` on stderr."""
+    ``progress`` shows the epochs as one stage of :mod:`fedray.observe.progress` on stderr.
+    ``out`` must be new or empty unless ``resume`` (continue its checkpoints) or
+    ``overwrite`` (its base and checkpoints are replaced; nothing else there is touched)."""
     import torch
 
     from fedray.data import load_dataset
@@ -79,8 +85,13 @@ def pretrain(cfg: ExperimentConfig, out: str, *, resume: bool = False,
 
     p = cfg.pretrain
     storage = Storage(out)
-    if not resume and storage.exists("checkpoints/LATEST"):
-        raise ConfigError("--out", out, "a new directory (or --resume to continue)")
+    if not resume and not storage.is_empty():
+        if not overwrite:
+            raise ConfigError("--out", out, "a new or empty directory (--resume continues "
+                                            "the pretraining in it, --overwrite replaces "
+                                            "its base)")
+        for name in OUTPUTS:
+            storage.delete(name)
     data = load_dataset(cfg.data, cfg.seed)
     if p.classes is not None:
         bad = [c for c in p.classes if not 0 <= c < data.num_classes]
@@ -156,6 +167,17 @@ def load_base(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     if not storage.exists("base.npz"):
         raise ConfigError("algorithm.base", path,
                           "a directory written by `fedray pretrain` (holding base.npz)")
-    with np.load(io.BytesIO(storage.read_bytes("base.npz")), allow_pickle=False) as f:
-        state = {k: f[k] for k in f.files}
-    return state, json.loads(storage.read_bytes("base.json").decode())
+    data = storage.read_bytes("base.npz")
+    try:
+        check_npz(data, storage.path("base.npz"))
+        with np.load(io.BytesIO(data), allow_pickle=False) as f:
+            state = {k: f[k] for k in f.files}
+        meta = json.loads(storage.read_bytes("base.json").decode())
+    except (ValueError, OSError, KeyError, RecursionError, zipfile.BadZipFile) as e:
+        if isinstance(e, StateFileError):
+            raise
+        raise StateFileError(storage.path("base.npz"), f"a base `fedray pretrain` wrote "
+                                                       f"({type(e).__name__})") from None
+    if not isinstance(meta, dict):
+        raise StateFileError(storage.path("base.json"), "a JSON object")
+    return state, meta
