@@ -152,7 +152,7 @@ def test_clipping_bounds_every_clients_contribution(clients, other, clip, which)
         assert np.linalg.norm(clipped["w"]) <= clip * (1 + 1e-9)
         if norm <= clip:
             assert np.array_equal(clipped["w"], v)
-    cfg = dp_cfg("dp.noise_multiplier=0", f"dp.clip_norm={clip}")
+    cfg = dp_cfg("dp.noise_multiplier=0", "dp.allow_no_noise=true", f"dp.clip_norm={clip}")
     dp = CentralDP(cfg, identity, identity)
     k = dp.denominator
     a = dp.privatize({"w": np.zeros(size)}, [{"w": v} for v in pad], 1)[0]["w"]

@@ -305,7 +305,9 @@ class DPConfig:
     clip_norm: float = spec(1.0, gt=0, help="C: L2 bound of one client's update (the initial "
                                             "bound with adaptive_clip)")
     noise_multiplier: float | None = spec(None, ge=0, help="σ: the noise on the sum has std "
-                                                           "σ·C")
+                                                           "σ·C (0 needs allow_no_noise)")
+    allow_no_noise: bool = spec(False, help="accept dp.noise_multiplier=0: clipping only, "
+                                            "ε = ∞ (no privacy; a baseline)")
     target_epsilon: float | None = spec(None, gt=0, help="calibrate σ before the run so that "
                                                          "ε after all rounds is at most this")
     delta: float | None = spec(None, gt=0, lt=1, help="δ of the reported ε (default "
@@ -671,6 +673,9 @@ def validate(cfg: ExperimentConfig) -> None:
         raise ConfigError("data.drift_round", cfg.data.drift_round,
                           f"a round in 1..rounds = {cfg.rounds}")
 
+    if cfg.local.dp_noise_multiplier == 0:
+        raise ConfigError("local.dp_noise_multiplier", 0, "> 0 (0 adds no noise: ε = ∞; "
+                                                          "leave it unset for no DP-SGD)")
     _validate_population(cfg)
     if cfg.eval.clients == "all" and c.num_clients > EVAL_ALL_MAX:
         raise ConfigError("eval.clients", "all", f"sampled or none above {EVAL_ALL_MAX:,} "
@@ -686,6 +691,7 @@ def validate(cfg: ExperimentConfig) -> None:
     model = dict(cfg.model)
     name = model.pop("name", "mlp")
     cfg.model = {"name": name, **check_kwargs(registry.model_entry(name), model, "model")}
+    _validate_sizes(cfg.model)
 
     algo = dict(cfg.algorithm)
     aname = algo.pop("name", DEFAULT_METHOD)
@@ -784,6 +790,18 @@ def _validate_population(cfg: ExperimentConfig) -> None:
             if getattr(d, name):
                 raise ConfigError(f"data.{name}", getattr(d, name),
                                   "unset with data.synthetic_per_client")
+
+
+def _validate_sizes(model: dict[str, Any]) -> None:
+    """A model builder's integer keywords are sizes (widths, channels, layers, groups): each
+    at least 1 — a zero-width layer builds a model that cannot learn, and torch accepts it
+    without a word."""
+    for key, value in model.items():
+        values = value if isinstance(value, (list, tuple)) else [value]
+        for i, v in enumerate(values):
+            if isinstance(v, int) and not isinstance(v, bool) and v < 1:
+                where = f"model.{key}" + (f"[{i}]" if value is not v else "")
+                raise ConfigError(where, v, "a size >= 1 (a zero-width layer cannot learn)")
 
 
 def _validate_codecs(cfg: ExperimentConfig) -> None:

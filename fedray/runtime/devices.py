@@ -108,6 +108,26 @@ def is_fatal_device_error(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(s in text for s in FATAL_DEVICE_ERRORS)
 
 
+def local_resources() -> dict[str, float]:
+    """The CPUs and GPUs a local Ray started here will see, found as Ray finds them (its
+    cgroup-aware CPU count, its NVIDIA detection), without starting it."""
+    try:
+        from ray._private.utils import get_num_cpus
+
+        cpus = float(get_num_cpus())
+    except Exception:  # noqa: BLE001 — a Ray without the helper: the OS count
+        cpus = float(os.cpu_count() or 1)
+    try:
+        from ray._private.accelerators import get_accelerator_manager_for_resource
+
+        gpus = float(get_accelerator_manager_for_resource("GPU")
+                     .get_current_node_num_accelerators())
+    except Exception:  # noqa: BLE001 — no detection available: what CUDA_VISIBLE_DEVICES says
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        gpus = float(len([d for d in visible.split(",") if d.strip()])) if visible else 0.0
+    return {"CPU": cpus, "GPU": gpus}
+
+
 def settle_runtime(cfg: Any, local: bool, cluster_resources: dict[str, float]) -> Any:
     """``cfg`` with ``runtime.device`` and ``runtime.placement_timeout_s`` decided once.
 

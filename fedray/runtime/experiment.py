@@ -88,6 +88,22 @@ def ray_is_local() -> bool:
     return _STARTED_LOCAL and ray.is_initialized()
 
 
+def check_before_ray(cfg: ExperimentConfig) -> None:
+    """When this process will start a local Ray (no ``runtime.ray_address``, no
+    ``RAY_ADDRESS``, none connected), the executors must fit what that Ray will have — this
+    machine's CPUs and GPUs and no custom resources — checked before it starts (a
+    :class:`ConfigError`; :func:`settled` checks again against the started Ray)."""
+    import ray
+
+    if cfg.runtime.ray_address or os.environ.get("RAY_ADDRESS") or ray.is_initialized():
+        return
+    from fedray.runtime.devices import local_resources, settle_runtime
+    from fedray.runtime.pool import check_fits
+
+    have = local_resources()
+    check_fits(settle_runtime(cfg, True, have), have, error=ConfigError)
+
+
 def settled(cfg: ExperimentConfig) -> ExperimentConfig:
     """``cfg`` with the per-run runtime decisions taken once against the connected Ray
     (:func:`fedray.runtime.devices.settle_runtime`); on a fixed local Ray, executors that
@@ -153,6 +169,7 @@ class Experiment:
             raise ConfigError("run_dir", self.run_dir, "an empty or new directory (this one "
                               "holds files: --resume continues the run in it, --overwrite "
                               "replaces it)")
+        check_before_ray(cfg)
         self.tracker = Tracker.of(cfg, self.run_dir)  # tracking.*: checked before any work
         self.data = self.algorithm_cls.build_data(cfg) if data is None else data
         if self.data.num_clients != cfg.clients.num_clients:

@@ -17,6 +17,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
+from fedray.core.spec import ConfigError
 from fedray.runtime.devices import LOCAL_PLACEMENT_TIMEOUT_S
 from fedray.runtime.executor import ClientExecutor
 from fedray.runtime.jobs import DeadJob, Job
@@ -60,10 +61,12 @@ def requested_resources(cfg: Any) -> dict[str, float]:
     return total
 
 
-def shortfall(cfg: Any, extra_cpu: float = 0.0) -> tuple[str, float, float] | None:
+def shortfall(cfg: Any, extra_cpu: float = 0.0, have: dict[str, float] | None = None
+              ) -> tuple[str, float, float] | None:
     """The first resource the executors (plus ``extra_cpu``) need more of than this Ray
-    cluster has now, as (resource, wanted, available); None when everything fits."""
-    have = ray.cluster_resources()
+    cluster has now (or than ``have``), as (resource, wanted, available); None when
+    everything fits."""
+    have = ray.cluster_resources() if have is None else have
     want = requested_resources(cfg)
     want["CPU"] = want.get("CPU", 0.0) + extra_cpu
     for res, amount in want.items():
@@ -72,18 +75,24 @@ def shortfall(cfg: Any, extra_cpu: float = 0.0) -> tuple[str, float, float] | No
     return None
 
 
-def check_fits(cfg: Any) -> None:
+def check_fits(cfg: Any, have: dict[str, float] | None = None,
+               error: type[Exception] = PlacementError) -> None:
     """Fail now, not hang, when the executors cannot all be placed on this cluster at once
-    (used where the cluster cannot grow: a local Ray instance)."""
-    short = shortfall(cfg)
+    (used where the cluster cannot grow: a local Ray instance). ``have``: the resources a
+    local Ray will have, for the check before it starts."""
+    short = shortfall(cfg, have=have)
     if short is not None:
-        res, amount, have = short
+        res, amount, avail = short
         shapes = ", ".join(f"{t.name}: {t.executors} x {executor_options(cfg, t)}"
                            for t in cfg.runtime.tiers)
-        raise PlacementError(
-            f"runtime.tiers ask for {amount:g} {res} in total ({shapes}) but this Ray "
-            f"cluster has {have:g} {res}; lower runtime.tiers[*].executors "
-            f"or num_cpus/num_gpus, or connect to a larger cluster (runtime.ray_address)")
+        where = "this Ray cluster has" if have is None else "the local Ray this run starts " \
+                                                            "would have"
+        msg = (f"runtime.tiers ask for {amount:g} {res} in total ({shapes}) but {where} "
+               f"{avail:g} {res}; lower runtime.tiers[*].executors or num_cpus/num_gpus, or "
+               f"connect to a larger cluster (runtime.ray_address)")
+        if error is PlacementError:
+            raise PlacementError(msg)
+        raise ConfigError("runtime.tiers", [t.name for t in cfg.runtime.tiers], msg)
 
 
 class ExecutorPool:

@@ -220,6 +220,10 @@ def check_config(cfg: Any) -> None:
     if (dp.noise_multiplier is None) == (dp.target_epsilon is None):
         raise ConfigError("dp.noise_multiplier", dp.noise_multiplier,
                           "exactly one of dp.noise_multiplier and dp.target_epsilon")
+    if dp.noise_multiplier == 0 and not dp.allow_no_noise:
+        raise ConfigError("dp.noise_multiplier", 0, "> 0: no noise gives ε = ∞, no privacy "
+                                                    "at all (for a clipping-only baseline "
+                                                    "add -s dp.allow_no_noise=true)")
     if dp.accountant == "pld" and dp.sampling == "fixed":
         raise ConfigError("dp.accountant", "pld", "rdp with dp.sampling=fixed (PLD "
                                                   "accounts Poisson sampling only)")
