@@ -404,3 +404,24 @@ def test_a_parquet_that_is_not_one_is_named_without_content(tmp_path):
         load_config(None, ["clients.num_clients=4", f"fleet.trace={path}"])
     text = str(err.value)
     assert str(path) in text and "not a Parquet file" in text and "secret" not in text
+
+
+def test_a_pickle_linked_to_a_system_file_never_shows_its_content(tmp_path):
+    link = tmp_path / "cap.pkl"
+    link.symlink_to("/etc/passwd")
+    line = one_error_line(cli("fleet", "import-fedscale", str(link), "--out",
+                              str(tmp_path / "o")))
+    assert str(link) in line and "allowed: a readable pickle (" in line, line
+    with open("/etc/passwd") as f:
+        text = f.read()
+    assert f"'{text[0]}'" not in line.replace(str(link), "")
+    _assert_no_content(line, text, link)
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_text_file_as_a_pickle_is_refused_without_its_bytes(tmp_path):
+    path = tmp_path / "cap.pkl"
+    path.write_text("zebra-secret-token,1,2\n")
+    line = one_error_line(cli("fleet", "import-fedscale", str(path), "--out",
+                              str(tmp_path / "o")))
+    assert "a readable pickle (not a pickle)" in line and "'z'" not in line, line

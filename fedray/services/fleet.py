@@ -692,6 +692,9 @@ def _import_fedscale(capacity_pickle: str, behaviour_pickle: str | None,
 
 
 def _safe_unpickle(path: str) -> Any:
+    """The object in a FedScale pickle, read by an unpickler that refuses every class and
+    function reference. A malformed file is one :class:`ConfigError` whose reason never
+    quotes its bytes ("invalid load key, 'r'" is the first byte of a linked /etc/passwd)."""
     import pickle
 
     class Plain(pickle.Unpickler):
@@ -706,8 +709,11 @@ def _safe_unpickle(path: str) -> Any:
             return Plain(f).load()
         except ConfigError:
             raise
+        except (pickle.UnpicklingError, EOFError) as e:
+            reason = "not a pickle" if "load key" in str(e) else str(e)
         except Exception as e:  # noqa: BLE001 — any malformed pickle is bad input
-            raise ConfigError("trace pickle", path, f"a readable pickle ({e})") from None
+            reason = f"{type(e).__name__} while reading it"
+    raise ConfigError("trace pickle", path, f"a readable pickle ({reason})")
 
 
 __all__ = ["Availability", "Fleet", "Profiles", "Trace", "check_clock", "fedscale_sessions",
