@@ -422,16 +422,22 @@ def fleet_example(out: Path = typer.Option(..., "--out", help="Directory to writ
                   clients: int = typer.Option(100, "--clients", min=1,
                                               help="Clients in the trace (ids 0..N-1)."),
                   seed: int = typer.Option(0, "--seed", min=0),
+                  overwrite: bool = typer.Option(False, "--overwrite", help="Replace "
+                                                 "devices.csv and availability.csv if there."),
                   as_json: bool = JSON_OPT) -> None:
     """Write a small heterogeneous example fleet: three device classes (phone, tablet,
     laptop) with log-normal spread, and 2-4 online windows per client over a 24-hour day.
     Use it with -s fleet.trace=OUT/devices.csv -s fleet.availability=OUT/availability.csv
-    -s fleet.availability_period_s=86400."""
+    -s fleet.availability_period_s=86400. Both files are written all or nothing; existing
+    ones are kept unless --overwrite."""
     from fedray.services.fleet import write_example
 
-    devices, avail = write_example(str(out), clients, seed)
+    try:
+        devices, avail = write_example(str(out), clients, seed, overwrite=overwrite)
+    except ConfigError as e:
+        fail(str(e), as_json)
     emit({"devices": devices, "availability": avail}, as_json,
-          f"wrote {devices} and {avail}")
+         f"wrote {devices} and {avail}")
 
 
 @fleet_app.command("import-fedscale")
@@ -440,15 +446,19 @@ def fleet_import(capacity: Path = typer.Argument(..., help="FedScale's pickled "
                  out: Path = typer.Option(..., "--out", help="Directory for the CSV files."),
                  behaviour: Path | None = typer.Option(None, "--behaviour", help="FedScale's "
                                                        "pickled client_behave_trace file."),
+                 overwrite: bool = typer.Option(False, "--overwrite", help="Replace ids.csv, "
+                                                "devices.csv and availability.csv if there."),
                  as_json: bool = JSON_OPT) -> None:
     """Convert FedScale's pickled device traces to fedray's CSV schema, once: the pickles
     are read with an unpickler that admits plain dicts, lists and numbers only (no class,
-    no function: a planted pickle cannot run code); runs read only the CSV files."""
+    no function: a planted pickle cannot run code); runs read only the CSV files. The files
+    are written all or nothing (a bad value anywhere leaves none); existing ones are kept
+    unless --overwrite."""
     from fedray.services.fleet import import_fedscale
 
     try:
         written = import_fedscale(str(capacity), str(out),
-                                  str(behaviour) if behaviour else None)
+                                  str(behaviour) if behaviour else None, overwrite=overwrite)
     except ConfigError as e:
         fail(str(e), as_json)
     emit({"written": written}, as_json, "wrote " + ", ".join(written))
