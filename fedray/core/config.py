@@ -440,6 +440,24 @@ class ExperimentConfig:
 # ----------------------------------------------------------------------------- loading
 
 
+class ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader (no Python tags) reading numbers as YAML 1.2 does: ``1e-3`` and
+    ``1E5`` are floats (YAML 1.1 wants ``1.0e-3``, and PyYAML reads ``1e-3`` as a string),
+    so a value means the same in a config file, in ``-s key=value`` and in the CLI option
+    that mirrors the key."""
+
+
+ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def load_yaml(text: str) -> Any:
+    """A YAML document through :class:`ConfigLoader`."""
+    return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 — a SafeLoader subclass
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``a.b=c`` -> (["a", "b"], c) with ``c`` parsed as a YAML scalar/list."""
     if "=" not in text:
@@ -449,7 +467,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(key or text, text, "a dotted key such as local.lr")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     except RecursionError:
@@ -520,7 +538,7 @@ def parse_text(data: bytes, fmt: str, where: str, field: str = "config file") ->
         elif fmt == "json":
             out = json.loads(text)
         else:
-            out = yaml.safe_load(text)
+            out = load_yaml(text)
     except (yaml.YAMLError, tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
         reason = " ".join(str(e).split())[:200]  # one line, bounded
         raise ConfigError(field, where, f"valid {fmt.upper()}: {reason}") from None
