@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from fedray.core import registry
 from fedray.core.spec import ConfigError
+from fedray.data import memory
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,40 @@ def _check_cifar(cfg: Any) -> None:
         raise ConfigError("data.root", root, "a local directory for " + cfg.data.dataset)
     if not cfg.data.download and not Path(root).is_dir():
         raise ConfigError("data.root", root, "an existing directory (or set data.download=true)")
+    memory.require("data.dataset", cfg.data.dataset, memory.pooled(
+        60_000, 3 * 32 * 32, cfg.clients.num_clients, "a machine with more memory (CIFAR "
+        "is held whole)", temporaries=1.5), cfg.runtime.ray_address)
+
+
+def _check_digits(cfg: Any) -> None:
+    """The digits arrays fit in memory (``data.image_size`` grows them quadratically)."""
+    d = cfg.data
+    side = d.image_size or 8
+    memory.require("data.image_size", d.image_size, memory.pooled(
+        1797, d.channels * side * side, cfg.clients.num_clients,
+        "a smaller data.image_size or data.channels", temporaries=3),
+        cfg.runtime.ray_address)
+
+
+def _check_synthetic(cfg: Any) -> None:
+    """The synthetic arrays fit in memory: the pooled set (``synthetic_samples x
+    synthetic_features`` float32, split among the clients), or with
+    ``data.synthetic_per_client`` only the global test set (clients drawn on demand)."""
+    d = cfg.data
+    if d.synthetic_per_client is None:
+        est = memory.pooled(d.synthetic_samples, d.synthetic_features,
+                            cfg.clients.num_clients,
+                            "set data.synthetic_per_client (each client's samples drawn on "
+                            "demand: memory independent of clients.num_clients), or fewer "
+                            "data.synthetic_samples or data.synthetic_features", temporaries=2)
+    else:
+        n_test = max(d.synthetic_classes, int(d.synthetic_samples * d.synthetic_test_fraction))
+        est = memory.pooled(n_test, d.synthetic_features, 0,
+                            "fewer data.synthetic_samples (with data.synthetic_per_client "
+                            "they size only the global test set: synthetic_samples x "
+                            "synthetic_test_fraction)", temporaries=1.2)
+    memory.require("data.synthetic_samples", d.synthetic_samples, est,
+                   cfg.runtime.ray_address)
 
 
 def _check_table(cfg: Any) -> None:
@@ -74,6 +109,17 @@ def _check_table(cfg: Any) -> None:
         raise ConfigError("data.client_column", d.client_column,
                           f"the column naming each row's client ({d.dataset} data is split "
                           f"by natural id)")
+    from fedray.data.population import GLOBAL_TEST_MAX, check_table_source
+
+    src = check_table_source(d)  # files, schemas and column types, from footers/headers
+    # the conversion holds the table read (memory-mapped for hf), its reordered copy and the
+    # float32 feature matrix (at most the table's size), plus per-row index arrays
+    read = 0 if d.dataset == "hf" else src.table_bytes
+    est = memory.Estimate(GLOBAL_TEST_MAX * 4 * max(1, len(src.features)),
+                          read + 2 * src.table_bytes + max(src.rows, 0) * memory.PER_ROW_BYTES,
+                          "a smaller table (fewer rows, or fewer columns with "
+                          "data.feature_columns), or a machine with more memory")
+    memory.require("data.root", d.root, est, cfg.runtime.ray_address)
 
 
 def _check_blogtext(cfg: Any) -> None:
@@ -83,9 +129,10 @@ def _check_blogtext(cfg: Any) -> None:
 
 for _entry in (
         DatasetEntry("digits", "arrays", _digits,
-                     lambda d: ((d.channels, d.image_size or 8, d.image_size or 8), 10)),
+                     lambda d: ((d.channels, d.image_size or 8, d.image_size or 8), 10),
+                     _check_digits),
         DatasetEntry("synthetic", "arrays", _synthetic,
-                     lambda d: ((d.synthetic_features,), d.synthetic_classes)),
+                     lambda d: ((d.synthetic_features,), d.synthetic_classes), _check_synthetic),
         DatasetEntry("cifar10", "arrays", _cifar("cifar10"), lambda d: ((3, 32, 32), 10),
                      _check_cifar),
         DatasetEntry("cifar100", "arrays", _cifar("cifar100"), lambda d: ((3, 32, 32), 100),

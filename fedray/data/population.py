@@ -23,6 +23,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +33,7 @@ import numpy as np
 
 from fedray.core.config import DataConfig, ExperimentConfig
 from fedray.core.seeding import rng
-from fedray.core.spec import ConfigError, redact
+from fedray.core.spec import ConfigError, redact, short_repr
 from fedray.data.federated import local_test_count
 
 GLOBAL_TEST_MAX = 10_000
@@ -177,14 +180,31 @@ class SyntheticPopulation:
 # ----------------------------------------------------------------------------- tables
 
 
+ID_RULE = "an integer or string column with no nulls"
+LABEL_RULE = "an integer class column with no nulls"
+FEATURE_RULE = ("integer or floating columns, or one list column of integers or floats "
+                "(list, large_list or fixed_size_list) of one non-zero length in every row")
+STALE_TEMP_S = 24 * 3600
+_TEMP = re.compile(r"^[0-9a-f]{32}\.(?:arrow|index\.npz)\.tmp-(?P<host>[A-Za-z0-9._-]+)-"
+                   r"(?P<pid>[0-9]+)$")
+
+
 def _cache_root(d: DataConfig) -> str:
     return d.cache_dir or os.environ.get("FEDRAY_CACHE") or os.path.join(
         os.path.expanduser("~"), ".cache", "fedray")
 
 
+def _inside(path: str, root: str) -> bool:
+    """``path``, links resolved, lies inside the directory ``root`` (links resolved)."""
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    return os.path.commonpath([real, top]) == top and real != top
+
+
 def _source_files(d: DataConfig) -> list[str]:
     """The data files of ``data.root``: the Parquet file(s), or the Arrow files an ``hf``
-    save_to_disk directory's ``state.json`` names (names confined to that directory)."""
+    save_to_disk directory's ``state.json`` names. A file of a directory must lie inside it
+    once links are resolved: a manifest name with ``..``, an absolute name or a link out of
+    the directory is refused, so a planted directory cannot make fedray read elsewhere."""
     root = os.path.abspath(d.root)
     if d.dataset == "parquet":
         if os.path.isfile(root):
@@ -194,79 +214,299 @@ def _source_files(d: DataConfig) -> list[str]:
         if not files:
             raise ConfigError("data.root", d.root, "a Parquet file or a directory holding "
                                                    ".parquet files")
+        for path in files:
+            if not _inside(path, root):
+                raise ConfigError("data.root", path, f"files inside {d.root} (this one is a "
+                                                     f"link to {os.path.realpath(path)})")
         return files
     state = os.path.join(root, "state.json")
     if not os.path.isfile(state):
         raise ConfigError("data.root", d.root, "a Hugging Face `datasets` save_to_disk "
                                                "directory (holding state.json)")
+    if not _inside(state, root):
+        raise ConfigError("data.root", state, f"a state.json inside {d.root} (this one is a "
+                                              f"link to {os.path.realpath(state)})")
     try:
-        names = [f["filename"] for f in json.load(open(state, encoding="utf-8"))["_data_files"]]
+        with open(state, encoding="utf-8") as fh:
+            names = [f["filename"] for f in json.load(fh)["_data_files"]]
     except (ValueError, KeyError, TypeError):
-        raise ConfigError("data.root", f"{d.root}/state.json", "a save_to_disk state.json "
-                                                               "listing _data_files") from None
+        raise ConfigError("data.root", state, "a save_to_disk state.json listing "
+                                              "_data_files") from None
+    if not names:
+        raise ConfigError("data.root", state, "a state.json listing at least one data file")
     files = []
     for name in names:
         if not isinstance(name, str) or os.path.basename(name) != name or name in (".", ".."):
-            raise ConfigError("data.root", f"{d.root}/state.json", f"plain file names inside "
-                              f"the directory (got {name!r})")
+            raise ConfigError("data.root", state, f"plain file names inside the directory "
+                                                  f"(got {short_repr(name)})")
         path = os.path.join(root, name)
+        if not _inside(path, root):
+            raise ConfigError("data.root", state, f"files inside the directory ({name!r} is "
+                                                  f"a link to {os.path.realpath(path)})")
         if not os.path.isfile(path):
             raise ConfigError("data.root", path, "an existing Arrow file named by state.json")
         files.append(path)
     return files
 
 
-def _read_source(d: DataConfig, files: list[str]) -> Any:
+def _file_schema(d: DataConfig, path: str) -> tuple[Any, int, int]:
+    """``(schema, rows, bytes in memory)`` of one source file, from its footer (Parquet) or
+    stream header (Arrow); rows is -1 where only reading the file would tell."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         if d.dataset == "parquet":
-            return pa.concat_tables([pq.read_table(f) for f in files])
-        tables = []
-        for f in files:
-            with pa.memory_map(f) as src:
-                tables.append(pa.ipc.open_stream(src).read_all())
-        return pa.concat_tables(tables)
+            meta = pq.read_metadata(path)
+            size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+            return meta.schema.to_arrow_schema(), meta.num_rows, size
+        with pa.memory_map(path) as src:
+            return pa.ipc.open_stream(src).schema, -1, os.path.getsize(path)
     except (pa.ArrowInvalid, OSError) as e:
         reason = " ".join(str(e).split())[:160]
-        raise ConfigError("data.root", d.root, f"readable {d.dataset} data ({reason})") from None
+        raise ConfigError("data.root", path, f"readable {d.dataset} data ({reason})") from None
 
 
-def _features(d: DataConfig, table: Any) -> np.ndarray:
-    """The (rows, features) float32 matrix of the feature columns."""
+def _is_number(t: Any) -> bool:
     import pyarrow as pa
 
+    return pa.types.is_integer(t) or pa.types.is_floating(t)
+
+
+def _is_list(t: Any) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def _is_id(t: Any) -> bool:
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _check_schema(d: DataConfig, path: str, schema: Any) -> list[str]:
+    """The feature column names of a file of ``schema``, once the id, label and feature
+    columns are of types a population can hold: the first that is not is a
+    :class:`ConfigError` naming the file, the column, its Arrow type and the rule."""
+    import pyarrow as pa
+
+    names = schema.names
+    for key, col in (("data.client_column", d.client_column),
+                     ("data.label_column", d.label_column)):
+        if col not in names:
+            raise ConfigError(key, col, f"a column of the table ({path} has {names})")
+    t = schema.field(d.client_column).type
+    if not _is_id(t):
+        raise ConfigError("data.client_column", d.client_column,
+                          f"{ID_RULE} (column {d.client_column!r} of {path} is {t})")
+    t = schema.field(d.label_column).type
+    if not pa.types.is_integer(t):
+        raise ConfigError("data.label_column", d.label_column,
+                          f"{LABEL_RULE} (column {d.label_column!r} of {path} is {t})")
     skip = {d.client_column, d.label_column}
-    names = d.feature_columns or [n for n in table.column_names if n not in skip and (
-        pa.types.is_integer(table.schema.field(n).type)
-        or pa.types.is_floating(table.schema.field(n).type)
-        or pa.types.is_list(table.schema.field(n).type)
-        or pa.types.is_fixed_size_list(table.schema.field(n).type))]
-    if not names:
-        raise ConfigError("data.feature_columns", None, f"numeric feature columns (the table "
-                          f"has {table.column_names})")
-    for n in names:
-        if n not in table.column_names:
-            raise ConfigError("data.feature_columns", n, f"columns of the table: "
-                                                         f"{table.column_names}")
-    if len(names) == 1 and (pa.types.is_list(table.schema.field(names[0]).type)
-                            or pa.types.is_fixed_size_list(table.schema.field(names[0]).type)):
-        col = table.column(names[0]).combine_chunks()
-        lengths = np.asarray(col.value_lengths() if hasattr(col, "value_lengths") else
-                             pa.compute.list_value_length(col))
-        if len(lengths) and (lengths != lengths[0]).any():
-            raise ConfigError("data.feature_columns", names[0], "a list column of one length "
-                                                                "in every row")
-        return np.asarray(col.flatten().to_numpy(zero_copy_only=False),
-                          dtype=np.float32).reshape(len(col), -1)
-    cols = []
-    for n in names:
-        t = table.schema.field(n).type
-        if not (pa.types.is_integer(t) or pa.types.is_floating(t)):
-            raise ConfigError("data.feature_columns", n, f"numeric columns (this one is {t})")
-        cols.append(table.column(n).to_numpy(zero_copy_only=False).astype(np.float32))
-    return np.stack(cols, axis=1)
+    if d.feature_columns is None:
+        scalars = [n for n in names if n not in skip and _is_number(schema.field(n).type)]
+        lists = [n for n in names if n not in skip and _is_list(schema.field(n).type)
+                 and _is_number(schema.field(n).type.value_type)]
+        if scalars and lists or len(lists) > 1:
+            raise ConfigError("data.feature_columns", None, f"set, choosing among the "
+                              f"numeric columns {scalars} and list columns {lists} of {path} "
+                              f"({FEATURE_RULE})")
+        chosen = scalars or lists
+        if not chosen:
+            types = ", ".join(f"{f.name}: {f.type}" for f in schema)
+            raise ConfigError("data.feature_columns", None, f"{FEATURE_RULE} ({path} has "
+                                                            f"{types})")
+        return chosen
+    for n in d.feature_columns:
+        if n not in names:
+            raise ConfigError("data.feature_columns", n, f"columns of the table: {names} "
+                                                         f"({path})")
+        t = schema.field(n).type
+        if _is_number(t) or (_is_list(t) and _is_number(t.value_type)
+                             and len(d.feature_columns) == 1):
+            continue
+        raise ConfigError("data.feature_columns", n, f"{FEATURE_RULE} (column {n!r} of "
+                                                     f"{path} is {t})")
+    return list(d.feature_columns)
+
+
+@dataclass
+class SourceCheck:
+    """What the config-time pass over a table source found: its files, the feature columns
+    and the bytes the conversion will hold in memory (``table_bytes``: the table read and
+    its reordered copy; ``rows``, -1 where unknown)."""
+
+    files: list[str]
+    features: list[str]
+    rows: int
+    table_bytes: int
+
+
+def check_table_source(d: DataConfig) -> SourceCheck:
+    """The cheap checks of a ``parquet``/``hf`` source, run by ``load_config``
+    (:func:`fedray.data.catalog._check_table`): the files (confined to ``data.root``), and
+    each file's schema read from its footer or stream header — column presence and types,
+    one schema across files. Row-level checks (nulls, list lengths, NaN/Inf) need the data
+    and run in the conversion pass (:meth:`TablePopulation._convert`)."""
+    files = _source_files(d)
+    first, features, rows, size = None, [], 0, 0
+    for path in files:
+        schema, n, b = _file_schema(d, path)
+        features = _check_schema(d, path, schema)
+        if first is None:
+            first = (path, schema)
+        elif not schema.equals(first[1], check_metadata=False):
+            raise ConfigError("data.root", path, f"files of one schema (this one differs "
+                                                 f"from {first[0]}'s)")
+        rows = -1 if n < 0 or rows < 0 else rows + n
+        size += b
+    return SourceCheck(files, features, rows, size)
+
+
+def _read_source(d: DataConfig, files: list[str]) -> tuple[Any, list[str], np.ndarray]:
+    """``(table, feature column names, row offsets of the files in it)``, every file checked
+    against :func:`_check_schema` as it is read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tables, features = [], []
+    for f in files:
+        try:
+            if d.dataset == "parquet":
+                t = pq.read_table(f)
+            else:
+                with pa.memory_map(f) as src:
+                    t = pa.ipc.open_stream(src).read_all()
+        except (pa.ArrowInvalid, OSError) as e:
+            reason = " ".join(str(e).split())[:160]
+            raise ConfigError("data.root", f, f"readable {d.dataset} data ({reason})") from None
+        features = _check_schema(d, f, t.schema)
+        if tables and not t.schema.equals(tables[0].schema, check_metadata=False):
+            raise ConfigError("data.root", f, f"files of one schema (this one differs from "
+                                              f"{files[0]}'s)")
+        tables.append(t)
+    starts = np.r_[0, np.cumsum([t.num_rows for t in tables])].astype(np.int64)
+    table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+    return table, features, starts
+
+
+class _Rows:
+    """Names a row of the source: row ``r`` of the concatenated table is row
+    ``r - starts[k]`` of file ``k``."""
+
+    def __init__(self, files: list[str], starts: np.ndarray):
+        self.files, self.starts = files, starts
+
+    def first(self, bad: np.ndarray) -> tuple[str, int]:
+        """The file and row (in that file) of the earliest of the rows ``bad``."""
+        r = int(np.min(bad))
+        k = int(np.searchsorted(self.starts, r, side="right") - 1)
+        return self.files[k], r - int(self.starts[k])
+
+    def error(self, key: str, col: str, rule: str, bad: np.ndarray, what: str
+              ) -> ConfigError:
+        path, row = self.first(bad)
+        return ConfigError(key, col, f"{rule} (column {col!r} of {path}, row {row}: {what})")
+
+
+def _nulls(column: Any) -> np.ndarray:
+    """Positions of the nulls of a (chunked) Arrow array."""
+    return np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))
+
+
+def _features(d: DataConfig, table: Any, names: list[str], rows: _Rows) -> np.ndarray:
+    """The (rows, features) float32 matrix of the feature columns of every row, in one pass
+    over the values: a null, an empty or ragged list, or a value that is not a finite
+    float32 (NaN, Inf, or beyond float32's range) is a :class:`ConfigError` naming the
+    column, the file and the first bad row. Every row is checked, used by a client or not,
+    so whether a file is accepted does not depend on ``clients.num_clients``."""
+    import pyarrow.compute as pc
+
+    key = "data.feature_columns"
+    if len(names) == 1 and _is_list(table.schema.field(names[0]).type):
+        name = names[0]
+        col = table.column(name).combine_chunks()
+        if col.null_count:
+            raise rows.error(key, name, FEATURE_RULE, _nulls(col), "null")
+        lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+        width = int(lengths[0]) if len(lengths) else 1
+        if width == 0:
+            raise rows.error(key, name, FEATURE_RULE, np.flatnonzero(lengths == 0),
+                             "an empty list")
+        bad = np.flatnonzero(lengths != width)
+        if len(bad):
+            raise rows.error(key, name, FEATURE_RULE, bad, f"{int(lengths[bad[0]])} values, "
+                             f"where other rows hold {width}")
+        values = col.flatten()
+        if values.null_count:
+            raise rows.error(key, name, FEATURE_RULE, _nulls(values) // width,
+                             "a null in the list")
+        with np.errstate(over="ignore"):  # beyond float32's range: inf, refused below
+            x = np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float32
+                           ).reshape(len(col), width)
+        columns = [name] * width
+    else:
+        x = np.empty((table.num_rows, len(names)), dtype=np.float32)
+        for j, name in enumerate(names):
+            col = table.column(name)
+            if col.null_count:
+                raise rows.error(key, name, FEATURE_RULE, _nulls(col), "null")
+            with np.errstate(over="ignore"):
+                x[:, j] = col.to_numpy()
+        columns = names
+    block = max(1, (1 << 20) // max(1, x.shape[1]))
+    for lo in range(0, len(x), block):  # the first non-finite value, in file order
+        finite = np.isfinite(x[lo:lo + block])
+        if not finite.all():
+            i, j = (int(v[0]) for v in np.nonzero(~finite))
+            path, row = rows.first(np.array([lo + i]))
+            raise ConfigError(key, columns[j], f"finite float32 values (column "
+                              f"{columns[j]!r} of {path}, row {row}: {x[lo + i, j]})")
+    return x
+
+
+def _temp_name(path: str) -> str:
+    """Where ``path`` is written before its atomic rename: named by host and process, so
+    that a later build can tell a temp file of a killed process from one being written."""
+    return f"{path}.tmp-{socket.gethostname() or 'host'}-{os.getpid()}"
+
+
+def _remove_stale_temps(folder: str) -> None:
+    """Delete the cache's temp files that no process will finish: those of a process of
+    this host that is gone, and any older than a day (a crash elsewhere). A live writer's
+    temp file is left alone; names that are not cache temp files are never touched."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    host, now = socket.gethostname() or "host", time.time()
+    for name in names:
+        m = _TEMP.match(name)
+        if m is None:
+            continue
+        full = os.path.join(folder, name)
+        try:
+            if m["host"] == host and not _alive(int(m["pid"])) or \
+                    now - os.lstat(full).st_mtime > STALE_TEMP_S:
+                os.remove(full)
+        except OSError:
+            pass  # removed meanwhile by another build
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # this process writes no temp file while it cleans
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
 
 
 @dataclass
@@ -302,12 +542,13 @@ class TablePopulation:
                                          d.local_test_fraction, num_clients, seed]).encode()
                              ).hexdigest()[:32]
         folder = os.path.join(_cache_root(d), "populations")
+        _remove_stale_temps(folder)
         path = os.path.join(folder, key + ".arrow")
         index_path = os.path.join(folder, key + ".index.npz")
-        if os.path.isfile(path) and os.path.isfile(index_path):
+        if all(os.path.isfile(p) and _inside(p, folder) for p in (path, index_path)):
             try:
                 return cls._from_cache(path, index_path)
-            except (ValueError, KeyError, OSError):
+            except (ValueError, KeyError, IndexError, TypeError, OSError):
                 pass  # a damaged cache entry is rebuilt
         return cls._convert(d, files, num_clients, seed, path, index_path)
 
@@ -316,18 +557,15 @@ class TablePopulation:
                  path: str, index_path: str) -> TablePopulation:
         import pyarrow as pa
 
-        table = _read_source(d, files)
-        for col in (d.client_column, d.label_column):
-            if col not in table.column_names:
-                raise ConfigError("data.client_column" if col == d.client_column else
-                                  "data.label_column", col,
-                                  f"a column of the table: {table.column_names}")
-        labels_raw = table.column(d.label_column).to_numpy(zero_copy_only=False)
-        if labels_raw.dtype.kind not in "iu":
-            raise ConfigError("data.label_column", d.label_column,
-                              f"an integer class column (it holds {labels_raw.dtype})")
+        table, names, starts = _read_source(d, files)
+        source = _Rows(files, starts)
+        for key, col, rule in (("data.client_column", d.client_column, ID_RULE),
+                               ("data.label_column", d.label_column, LABEL_RULE)):
+            if table.column(col).null_count:
+                raise source.error(key, col, rule, _nulls(table.column(col)), "null")
+        labels_raw = table.column(d.label_column).to_numpy()
         classes, labels = np.unique(labels_raw, return_inverse=True)
-        ids_raw = table.column(d.client_column).to_numpy(zero_copy_only=False)
+        ids_raw = table.column(d.client_column).to_numpy()
         natural, id_offsets, id_order = group_by_id(ids_raw)
         counts = np.diff(id_offsets)
         client = np.empty(len(ids_raw), dtype=np.int64)
@@ -345,17 +583,11 @@ class TablePopulation:
         y = labels[rows].astype(np.int64)
         is_test = local_test_mask(c, y, d.local_test_fraction, seed)
         order = np.lexsort((np.arange(len(rows)), is_test, c))
-        x = _features(d, table.take(pa.array(rows[order])))
+        x = _features(d, table, names, source)[rows[order]]  # every row checked, once
         y, c, is_test = y[order], c[order], is_test[order]
         offsets = np.r_[0, np.cumsum(np.bincount(c, minlength=num_clients))].astype(np.int64)
         split = offsets[:-1] + np.bincount(c[~is_test], minlength=num_clients)
         del table
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        flat = pa.array(x.reshape(-1))
-        out = pa.table({"x": pa.FixedSizeListArray.from_arrays(flat, x.shape[1]), "y": y})
-        tmp = f"{path}.tmp{os.getpid()}"
-        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, out.schema) as writer:
-            writer.write_table(out, max_chunksize=max(1, len(y)))
         test_rows = np.flatnonzero(is_test)
         pick = np.sort(rng(seed, -1, -1, "population-global-test").choice(
             test_rows, min(GLOBAL_TEST_MAX, len(test_rows)), replace=False))
@@ -363,23 +595,37 @@ class TablePopulation:
                 "ids_total": int(len(natural)),
                 "ids_too_small": int(len(natural) - len(eligible)),
                 "classes": [str(v) for v in classes.tolist()]}
-        tmp_index = f"{index_path}.tmp{os.getpid()}.npz"
-        np.savez(tmp_index, offsets=offsets, split=split,
-                 natural_ids=natural[keep].astype(str), x_test=x[pick], y_test=y[pick],
-                 info=np.array(json.dumps(info)))
-        os.replace(tmp_index, index_path)
-        os.replace(tmp, path)
+        flat = pa.array(x.reshape(-1))
+        out = pa.table({"x": pa.FixedSizeListArray.from_arrays(flat, x.shape[1]), "y": y})
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp, tmp_index = _temp_name(path), _temp_name(index_path)
+        try:
+            with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, out.schema) as writer:
+                writer.write_table(out, max_chunksize=max(1, len(y)))
+            with open(tmp_index, "wb") as fh:  # a file object: savez adds no suffix
+                np.savez(fh, offsets=offsets, split=split,
+                         natural_ids=natural[keep].astype(str), x_test=x[pick],
+                         y_test=y[pick], info=np.array(json.dumps(info)))
+            os.replace(tmp_index, index_path)
+            os.replace(tmp, path)
+        except BaseException:  # a failed or interrupted write leaves no temp file behind
+            for name in (tmp, tmp_index):
+                if os.path.lexists(name):
+                    os.remove(name)
+            raise
         return cls._from_cache(path, index_path)
 
     @classmethod
     def _from_cache(cls, path: str, index_path: str) -> TablePopulation:
+        """The entry at ``path``: its index read as plain arrays (no pickle), the rows
+        memory-mapped; a damaged entry raises ValueError, KeyError, IndexError or OSError."""
         with np.load(index_path, allow_pickle=False) as z:
             offsets, split = z["offsets"], z["split"]
             pop = cls(path, len(offsets) - 1, 0, (z["x_test"].shape[1],), offsets, split,
                       z["natural_ids"], z["x_test"], z["y_test"], json.loads(str(z["info"])))
         pop.num_classes = len(pop.info["classes"])
         pop._map()
-        if len(pop._y) != int(offsets[-1]):
+        if len(pop._y) != int(offsets[-1]) or len(split) != pop.num_clients:
             raise ValueError("cache entry does not match its index")
         return pop
 
