@@ -69,7 +69,7 @@ def register_dataset(entry: Any) -> Any:
 def dataset(name: Any, path: str = "data.dataset") -> Any:
     """The dataset registered as ``name``; a :class:`ConfigError` at ``path`` if unknown."""
     discover()
-    if name not in DATASETS:
+    if not isinstance(name, str) or name not in DATASETS:
         raise ConfigError(path, name, "one of " + ", ".join(repr(n) for n in DATASETS))
     return DATASETS[name]
 
@@ -120,7 +120,7 @@ def discover() -> None:
 def method(name: Any, path: str = "algorithm.name") -> type:
     """The method registered as ``name``; a :class:`ConfigError` at ``path`` if unknown."""
     discover()
-    if name not in METHODS:
+    if not isinstance(name, str) or name not in METHODS:
         raise ConfigError(path, name, "one of " + ", ".join(sorted(METHODS)))
     return METHODS[name]
 
@@ -134,7 +134,7 @@ def model_entry(name: Any, path: str = "model.name") -> Any:
     """What ``name`` is registered as, not imported: a builder or its ``"module:function"``
     path (its keywords are read from the source: checking a config loads no torch)."""
     discover()
-    if name not in MODELS:
+    if not isinstance(name, str) or name not in MODELS:
         raise ConfigError(path, name, "one of " + ", ".join(sorted(MODELS)))
     return MODELS[name]
 

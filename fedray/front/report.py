@@ -19,10 +19,12 @@ group (its personalized accuracy shows ± sd over clients instead).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import textwrap
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -57,9 +59,9 @@ def _load(run_dir: str) -> dict[str, Any]:
     """A run directory's tables and files, read as data and confined to it (a link inside
     is refused): a damaged file is one :class:`StateFileError` naming it."""
     storage = Storage(run_dir)
-    rounds = _table(run_dir, "rounds")
+    rounds = _metrics(run_dir, "rounds")
     try:
-        clients = _table(run_dir, "clients")
+        clients = _metrics(run_dir, "clients")
     except FileNotFoundError:
         clients = None
     summary = _json(storage, "summary.json")
@@ -75,7 +77,7 @@ def _load(run_dir: str) -> dict[str, Any]:
             "chance": _chance(config, _json(storage, "data.json"))}
 
 
-def _table(run_dir: str, kind: str) -> pd.DataFrame:
+def _metrics(run_dir: str, kind: str) -> pd.DataFrame:
     import pyarrow as pa
 
     try:
@@ -448,7 +450,8 @@ def report(run_dir: str, out_dir: str | None = None, overwrite: bool = False
     levels, error bars) and ``chance_level`` (None when there is none)."""
     run = _load(run_dir)
     final = out_dir or refuse_links(os.path.abspath(run_dir), "report", "report")
-    with staged_dir(final, overwrite, "--out" if out_dir else "report") as stage:
+    with staged_dir(final, overwrite, "--out" if out_dir else "report") as stage, \
+            _as_data_error(run_dir):
         res = _report(run, stage)
     return _rebased(res, stage, final) | {"run_dir": run_dir}
 
@@ -492,9 +495,23 @@ def compare(run_dirs: list[str], out_dir: str, overwrite: bool = False) -> dict[
     if len({r["label"] for r in runs}) < len(runs):
         for r in runs:
             r["label"] = os.path.basename(os.path.normpath(r["dir"]))
-    with staged_dir(out_dir, overwrite) as stage:
+    with staged_dir(out_dir, overwrite) as stage, _as_data_error(", ".join(run_dirs)):
         res = _compare(runs, stage)
     return _rebased(res, stage, out_dir) | {"runs": run_dirs}
+
+
+@contextlib.contextmanager
+def _as_data_error(where: str) -> Iterator[None]:
+    """Drawing reads nothing but the run's own tables: a column missing or of the wrong
+    kind there is a damaged run directory (one :class:`StateFileError`), not a crash."""
+    try:
+        yield
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError) as e:
+        if isinstance(e, (StateFileError, ConfigError)):
+            raise
+        raise StateFileError(where, f"a run directory as fedray writes it (its tables or "
+                                    f"files do not hold what a report reads: "
+                                    f"{type(e).__name__}: {str(e)[:120]})") from None
 
 
 def _rebased(obj: Any, stage: str, final: str) -> Any:

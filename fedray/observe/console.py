@@ -142,15 +142,17 @@ class Stopped(BaseException):
         super().__init__(message or f"stopped by {signal_name}")
 
 
-def on_signals() -> None:
+def on_signals() -> dict[int, Any]:
     """SIGTERM (and SIGINT) raise :class:`Stopped` in the main thread instead of killing the
     process (SIGTERM) or raising a bare KeyboardInterrupt, so a run releases Ray, keeps its
-    checkpoints and ends with one line. A second signal while stopping is ignored."""
+    checkpoints and ends with one line. A second signal while stopping is ignored. Returns
+    the handlers it replaced (none off the main thread)."""
     import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
-        return
+        return {}
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def stop(signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
@@ -159,6 +161,7 @@ def on_signals() -> None:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    return previous
 
 
 class UsageError(ValueError):
@@ -199,9 +202,11 @@ def guarded(fn: Any, argv: list[str] | None = None) -> int:
     with one line on stderr (``--json``: one ``{"error": ..., "exit_code": ...}`` object on
     stdout) and a status from :data:`EXIT_CODES`. Signals are turned into
     :class:`Stopped` first (:func:`on_signals`)."""
+    import signal
+
     argv = sys.argv[1:] if argv is None else argv
     as_json = "--json" in argv
-    on_signals()
+    previous = on_signals()
     try:
         fn()
     except SystemExit as e:
@@ -214,6 +219,9 @@ def guarded(fn: Any, argv: list[str] | None = None) -> int:
             traceback.print_exception(e)
         report_failure(msg, as_json, code)
         return code
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     return 0
 
 

@@ -85,12 +85,13 @@ def read_table(path: str, field: str, columns: tuple[str, ...],
             table = pq.read_table(path)
         else:
             table = pacsv.read_csv(path)
+        names = table.column_names  # decoded here: a header that is not UTF-8 fails now
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as e:
         raise ConfigError(field, path, f"a readable CSV or Parquet file "
                                        f"({_read_error(e)})") from None
     out = {}
     for col in columns + optional:
-        if col not in table.column_names:
+        if col not in names:
             if col in optional:
                 continue
             # the header is not echoed: a path that points at another file (a link to
