@@ -164,6 +164,17 @@ def on_signals() -> dict[int, Any]:
     return previous
 
 
+_GUARDING = False  # a guarded entry point owns SIGINT/SIGTERM in this process
+
+
+def reclaim_signals() -> None:
+    """Take SIGINT/SIGTERM back after a library installed its own (``ray.init`` installs a
+    SIGTERM handler that exits at once and a native one that prints a stack dump), when a
+    guarded entry point owns them (:func:`guarded`)."""
+    if _GUARDING:
+        on_signals()
+
+
 class UsageError(ValueError):
     """A command line that does not parse (an unknown flag, a missing argument)."""
 
@@ -206,7 +217,9 @@ def guarded(fn: Any, argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     as_json = "--json" in argv
+    global _GUARDING
     previous = on_signals()
+    _GUARDING = bool(previous)
     try:
         fn()
     except SystemExit as e:
@@ -220,6 +233,7 @@ def guarded(fn: Any, argv: list[str] | None = None) -> int:
         report_failure(msg, as_json, code)
         return code
     finally:
+        _GUARDING = False
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     return 0

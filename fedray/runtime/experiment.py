@@ -44,7 +44,7 @@ def init_ray(cfg: ExperimentConfig) -> bool:
     global _STARTED_LOCAL
     import ray
 
-    from fedray.observe.console import worker_runtime_env
+    from fedray.observe.console import reclaim_signals, worker_runtime_env
 
     if ray.is_initialized():
         return False
@@ -54,11 +54,13 @@ def init_ray(cfg: ExperimentConfig) -> bool:
                         else "RAY_ADDRESS")
         ray.init(address=address, log_to_driver=False, logging_level="ERROR",
                  runtime_env=worker_runtime_env())
+        reclaim_signals()
         _STARTED_LOCAL = False
         return False
     ray.init(address="local", include_dashboard=cfg.runtime.include_dashboard,
              log_to_driver=False, logging_level="ERROR", configure_logging=True,
              runtime_env=worker_runtime_env())
+    reclaim_signals()
     _STARTED_LOCAL = True
     return True
 
