@@ -280,6 +280,8 @@ CLI_CASES = [
     ("key with control characters", _args("config", "-s", "local.l\x1b[2Kr=1"), 2,
      "local.l\\x1b[2Kr"),
     ("compare of one run", _args("compare", "x"), 2, "two or more run directories"),
+    ("sweep --name with ..", _args("tune", CONFIG, "--name", "../x", "--space",
+                                   "local.lr=grid:0.1"), 2, "'--name'"),
     ("pretrain into a used --out", lambda tmp: ["pretrain", CONFIG, "-o",
                                                 write_run(os.path.join(tmp, "run"))], 2,
      "--overwrite"),
@@ -319,6 +321,24 @@ def test_the_stored_config_bomb_is_refused_fast(tmp_path):
     rc, out, _ = run_cli(argv + ["--json"])
     assert rc == 2 and "at most 100,000 values" in one_json(out)["error"]
     assert time.perf_counter() - t < 10
+
+
+@pytest.mark.parametrize("job,args,needle", [
+    ("fedavg_digits.py", ["--bogus"], "unrecognized arguments: --bogus"),
+    ("fedavg_digits.py", ["--rounds", "0"], "'rounds'"),
+    ("fedavg_digits.py", ["-s", "name=../x"], "a plain name"),
+    ("sweep_orders.py", ["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_jobs_end_every_error_in_one_json_object(job, args, needle):
+    """The jobs share the commands' entry-point guard: a usage error or a bad value is one
+    JSON object (exit 2), never argparse's usage text or a traceback."""
+    res = subprocess.run([sys.executable, os.path.join("jobs", job), *args, "--json"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, RAY_ADDRESS=DEAD_RAY))
+    assert res.returncode == 2, res.stderr[-2000:]
+    msg = one_json(res.stdout)
+    assert needle in msg["error"] and msg["exit_code"] == 2
+    assert "Traceback" not in res.stderr
 
 
 # ----------------------------------------------------------------------------- storage

@@ -646,12 +646,19 @@ def num_classes(cfg: ExperimentConfig) -> int:
 NAME_RULE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
 
+def check_name(name: Any, field: str) -> str:
+    """A name that becomes a directory (a run's, a sweep's): letters, digits, '.', '_' and
+    '-', at most 128 characters, never a path (no separator, no '..')."""
+    if not isinstance(name, str) or not NAME_RULE.fullmatch(name) or ".." in name:
+        raise ConfigError(field, name, "a plain name of letters, digits, '.', '_' and '-' "
+                                       "(no path separator, no '..', at most 128 "
+                                       "characters): it names a directory")
+    return name
+
+
 def validate(cfg: ExperimentConfig) -> None:
     """Cross-field rules, the registered sections, the model and the method's parameters."""
-    if not NAME_RULE.fullmatch(cfg.name) or ".." in cfg.name:
-        raise ConfigError("name", cfg.name, "a plain name of letters, digits, '.', '_' and "
-                                            "'-' (no path separator, no '..', at most 128 "
-                                            "characters): it names the run directory")
+    check_name(cfg.name, "name")
     c = cfg.clients
     if c.per_round is not None and c.per_round > c.num_clients:
         raise ConfigError("clients.per_round", c.per_round,

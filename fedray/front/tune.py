@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from fedray.core import registry
-from fedray.core.config import ExperimentConfig, load_config, read_file
+from fedray.core.config import ExperimentConfig, check_name, load_config, read_file
 from fedray.core.spec import ConfigError, redact
 from fedray.observe.console import library_stdout
 from fedray.observe.progress import Progress
@@ -249,7 +249,7 @@ def sweep(config: str | os.PathLike | dict, space: dict[str, dict] | None = None
     from fedray.runtime.experiment import settled
 
     cfg, base, overrides, spec = load_sweep(config, overrides, space, preset, **options)
-    name = name or f"sweep-{cfg.name}"
+    name = check_name(name or f"sweep-{cfg.name}", "--name")
     storage_path = os.path.abspath(storage_path) if "://" not in storage_path else storage_path
     path = os.path.join(storage_path, name)
     run_root = os.path.join(path, "runs")
