@@ -533,30 +533,31 @@ def release_lock(storage: Storage) -> None:
 def check_state_shapes(algorithm_cls: type, cfg: ExperimentConfig, data: Any,
                        states: dict[str, Any], where: str) -> None:
     """The checkpoint's global state against what the method builds for this config
-    (:meth:`~fedray.methods.base.Algorithm.state_schema`): the same entries with the same
-    shapes and dtypes, checked before Ray starts, so a foreign or edited checkpoint is one
-    error naming the entry, not a failure inside the driver."""
+    (:meth:`~fedray.methods.base.Algorithm.state_schema`): every entry the method starts
+    from is there as an array of the same shape and kind (float, int, ...), checked before
+    Ray starts, so a foreign or edited checkpoint is one error naming the entry, not a
+    failure inside the driver. Entries a method may add while it runs are not refused, and
+    the float width may differ (the server may keep a wider accumulator)."""
     from fedray.core.registry import make_method
 
     schema = make_method(algorithm_cls, cfg).state_schema(data.input_shape, data.num_classes)
-    params = (states.get("server") or {}).get("params") if isinstance(states, dict) else None
     if schema is None:
         return
+    params = (states.get("server") or {}).get("params") if isinstance(states, dict) else None
     if not isinstance(params, dict):
         raise ConfigError("--resume", where, "a checkpoint holding the global state")
-    for key in sorted(set(schema) | set(params), key=str):
-        if key not in params or key not in schema:
-            which = "lacks" if key not in params else "holds an unknown entry"
-            raise ConfigError("--resume", where, f"a checkpoint of this run's model (it "
-                                                 f"{which} {shown(key)!r})")
-        arr = params[key]
-        got = (tuple(np.shape(arr)), np.asarray(arr).dtype.str) if isinstance(
-            arr, (np.ndarray, np.generic)) else (None, type(arr).__name__)
-        if got != schema[key]:
+    for key in sorted(schema, key=str):
+        shape, dtype = schema[key]
+        arr = params.get(key)
+        if not isinstance(arr, (np.ndarray, np.generic)):
+            raise ConfigError("--resume", where, f"a checkpoint of this run's model (its "
+                                                 f"{shown(key)!r} is "
+                                                 f"{'missing' if arr is None else 'no array'})")
+        if np.shape(arr) != shape or arr.dtype.kind != np.dtype(dtype).kind:
             raise ConfigError("--resume", where, f"a checkpoint of this run's model: "
-                                                 f"{shown(key)!r} is {got[0]} {got[1]}, the "
-                                                 f"model's is {schema[key][0]} "
-                                                 f"{schema[key][1]}")
+                                                 f"{shown(key)!r} is {np.shape(arr)} "
+                                                 f"{arr.dtype}, the model's is {shape} "
+                                                 f"{np.dtype(dtype)}")
 
 
 def open_run_dir(run_dir: str) -> Storage:
