@@ -541,7 +541,7 @@ def parse_text(data: bytes, fmt: str, where: str, field: str = "config file") ->
             out = load_yaml(text)
     except (yaml.YAMLError, tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
         reason = " ".join(str(e).split())[:200]  # one line, bounded
-        raise ConfigError(field, where, f"valid {fmt.upper()}: {reason}") from None
+        raise ConfigError(field, where, f"valid {fmt}: {reason}") from None
     except RecursionError:
         raise ConfigError(field, where, f"nesting at most {MAX_CONFIG_DEPTH} levels deep") \
             from None
