@@ -34,13 +34,24 @@ TINY = ["clients.num_clients=4", "model.hidden=[8]", "rounds=2"]
 DEAD_RAY = "127.0.0.1:9"  # the discard port: nothing answers, check_reachable fails fast
 
 
+def no_ray(cfg):
+    raise ConfigError("test", "init_ray", "no Ray work: this input should have been refused "
+                                          "before Ray")
+
+
 def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    """``fedray ARGV`` in this process: (exit status, stdout, stderr)."""
+    """``fedray ARGV`` in this process: (exit status, stdout, stderr). Starting or joining
+    Ray is an error here (this process may hold the session's Ray, which an input that
+    slipped past the checks would otherwise use), and so is a reachable RAY_ADDRESS."""
+    import fedray.runtime
+    import fedray.runtime.experiment as experiment
     from fedray.front.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     old = os.environ.get("RAY_ADDRESS")
     os.environ["RAY_ADDRESS"] = DEAD_RAY
+    saved = experiment.init_ray, fedray.runtime.init_ray
+    experiment.init_ray = fedray.runtime.init_ray = no_ray
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
@@ -49,6 +60,7 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else 0
     finally:
+        experiment.init_ray, fedray.runtime.init_ray = saved
         if old is None:
             os.environ.pop("RAY_ADDRESS", None)
         else:

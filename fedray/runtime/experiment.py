@@ -158,7 +158,7 @@ class Experiment:
         self.run_dir = run_dir or cfg.run_dir or default_run_dir(cfg)
         self.storage = open_run_dir(self.run_dir)
         self.locked = False
-        # a new run that fails before its first checkpoint removes the directory it made
+        # a new run that fails before any round is on record removes the directory it made
         self.created = not resume and self.storage.is_local and \
             not os.path.lexists(self.storage.root)
         states = None
@@ -224,14 +224,15 @@ class Experiment:
         return Stopped(name, code, redact(f"{self.cfg.name} stopped by {name} {where}"))
 
     def discard(self) -> None:
-        """After a failure: remove the run directory when this run created it and wrote no
-        checkpoint yet (a plain retry then starts afresh); a directory that held anything
-        before, or a run with a checkpoint to resume from, is kept as it is."""
+        """After a failure: remove the run directory when this run created it and recorded
+        no round yet (a failure while starting: Ray, placement, the driver's setup), so the
+        same command can simply be run again; a directory that held anything before, or a
+        run with a round on record (a failed round's rows say why) is kept as it is."""
         self.release()
         if not self.created or not os.path.isdir(self.storage.root):
             return
         try:
-            if self.storage.exists("checkpoints/LATEST"):
+            if self.storage.exists("checkpoints/LATEST") or self.storage.exists("metrics"):
                 return
         except ValueError:  # a planted link: leave it for the user
             return
