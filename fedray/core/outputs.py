@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from types import TracebackType
 
 from fedray.core.spec import ConfigError
+from fedray.core.storage import first_link
 
 OVERWRITE_HINT = "a new file (pass --overwrite to replace it)"
 
@@ -29,14 +30,12 @@ def refuse_links(root: str, rel: str, field: str) -> str:
     parts = [p for p in rel.replace(os.sep, "/").split("/") if p not in ("", ".")]
     if os.path.isabs(rel) or ".." in parts:
         raise ConfigError(field, rel, f"a path inside {root} (no '..', not absolute)")
-    path = root
-    for p in parts:
-        path = os.path.join(path, p)
-        if os.path.islink(path):
-            raise ConfigError(field, path, f"a real file or directory inside {root}, not a "
-                                           f"symbolic link (fedray never writes, reads or "
-                                           f"deletes through a link)")
-    return path
+    link = first_link(root, parts)
+    if link is not None:
+        raise ConfigError(field, link, f"a real file or directory inside {root}, not a "
+                                       f"symbolic link (fedray never writes, reads or "
+                                       f"deletes through a link)")
+    return os.path.join(root, *parts)
 
 
 class OutputFiles:

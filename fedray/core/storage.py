@@ -178,6 +178,18 @@ def unpack_state(data: bytes, name: str = "state") -> Any:
         raise StateFileError(name, f"a damaged skeleton ({type(e).__name__})") from None
 
 
+def first_link(root: str, parts: list[str]) -> str | None:
+    """The first of ``root/parts[0]``, ``root/parts[0]/parts[1]``, ... that is a symbolic
+    link (None when none is): the one check of every path fedray derives below a directory
+    it was given — the root itself is the user's choice."""
+    at = root
+    for p in parts:
+        at = os.path.join(at, p)
+        if os.path.islink(at):
+            return at
+    return None
+
+
 def _reason(e: OSError) -> str:
     return e.strerror or " ".join(str(e).split())[:160]
 
@@ -219,16 +231,12 @@ class Storage:
         if rel.startswith("/") or ".." in parts or "\\" in rel:
             raise StateFileError(f"{self.root}/{rel}", "a path inside the run directory "
                                                        "(no '..', not absolute)")
-        full = f"{self.root}/{rel}"
-        if self.is_local:
-            at = self.root
-            for p in parts:
-                at = f"{at}/{p}"
-                if os.path.islink(at):
-                    raise StateFileError(at, "a symbolic link inside a run directory; fedray "
-                                             "never reads, writes or deletes through one "
-                                             "(replace it with the real file or directory)")
-        return full
+        link = first_link(self.root, parts) if self.is_local else None
+        if link is not None:
+            raise StateFileError(link, "a symbolic link inside a run directory; fedray never "
+                                       "reads, writes or deletes through one (replace it "
+                                       "with the real file or directory)")
+        return f"{self.root}/{rel}"
 
     @property
     def is_local(self) -> bool:
