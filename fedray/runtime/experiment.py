@@ -103,7 +103,7 @@ def check_before_ray(cfg: ExperimentConfig) -> None:
     from fedray.runtime.pool import check_fits
 
     have = local_resources()
-    check_fits(settle_runtime(cfg, True, have), have, error=ConfigError)
+    check_fits(settle_runtime(cfg, True, have), have)
 
 
 def settled(cfg: ExperimentConfig) -> ExperimentConfig:

@@ -75,11 +75,11 @@ def shortfall(cfg: Any, extra_cpu: float = 0.0, have: dict[str, float] | None = 
     return None
 
 
-def check_fits(cfg: Any, have: dict[str, float] | None = None,
-               error: type[Exception] = PlacementError) -> None:
+def check_fits(cfg: Any, have: dict[str, float] | None = None) -> None:
     """Fail now, not hang, when the executors cannot all be placed on this cluster at once
-    (used where the cluster cannot grow: a local Ray instance). ``have``: the resources a
-    local Ray will have, for the check before it starts."""
+    (used where the cluster cannot grow: a local Ray instance): a :class:`PlacementError`.
+    ``have``: the resources a local Ray will have, for the check before it starts — then
+    the configuration is at fault, a :class:`ConfigError`."""
     short = shortfall(cfg, have=have)
     if short is not None:
         res, amount, avail = short
@@ -90,7 +90,7 @@ def check_fits(cfg: Any, have: dict[str, float] | None = None,
         msg = (f"runtime.tiers ask for {amount:g} {res} in total ({shapes}) but {where} "
                f"{avail:g} {res}; lower runtime.tiers[*].executors or num_cpus/num_gpus, or "
                f"connect to a larger cluster (runtime.ray_address)")
-        if error is PlacementError:
+        if have is None:
             raise PlacementError(msg)
         raise ConfigError("runtime.tiers", [t.name for t in cfg.runtime.tiers], msg)
 
