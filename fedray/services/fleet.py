@@ -112,6 +112,16 @@ def read_table(path: str, field: str, columns: tuple[str, ...],
     return out
 
 
+# (what pyarrow's message says, the fact kept from it) for _read_error
+_READ_FACTS = [
+    (r"Expected (\d+) columns, got (\d+)",
+     lambda m: f"a row has {m.group(2)} columns where the header has {m.group(1)}"),
+    (r"CSV column #(\d+)", lambda m: f"column {int(m.group(1)) + 1}"),
+    (r"Row #(\d+)", lambda m: f"row {m.group(1)}"),
+    (r"conversion error to (\w+)", lambda m: f"not a valid {m.group(1)}"),
+]
+
+
 def _read_error(e: BaseException) -> str:
     """Why pyarrow could not read a trace, without the file's content: its messages quote
     the offending row ("Expected 4 columns, got 2: <the row>"), which for a path pointing
@@ -120,19 +130,7 @@ def _read_error(e: BaseException) -> str:
     if isinstance(e, UnicodeDecodeError):
         return "not UTF-8 text"
     text = str(e)
-    facts = []
-    m = re.search(r"Expected (\d+) columns, got (\d+)", text)
-    if m:
-        facts.append(f"a row has {m.group(2)} columns where the header has {m.group(1)}")
-    m = re.search(r"CSV column #(\d+)", text)
-    if m:
-        facts.append(f"column {int(m.group(1)) + 1}")
-    m = re.search(r"Row #(\d+)", text)
-    if m:
-        facts.append(f"row {m.group(1)}")
-    m = re.search(r"conversion error to (\w+)", text)
-    if m:
-        facts.append(f"not a valid {m.group(1)}")
+    facts = [say(m) for pattern, say in _READ_FACTS if (m := re.search(pattern, text))]
     if "magic bytes" in text or "Parquet file size" in text:
         facts.append("not a Parquet file")
     if not facts and isinstance(e, OSError) and e.strerror:
