@@ -92,3 +92,15 @@ def run_job(ray, script: str, *args: str, timeout: int = 600) -> dict:
     helped = job_process(ray, script, "--help", timeout=60)
     assert helped.returncode == 0 and "--smoke" in helped.stdout
     return strict_json(res.stdout)
+
+
+def wait_for_checkpoint(latest, at_least: int, timeout: float = 240) -> None:
+    """Poll ``RUN_DIR/checkpoints/LATEST`` (a Path) until it names round ``at_least`` or
+    later (a run in another process, to be stopped mid-way)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if latest.exists() and int((latest.read_text() or "0").split()[0]) >= at_least:
+            return
+        time.sleep(0.05)

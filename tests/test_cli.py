@@ -8,11 +8,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
-from conftest import strict_json, tiny_overrides
+from conftest import strict_json, tiny_overrides, wait_for_checkpoint
 from typer.testing import CliRunner
 
 from fedray.core import checkpoint
@@ -124,11 +123,7 @@ def test_kill_then_resume_reaches_uninterrupted_state(ray_session, tmp_path):
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
     latest = tmp_path / "cut" / "checkpoints" / "LATEST"
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        if latest.exists() and int((latest.read_text() or "0").split()[0]) >= 2:
-            break
-        time.sleep(0.05)
+    wait_for_checkpoint(latest, 2)
     os.killpg(victim.pid, signal.SIGKILL)
     victim.wait()
     cut_at = int(latest.read_text().split()[0])

@@ -633,9 +633,8 @@ def test_sigterm_stops_a_run_with_one_line_and_resume_stays_bitwise(ray_session,
     """SIGTERM mid-run: exit 143 with one line naming the last checkpointed round and the
     resume command; that command finishes bitwise equal to an uninterrupted run."""
     import signal
-    import time
 
-    from conftest import tiny_overrides
+    from conftest import tiny_overrides, wait_for_checkpoint
 
     from fedray.core import checkpoint
 
@@ -650,11 +649,7 @@ def test_sigterm_stops_a_run_with_one_line_and_resume_stays_bitwise(ray_session,
     victim = subprocess.Popen(cmd + ["-o", str(tmp_path / "cut")], env=env, cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     latest = tmp_path / "cut" / "checkpoints" / "LATEST"
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        if latest.exists() and int((latest.read_text() or "0").split()[0]) >= 2:
-            break
-        time.sleep(0.05)
+    wait_for_checkpoint(latest, 2)
     victim.send_signal(signal.SIGTERM)
     out, err = victim.communicate(timeout=120)
     cut_at = int(latest.read_text().split()[0])
