@@ -23,16 +23,13 @@ object instead (``continual`` holds that table).
 
 from __future__ import annotations
 
-import argparse
-
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
 
 from fedray.observe.console import JobParser, add_output_args, emit, guarded, set_verbosity
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = JobParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = JobParser(description=__doc__)
     p.add_argument("--data-root", help="directory holding torchvision's cifar-100-python")
     p.add_argument("--download", action="store_true", help="let torchvision download it")
     p.add_argument("--run-dir", default="runs/drod-split-cifar100",

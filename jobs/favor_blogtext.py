@@ -33,7 +33,6 @@ algorithm.unsampled=...`` sets the same policy as part of the run's config); the
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -54,8 +53,7 @@ METHODS = {"favor": ("favor", None), "fedavg": ("fedavg", None), "fedprox": ("fe
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = JobParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = JobParser(description=__doc__)
     p.add_argument("--data-root", help="blogtext.csv (default: the synthetic corpus)")
     p.add_argument("--model", help="base LM hub id or directory (default: the tiny LM)")
     p.add_argument("--asce-backbone", help="ASCE encoder (default: the shipped MiniLM)")

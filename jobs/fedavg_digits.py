@@ -9,16 +9,13 @@ run's summary and where its files are (``--json``: the summary as one JSON objec
 
 from __future__ import annotations
 
-import argparse
-
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
 
 from fedray.observe.console import JobParser, add_output_args, emit, guarded, set_verbosity
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = JobParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = JobParser(description=__doc__)
     p.add_argument("--rounds", type=int, help="rounds (default 30)")
     p.add_argument("--run-dir", help="run directory: a path or a pyarrow.fs URI "
                                      "(default runs/fedavg-digits-TIMESTAMP)")

@@ -83,8 +83,7 @@ from fedray.observe.console import JobParser, add_output_args, emit, guarded, se
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = JobParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = JobParser(description=__doc__)
     p.add_argument("--data-root", help="directory holding torchvision's cifar-100-python")
     p.add_argument("--download", action="store_true", help="let torchvision download it")
     p.add_argument("--run-dir", default="runs/flite-cifar100", help="path or pyarrow.fs URI")

@@ -12,8 +12,6 @@ with the run summary and where the files are (``--json``: the summary as one JSO
 
 from __future__ import annotations
 
-import argparse
-
 import _bootstrap  # noqa: F401  (fedray importable from a submitted working dir)
 
 from fedray.observe.console import JobParser, add_output_args, emit, guarded, set_verbosity
@@ -43,8 +41,7 @@ METHODS = {
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = JobParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = JobParser(description=__doc__)
     p.add_argument("--skew", choices=list(NONIID), default="label")
     p.add_argument("--model", choices=list(MODELS), default="mlp")
     p.add_argument("--method", choices=list(METHODS), default="orders")

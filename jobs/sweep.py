@@ -22,8 +22,7 @@ from fedray.observe.console import JobParser, add_output_args, emit, guarded, se
 
 
 def parser(description: str = __doc__, config: str | None = None) -> argparse.ArgumentParser:
-    p = JobParser(description=description,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = JobParser(description=description)
     if config is None:
         p.add_argument("config", help="experiment config (may hold a `sweep:` block)")
     p.add_argument("--space", action="append", default=[], metavar="KEY=KIND:V1,V2",

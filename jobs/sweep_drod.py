@@ -20,9 +20,7 @@ SMOKE = ["rounds=2", "continual.tasks=5", "continual.rounds_per_task=1", "eval.e
 
 def run() -> None:
     main(config=os.path.join(ROOT, "fedray", "configs", "drod_split_digits.yaml"),
-         preset="drod",
-         smoke=SMOKE,
-         description=__doc__)
+         preset="drod", smoke=SMOKE, description=__doc__)
 
 
 if __name__ == "__main__":

@@ -35,13 +35,8 @@ def prepare(args, overrides: list[str], progress) -> list[str]:
     return embedded_overrides(prep)
 
 
-
 def run() -> None:
-    main(config=BASE,
-         preset="favor",
-         smoke=SMOKE,
-         description=__doc__,
-         prepare=prepare,
+    main(config=BASE, preset="favor", smoke=SMOKE, description=__doc__, prepare=prepare,
          prepare_stages=3)
 
 

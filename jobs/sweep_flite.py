@@ -44,13 +44,8 @@ def pretrain_base(args, overrides: list[str], progress) -> list[str]:
     return [f"algorithm.base={base}"]
 
 
-
 def run() -> None:
-    main(config=CONFIG,
-         preset="flite",
-         smoke=SMOKE,
-         description=__doc__,
-         prepare=pretrain_base,
+    main(config=CONFIG, preset="flite", smoke=SMOKE, description=__doc__, prepare=pretrain_base,
          prepare_stages=1)
 
 

@@ -18,10 +18,8 @@ SMOKE = ["rounds=2", "clients.num_clients=6", "eval.finetune_epochs=0",
 
 
 def run() -> None:
-    main(config=os.path.join(ROOT, "fedray", "configs", "orders_digits.yaml"),
-         preset="orders",
-         smoke=SMOKE,
-         description=__doc__)
+    main(config=os.path.join(ROOT, "fedray", "configs", "orders_digits.yaml"), preset="orders",
+         smoke=SMOKE, description=__doc__)
 
 
 if __name__ == "__main__":

@@ -181,7 +181,12 @@ class UsageError(ValueError):
 
 class JobParser(argparse.ArgumentParser):
     """``argparse`` for the jobs: a usage error is raised (and reported by :func:`guarded`
-    as one line, or one JSON object under ``--json``), not printed and exited on."""
+    as one line, or one JSON object under ``--json``), not printed and exited on; the job's
+    docstring, given as ``description``, keeps its layout in ``--help``."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> Any:  # type: ignore[override]
         raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
