@@ -42,8 +42,8 @@ WEIGHTED_HELP = "weight clients by their sample count (else uniformly)"
 
 __all__ = ["BASE_HELP", "WEIGHTED_HELP", "AggregationPolicy", "Algorithm", "AsyncUpdate",
            "ClientContext", "ClientData", "ClientOutput", "ClientResult", "ClientSampler",
-           "Draw", "EvalResult", "ReportSection", "State", "Status", "accumulate",
-           "check_reduce", "finite", "require"]
+           "CohortFit", "Draw", "EvalResult", "ReportSection", "State", "Status", "accumulate",
+           "check_reduce", "cohort_size", "finite", "require"]
 
 
 def finite(tensors: Mapping[str, np.ndarray]) -> bool:
@@ -304,6 +304,92 @@ def check_reduce(cfg: Any, method: Any) -> None:
                           f"driver for {cfg.algorithm['name']} here: {why}")
 
 
+AUTO_WORK = 4_000_000  # runtime.vectorize=auto: most multiply-adds in one client's local step
+
+
+@dataclass(frozen=True)
+class CohortFit:
+    """What a config's local training asks of a cohort (:meth:`Algorithm.cohort_fit`):
+    ``problems`` says why its clients cannot train as one batched computation (empty: they
+    can), ``work`` the multiply-adds of one client's local step (trainable parameters ×
+    batch size: the ``auto`` rule's input) and ``client_bytes`` what each client of a
+    cohort adds to its executor's memory (its parameters, gradients, momentum and
+    activations)."""
+
+    problems: list[str]
+    work: float = 0.0
+    client_bytes: int = 0
+
+
+def _cohort_refusal(cfg: Any, method: Any) -> str | None:
+    """Why no config of this kind runs as cohorts, whatever the model (None: it may)."""
+    if "asynchronous" in method.capabilities:
+        return "its asynchronous rule dispatches one client per executor call"
+    if cfg.local.dp_noise_multiplier is not None:
+        return ("local DP-SGD (local.dp_noise_multiplier) clips per sample with Opacus, one "
+                "client at a time")
+    if cfg.local.bf16:
+        return "local.bf16 autocasts one client's model at a time"
+    return None
+
+
+def cohort_size(cfg: Any, method: Any, input_shape: tuple[int, ...] | None,
+                num_classes: int | None) -> int | None:
+    """The run's cohort size (``runtime.cohort_size``), or None: its clients train one at a
+    time. ``runtime.vectorize``: ``off`` never; ``on`` always, and a :class:`ConfigError`
+    naming the reason where the method, the config or the model cannot (or where
+    ``cohort_size`` clients per executor do not fit this machine's memory); ``auto`` where
+    they can and one client's local step is small — at most :data:`AUTO_WORK`
+    multiply-adds (trainable parameters × ``local.batch_size``), the size below which
+    batching measured faster than one client after another on a CPU (``benchmarks/
+    RESULTS.md``, "Vectorized cohorts"). The rule reads the config only, so every executor
+    count and every resume decides alike. Without the input shape (a table read at run
+    time) nothing but the capability is checked."""
+    from fedray.core.spec import ConfigError
+
+    mode, size = cfg.runtime.vectorize, cfg.runtime.cohort_size
+    if mode == "off":
+        return None
+    if mode == "on":
+        require(method, "vectorizable", "runtime.vectorize", "on")
+    elif "vectorizable" not in method.capabilities:
+        return None
+    why = _cohort_refusal(cfg, method)
+    if why is None and input_shape is None:
+        return size
+    fit = CohortFit([why]) if why else method.cohort_fit(cfg, tuple(input_shape), num_classes)
+    if mode == "auto":
+        return size if not fit.problems and fit.work <= AUTO_WORK else None
+    if fit.problems:
+        raise ConfigError("runtime.vectorize", "on",
+                          f"off for {cfg.algorithm['name']} with model {cfg.model['name']}: "
+                          f"{fit.problems[0]}")
+    _check_cohort_memory(cfg, fit)
+    return size
+
+
+def _check_cohort_memory(cfg: Any, fit: CohortFit) -> None:
+    """On a local Ray, ``cohort_size`` clients in every CPU executor at once must fit this
+    machine's available memory (GPU memory is the device's, checked when it trains)."""
+    import os
+
+    from fedray.core.spec import ConfigError
+    from fedray.data.memory import machine_memory
+
+    rt = cfg.runtime
+    have = machine_memory()
+    if rt.ray_address or os.environ.get("RAY_ADDRESS") or have is None:
+        return
+    executors = sum(t.executors for t in rt.tiers if t.num_gpus == 0 or rt.device == "cpu")
+    need = fit.client_bytes * rt.cohort_size * executors
+    if need > have[0]:
+        raise ConfigError("runtime.cohort_size", rt.cohort_size,
+                          f"at most {max(1, have[0] // max(fit.client_bytes * executors, 1))}"
+                          f": {executors} executor(s) × {rt.cohort_size} clients × "
+                          f"{fit.client_bytes / 1e6:.1f} MB each need {need / 1e9:.1f} GB, "
+                          f"this machine has {have[0] / 1e9:.1f} GB available")
+
+
 class Algorithm:
     """A federated method: typed parameters, a client update and an aggregation policy.
 
@@ -355,6 +441,27 @@ class Algorithm:
         if cfg.payload.transforms:
             require(cls, "transforms", "payload.transforms", cfg.payload.transforms)
         check_reduce(cfg, cls)
+        if cfg.runtime.vectorize != "off":
+            cohort_size(cfg, cls, *cls.input_of(cfg))
+
+    @classmethod
+    def input_of(cls, cfg: Any) -> tuple[tuple[int, ...] | None, int | None]:
+        """(input shape, class count) of the configured dataset where the config says them
+        (None, None: a table read at run time, text)."""
+        from fedray.core.config import dataset_shape
+        from fedray.core.spec import ConfigError
+
+        try:
+            return dataset_shape(cfg.data)
+        except ConfigError:
+            return None, None
+
+    @classmethod
+    def cohort_fit(cls, cfg: Any, input_shape: tuple[int, ...], num_classes: int
+                   ) -> CohortFit:
+        """Whether this config's clients can train as cohorts (a method with the
+        ``vectorizable`` capability says, from its model and local training)."""
+        return CohortFit([f"{cls.name} trains one client at a time"])
 
     def make_optimizer(self) -> Any:
         """The run's server optimizer (``cfg.server``, resolved by the config), for a
@@ -387,6 +494,15 @@ class Algorithm:
         return 0
 
     def client_update(self, ctx: ClientContext, broadcast: State) -> ClientOutput:
+        raise NotImplementedError
+
+    def cohort_update(self, contexts: list[ClientContext], broadcast: State
+                      ) -> list[ClientOutput]:
+        """The updates of a cohort of clients of one tier, trained from one broadcast as one
+        batched computation (capability ``vectorizable``): one :class:`ClientOutput` per
+        context, in order, each equal to :meth:`client_update`'s for that client up to
+        float32 rounding. The runtime hands a method its cohorts only where
+        :func:`cohort_size` says so; a cohort that raises is re-run client by client."""
         raise NotImplementedError
 
     def evaluate(self, resident: Any, broadcast: State, x: np.ndarray, y: np.ndarray,

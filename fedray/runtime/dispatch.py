@@ -120,9 +120,11 @@ class Decoder:
 class Dispatcher:
     """Jobs for one run's executor pool (:class:`~fedray.runtime.pool.ExecutorPool`)."""
 
-    def __init__(self, cfg: Any, pool: Any, tiers: Any, chain: Any):
+    def __init__(self, cfg: Any, pool: Any, tiers: Any, chain: Any,
+                 cohort: int | None = None):
         self.cfg, self.pool, self.tiers = cfg, pool, tiers
         self.decode = Decoder(chain)
+        self.cohort = cohort  # clients per batched computation (None: one at a time)
 
     @property
     def restarts(self) -> int:
@@ -157,11 +159,13 @@ class Dispatcher:
 
     def _batches(self, clients: list[int], alone: set[int] = frozenset()
                  ) -> Iterator[tuple[str, list[int]]]:
-        """(tier, clients) batches of ``runtime.chunk_size`` or two per executor; the
-        clients in ``alone`` (whose batch killed its executor) one per batch."""
+        """(tier, clients) batches of ``runtime.chunk_size`` or two per executor — with
+        cohorts, one cohort each: runs of the cohort size of the tier's sorted clients, a
+        rule on the sample alone; the clients in ``alone`` (whose batch killed its
+        executor) one per batch."""
         for tier, cids in self.tiers.group(clients).items():
             batched = [c for c in cids if c not in alone]
-            size = self.cfg.runtime.chunk_size or max(1, math.ceil(
+            size = self.cohort or self.cfg.runtime.chunk_size or max(1, math.ceil(
                 len(batched) / (2 * len(self.pool.executors[tier]))))
             for part in chunks(batched, size) + [[c] for c in cids if c in alone]:
                 yield tier, part
@@ -208,11 +212,13 @@ class Dispatcher:
                 for tier, key, members in self._groups(sorted(todo), passes, again, alone):
                     keys[members[0]] = key
                     jobs.append(TrainJob(tier, bcast[tier], round,
-                                         [ClientSlot(c, version(c)) for c in members], True))
+                                         [ClientSlot(c, version(c)) for c in members], True,
+                                         self.cohort))
                 again = {}
             else:
                 jobs = [TrainJob(tier, bcast[tier], round,
-                                 [ClientSlot(c, version(c)) for c in part])
+                                 [ClientSlot(c, version(c)) for c in part],
+                                 cohort=self.cohort)
                         for tier, part in self._batches(todo, alone)]
             todo = []
             for batch in self.pool.run(jobs, requeue_dead=False):

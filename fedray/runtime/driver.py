@@ -44,7 +44,8 @@ __all__ = ["Driver", "RoundFailedError"]
 
 
 class Driver:
-    def __init__(self, cfg: Any, algorithm_cls: type, pool: ExecutorPool, run_uri: str):
+    def __init__(self, cfg: Any, algorithm_cls: type, pool: ExecutorPool, run_uri: str,
+                 cohort: int | None = None):
         self.cfg, self.pool, self.run_uri = cfg, pool, run_uri
         self.storage = Storage(run_uri)
         algorithm = make_method(algorithm_cls, cfg)
@@ -57,7 +58,7 @@ class Driver:
         self.parts = RoundParts(
             cfg=cfg, policy=policy, server=ServerState(),
             sampler=algorithm.make_sampler(make_sampler(cfg, fleet, privacy), fleet),
-            dispatcher=Dispatcher(cfg, pool, tiers, chain),
+            dispatcher=Dispatcher(cfg, pool, tiers, chain, cohort),
             ledger=Ledger(algorithm.base_bytes()),
             clients=ClientStates(algorithm.uses_client_state or chain.stateful),
             tiers=tiers, fleet=fleet, privacy=privacy, metrics=MetricsWriter(self.storage))
@@ -76,11 +77,12 @@ class Driver:
             out["dp"] = p.privacy
         return out
 
-    def reset(self, cfg: Any, algorithm_cls: type, pool: ExecutorPool, run_uri: str) -> None:
+    def reset(self, cfg: Any, algorithm_cls: type, pool: ExecutorPool, run_uri: str,
+              cohort: int | None = None) -> None:
         """Become the driver of a new run (``runtime.keep_warm``): every attribute is rebuilt
         from these arguments as ``__init__`` builds it."""
         self.release()
-        self.__init__(cfg, algorithm_cls, pool, run_uri)  # type: ignore[misc]
+        self.__init__(cfg, algorithm_cls, pool, run_uri, cohort)  # type: ignore[misc]
 
     def release(self) -> None:
         """Drop everything of the finished run (its executors are the caller's to keep)."""

@@ -18,10 +18,12 @@ from __future__ import annotations
 import os
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any
 
 from fedray.methods.base import (
     ClientContext,
+    ClientOutput,
     ClientResult,
     EvalResult,
     State,
@@ -31,6 +33,7 @@ from fedray.methods.base import (
 )
 from fedray.runtime.jobs import (
     Broadcast,
+    ClientSlot,
     EvalBatch,
     EvalJob,
     GlobalEvalJob,
@@ -40,6 +43,23 @@ from fedray.runtime.jobs import (
     TrainJob,
 )
 from fedray.wire.payload import Payload
+
+
+@dataclass
+class _Trained:
+    """One client's local update before the transform chain and the codec: the method's
+    output and the chain memory it started from, or the one-line error it raised."""
+
+    output: ClientOutput | None
+    memory: Any
+    seconds: float
+    error: str | None = None
+
+    @classmethod
+    def failed(cls, exc: Exception, seconds: float) -> _Trained:
+        exit_if_fatal(exc)
+        return cls(None, None, seconds,
+                   traceback.format_exception_only(type(exc), exc)[-1].strip())
 
 
 def exit_if_fatal(exc: BaseException) -> None:
@@ -118,7 +138,9 @@ class ClientExecutor:
 
     def run_clients(self, job: TrainJob) -> TrainBatch:
         """Run the job's clients, each from the client-state version it names, for the
-        job's round.
+        job's round: one after another, or (``job.cohort``) in cohorts of that many, each
+        cohort's local training one batched computation
+        (:meth:`~fedray.methods.base.Algorithm.cohort_update`).
 
         A reduced job (``runtime.reduce=executors``, a linear rule) keeps the uploads here:
         each one is encoded (its bytes are what is counted), decoded as the server would,
@@ -128,19 +150,67 @@ class ClientExecutor:
         tensors = self._decoded(job.broadcast)
         partial = Partial({}, 0.0) if job.reduce else None
         policy = self._linear_policy() if job.reduce else None
-        out = [self._run_one(slot.client, slot.version, job.round, tensors, policy, partial)
-               for slot in job.clients]
+        size = job.cohort or 1
+        out: list[ClientResult] = []
+        for start in range(0, len(job.clients), size):
+            slots = job.clients[start:start + size]
+            outputs = self._cohort(slots, job.round, tensors) if job.cohort else \
+                [self._one(slot, job.round, tensors) for slot in slots]
+            out += [self._finish(slot.client, job.round, tensors, got, policy, partial)
+                    for slot, got in zip(slots, outputs, strict=True)]
         return TrainBatch(out, partial)
 
-    def _run_one(self, cid: int, version: int | None, round: int, tensors: State,
-                 policy: Any, partial: Partial | None) -> ClientResult:
-        """One client's update, through the transform chain and the codec; its state
-        written back; with ``partial``, its decoded upload added to the sum."""
+    def _one(self, slot: ClientSlot, round: int, tensors: State) -> _Trained:
+        """One client's update, alone."""
         t0 = time.perf_counter()
         try:
-            method_state, memory = self._load_state(cid, version)
-            ctx = self._context(cid, round, method_state)
-            result = self.algorithm.client_update(ctx, tensors)
+            ctx, memory = self._prepare(slot, round)
+            return _Trained(self.algorithm.client_update(ctx, tensors), memory,
+                            time.perf_counter() - t0)
+        except Exception as e:  # noqa: BLE001 — reported per client, never swallowed
+            return _Trained.failed(e, time.perf_counter() - t0)
+
+    def _cohort(self, slots: list[ClientSlot], round: int, tensors: State) -> list[_Trained]:
+        """A cohort's updates as one batched computation. A client whose state or data
+        cannot be read fails alone; when the batched update raises, each client is re-run
+        alone (so only the one that raises fails). Each client is charged an equal share of
+        the cohort's time."""
+        t0 = time.perf_counter()
+        ready: list[tuple[int, ClientContext, Any]] = []
+        got: dict[int, _Trained] = {}
+        for i, slot in enumerate(slots):
+            try:
+                ready.append((i, *self._prepare(slot, round)))
+            except Exception as e:  # noqa: BLE001
+                got[i] = _Trained.failed(e, 0.0)
+        try:
+            outputs = self.algorithm.cohort_update([c for _, c, _ in ready], tensors) \
+                if ready else []
+        except Exception as e:  # noqa: BLE001
+            exit_if_fatal(e)
+            for i, _, _ in ready:
+                got[i] = self._one(slots[i], round, tensors)
+            return [got[i] for i in range(len(slots))]
+        share = (time.perf_counter() - t0) / max(len(ready), 1)
+        for (i, _, memory), output in zip(ready, outputs, strict=True):
+            got[i] = _Trained(output, memory, share)
+        return [got[i] for i in range(len(slots))]
+
+    def _prepare(self, slot: ClientSlot, round: int) -> tuple[ClientContext, Any]:
+        """A client's context and its transform chain's memory, from its stored state."""
+        method_state, memory = self._load_state(slot.client, slot.version)
+        return self._context(slot.client, round, method_state), memory
+
+    def _finish(self, cid: int, round: int, tensors: State, got: _Trained, policy: Any,
+                partial: Partial | None) -> ClientResult:
+        """A client's output through the transform chain and the codec; its state written
+        back; with ``partial``, its decoded upload added to the sum."""
+        if got.error is not None:
+            return ClientResult(cid, round, Status.ERROR, error=got.error, seconds=got.seconds,
+                                executor=self.name)
+        t0 = time.perf_counter()
+        try:
+            result, memory = got.output, got.memory
             upload, metrics = result.upload, dict(result.metrics)
             if self.chain:
                 shapes = {k: tensors[k].shape for k in upload if k in tensors}
@@ -166,14 +236,14 @@ class ClientExecutor:
                 else:
                     partial.nonfinite.append(cid)
             return ClientResult(cid, round, Status.OK, result.num_samples, payload, metrics,
-                                upload_bytes=nbytes, seconds=time.perf_counter() - t0,
+                                upload_bytes=nbytes,
+                                seconds=got.seconds + time.perf_counter() - t0,
                                 executor=self.name, state_version=version,
                                 state_bytes=state_bytes or 0)
         except Exception as e:  # noqa: BLE001 — reported per client, never swallowed
-            exit_if_fatal(e)
-            tb = traceback.format_exception_only(type(e), e)[-1].strip()
-            return ClientResult(cid, round, Status.ERROR, error=tb,
-                                seconds=time.perf_counter() - t0, executor=self.name)
+            failed = _Trained.failed(e, got.seconds + time.perf_counter() - t0)
+            return ClientResult(cid, round, Status.ERROR, error=failed.error,
+                                seconds=failed.seconds, executor=self.name)
 
     def _linear_policy(self) -> Any:
         """The run's aggregation rule, for its weights w_i (made once per run)."""

@@ -22,6 +22,7 @@ from fedray.core import checkpoint
 from fedray.core.config import ExperimentConfig, load_config, migrate_stored, parse_text
 from fedray.core.spec import ConfigError, redact, shown
 from fedray.core.storage import Storage, read_marker
+from fedray.methods.base import cohort_size
 from fedray.observe.console import Stopped
 from fedray.observe.metrics import json_text
 from fedray.observe.progress import Progress
@@ -179,6 +180,9 @@ class Experiment:
                                                              f"{cfg.clients.num_clients} clients")
         if states is not None:
             check_state_shapes(self.algorithm_cls, cfg, self.data, states, self.run_dir)
+        # runtime.vectorize decided once, from the config and the data's shape
+        self.cohort = cohort_size(cfg, self.algorithm_cls, self.data.input_shape,
+                                  self.data.num_classes)
         self.driver: Any = None
         self.pool: Any = None
         self.failed = False  # a round raised: nothing of this run is kept warm
@@ -266,7 +270,7 @@ class Experiment:
         warm.retain(wanted)  # idle actors this run cannot use free their resources first
         self.pool = ExecutorPool(self.cfg, self.algorithm_cls, ray.put(self.data),
                                  self.storage.uri, warm=keep)
-        args = (self.cfg, self.algorithm_cls, self.pool, self.storage.uri)
+        args = (self.cfg, self.algorithm_cls, self.pool, self.storage.uri, self.cohort)
         # the driver lives on the head node (where a submitted job's entry point runs):
         # losing a worker node never takes the round loop with it
         new_driver = ray.remote(Driver).options(

@@ -38,7 +38,9 @@ class TrainJob:
     """Run the local updates of ``clients`` from ``broadcast`` for ``round`` (an
     asynchronous dispatch uses its dispatch number as the round). ``reduce``
     (``runtime.reduce=executors``): the uploads are summed on the executor and come back
-    as a :class:`Partial` instead of payloads."""
+    as a :class:`Partial` instead of payloads. ``cohort`` (``runtime.vectorize``): the
+    clients train in runs of this many, in the job's order, each run as one batched
+    computation (None: one after another)."""
 
     method: ClassVar[str] = "run_clients"
     tier: str
@@ -46,6 +48,7 @@ class TrainJob:
     round: int
     clients: list[ClientSlot]
     reduce: bool = False
+    cohort: int | None = None
 
     @property
     def client_ids(self) -> list[int]:

@@ -19,6 +19,7 @@ from fedray.methods.base import (
     Algorithm,
     ClientContext,
     ClientOutput,
+    CohortFit,
     State,
 )
 from fedray.methods.fedavg.policy import FedAvgPolicy
@@ -78,7 +79,7 @@ class FedAvg(Algorithm):
     name = "fedavg"
     Params = FedAvgParams
     capabilities = frozenset({"dp", "dp_sgd", "transforms", "linear", "client_state",
-                              "server_optimizer"})
+                              "server_optimizer", "vectorizable"})
     server_optimizer = "sgd"
 
     @classmethod
@@ -190,6 +191,59 @@ class FedAvg(Algorithm):
                  for k in self.trainable(model)}
         state = {"optimizer": opt_state} if self.uses_client_state else None
         return ClientOutput(delta, len(ctx.x_train), metrics, state)
+
+    @classmethod
+    def cohort_fit(cls, cfg: Any, input_shape: tuple[int, ...], num_classes: int
+                   ) -> CohortFit:
+        """The configured model, built on the CPU: whether it trains as a cohort
+        (:func:`fedray.models.cohort.cohort_problems`), one step's multiply-adds
+        (trainable parameters × batch size) and each client's bytes in a cohort (fp32
+        parameters, gradients, momentum and a proximal temporary, plus its batch's saved
+        activations forward and backward)."""
+        from fedray.models import build_model
+        from fedray.models.cohort import activation_numel, cohort_problems
+
+        kwargs = {k: v for k, v in cfg.model.items() if k != "name"}
+        model = build_model(cfg.model["name"], tuple(input_shape), num_classes, **kwargs)
+        problems = cohort_problems(model, input_shape, num_classes)
+        params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        batch = cfg.local.batch_size
+        copies = 3 + (cfg.local.momentum > 0)
+        acts = 2 * batch * activation_numel(model, input_shape)
+        return CohortFit(problems, float(params * batch), 4 * (copies * params + acts))
+
+    def cohort_update(self, contexts: list[ClientContext], broadcast: State
+                      ) -> list[ClientOutput]:
+        """:meth:`client_update` of each context, the local SGD of all of them as one
+        batched computation (:func:`fedray.models.cohort.train_cohort`)."""
+        from fedray.models.cohort import train_cohort
+        from fedray.models.training import evaluate, set_state
+
+        first, model, loc = contexts[0], contexts[0].resident, self.cfg.local
+        set_state(model, broadcast)
+        compare = self.cfg.eval.local_before_after
+        before = [evaluate(model, c.x_test, c.y_test, c.device)["accuracy"] for c in contexts] \
+            if compare else []
+        states = [(c.state or {}).get("optimizer") for c in contexts] \
+            if self.uses_client_state else None
+        trained = train_cohort(
+            model, [(c.x_train, c.y_train) for c in contexts], [c.client_id for c in contexts],
+            epochs=loc.epochs, batch_size=loc.batch_size, lr=loc.lr, momentum=loc.momentum,
+            weight_decay=loc.weight_decay, seed=first.seed, round=first.round,
+            max_steps=loc.max_steps, device=first.device,
+            grad_hook=self.grad_hook(model, broadcast, first.device), optimizer_states=states)
+        out = []
+        for i, (ctx, tr) in enumerate(zip(contexts, trained, strict=True)):
+            metrics = ({"acc_before": before[i]} if compare else {}) | tr.metrics
+            if compare:
+                set_state(model, {**broadcast, **tr.params})
+                metrics["acc_after"] = evaluate(model, ctx.x_test, ctx.y_test,
+                                                ctx.device)["accuracy"]
+            delta = {k: tr.params[k] - np.asarray(broadcast[k], dtype=np.float32)
+                     for k in tr.params}
+            state = {"optimizer": tr.optimizer_state} if self.uses_client_state else None
+            out.append(ClientOutput(delta, len(ctx.x_train), metrics, state))
+        return out
 
     def evaluate(self, resident, broadcast, x, y, device="cpu"):
         from fedray.models.training import evaluate, set_state

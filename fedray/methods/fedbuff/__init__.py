@@ -129,7 +129,8 @@ class FedBuff(FedAvg):
 
     name = "fedbuff"
     Params = FedBuffParams
-    capabilities = frozenset(FedAvg.capabilities - {"linear"} | {"asynchronous"})
+    capabilities = frozenset(FedAvg.capabilities - {"linear", "vectorizable"}
+                             | {"asynchronous"})
 
     @classmethod
     def dp_cohort(cls, cfg: Any) -> tuple[int, int]:
@@ -151,7 +152,7 @@ class FedAsync(FedAvg):
     Params = FedAsyncParams
     renamed_keys = {"alpha": "mixing"}
     # every upload is mixed in with its own staleness weight: no server optimizer
-    capabilities = frozenset(FedAvg.capabilities - {"linear", "server_optimizer"}
+    capabilities = frozenset(FedAvg.capabilities - {"linear", "server_optimizer", "vectorizable"}
                              | {"asynchronous"})
     server_optimizer = None
 

@@ -1,0 +1,231 @@
+"""Local SGD of a cohort of clients as one batched computation (plain PyTorch, no Ray).
+
+The K clients of a cohort start from one model and train on their own data. Their
+parameters are stacked along a leading client axis and every local step is one call of
+``torch.func.vmap(grad(loss))`` over ``functional_call`` of the same module: K small
+forward/backward passes become one batched pass, so the time is set by the batched
+arithmetic instead of K Python loops and K sets of tiny kernels.
+
+It is :func:`fedray.models.training.train_local` client by client, made batched:
+
+- each client takes exactly the batches its sequential run takes (the same permutations
+  from (seed, round, client), the same ``max_steps``, the same last short batch). Clients
+  of unequal size are padded to the longest; a padded row has mask 0 and adds nothing to
+  its client's loss, which is the mean over the client's real rows of the batch, as
+  ``nn.CrossEntropyLoss`` computes it. A client whose own schedule has ended (or never
+  began: fewer samples than nothing, ``max_steps=0``) is frozen: no step, no momentum,
+  no weight decay;
+- the optimizer is :class:`fedray.models.training.SGD`'s update written over the stack
+  (``b = μ b + (g + λθ)``, first ``b = g + λθ``; ``θ -= lr b``), with each client's kept
+  momentum buffers (``local.keep_optimizer_state``) stacked in and handed back in the
+  same ``{"momentum_buffers": [...]}`` layout;
+- a ``grad_hook(params)`` of the sequential path (FedProx's proximal gradient) runs on
+  the stacked parameters unchanged: each stacked tensor is a leaf whose ``.grad`` holds the
+  K clients' gradients, and the hook's broadcast anchor θ_t broadcasts over the client axis.
+
+What is equal: every client's parameters after training agree with the sequential path's
+to float32 rounding (batched matmuls add in another order; the equivalence test holds
+them within 1e-5 relative). The result of one cohort does not depend on where, or next to
+which other cohort, it runs.
+
+Models that cannot run this way are named by :func:`cohort_problems`: BatchNorm (its
+running statistics are written during the forward pass, which a functional batched call
+does not do per client), dropout or any other randomness in training mode (the sequential
+path draws it from each client's own generator), or an op without a batching rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedray.models.training import batches
+
+
+@dataclass
+class CohortTrained:
+    """One client's result of :func:`train_cohort`: its trained parameters (float32, the
+    trainable ones by name), its metrics (``train_loss``, ``steps``) and, with momentum,
+    its optimizer state as :class:`~fedray.models.training.SGD` keeps it."""
+
+    params: dict[str, np.ndarray]
+    metrics: dict[str, float] = field(default_factory=dict)
+    optimizer_state: dict | None = None
+
+
+_RANDOM = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+           nn.FeatureAlphaDropout)
+
+
+def cohort_problems(model: nn.Module, input_shape: Sequence[int], num_classes: int
+                    ) -> list[str]:
+    """Why ``model`` cannot train as a cohort (empty: it can): BatchNorm, dropout, or a
+    batched gradient of two clients that fails (an op without a batching rule). The probe
+    is one step of two clients on one zero sample, on the CPU."""
+    problems = [f"{type(m).__name__} ({name or 'model'}) keeps running statistics written "
+                f"in the forward pass" for name, m in model.named_modules()
+                if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    problems += [f"{type(m).__name__} ({name}) draws randomness in training"
+                 for name, m in model.named_modules() if isinstance(m, _RANDOM)]
+    if problems:
+        return problems
+    try:
+        probe = [(np.zeros((1, *input_shape), np.float32), np.zeros(1, np.int64))] * 2
+        train_cohort(model, probe, [0, 1], epochs=1, batch_size=1, lr=0.0, seed=0, round=0)
+    except Exception as e:  # noqa: BLE001 — the reason is the answer
+        return [f"a batched gradient fails: {type(e).__name__}: {str(e).splitlines()[0][:160]}"]
+    return []
+
+
+@torch.no_grad()
+def activation_numel(model: nn.Module, input_shape: Sequence[int]) -> int:
+    """Elements the leaf modules of ``model`` output for one sample: what a batch keeps for
+    its backward pass, per sample (measured with forward hooks on one zero input)."""
+    total = 0
+
+    def count(_m: nn.Module, _inp: Any, out: Any) -> None:
+        nonlocal total
+        for t in out if isinstance(out, tuple) else (out,):
+            if isinstance(t, torch.Tensor):
+                total += t.numel()
+
+    leaves = [m for m in model.modules() if not list(m.children())]
+    hooks = [m.register_forward_hook(count) for m in leaves]
+    try:
+        model(torch.zeros((1, *input_shape)))
+    finally:
+        for h in hooks:
+            h.remove()
+    return total
+
+
+def _schedules(data: Sequence[tuple[np.ndarray, np.ndarray]], clients: Sequence[int], *,
+               epochs: int, batch_size: int, seed: int, round: int, max_steps: int | None,
+               purpose: str) -> tuple[np.ndarray, np.ndarray]:
+    """Every client's batches as padded index and mask arrays of shape (steps, K, B)."""
+    sched = [list(batches(len(x), batch_size, epochs, seed, round, c, max_steps, purpose))
+             for (x, _), c in zip(data, clients, strict=True)]
+    steps = max((len(s) for s in sched), default=0)
+    width = max((len(b) for s in sched for b in s), default=1)
+    idx = np.zeros((steps, len(sched), width), np.int64)
+    mask = np.zeros((steps, len(sched), width), np.float32)
+    for i, s in enumerate(sched):
+        for t, b in enumerate(s):
+            idx[t, i, :len(b)] = b
+            mask[t, i, :len(b)] = 1.0
+    return idx, mask
+
+
+def _stack_inputs(data: Sequence[tuple[np.ndarray, np.ndarray]], device: str
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The clients' samples padded to the longest: (K, N_max, ...) and (K, N_max)."""
+    longest = max(max(len(x) for x, _ in data), 1)
+    x0 = data[0][0]
+    xs = np.zeros((len(data), longest, *x0.shape[1:]), x0.dtype)
+    ys = np.zeros((len(data), longest), np.int64)
+    for i, (x, y) in enumerate(data):
+        xs[i, :len(x)] = x
+        ys[i, :len(y)] = y
+    return torch.from_numpy(xs).to(device), torch.from_numpy(ys).to(device)
+
+
+def _momentum_buffers(states: Sequence[dict | None] | None, params: list[torch.Tensor],
+                      k: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Stacked momentum buffers (zero where a client has none yet) and which clients had
+    one: ``μ·0 + g`` is ``g``, so a zero buffer starts as SGD's first ``b = g``."""
+    bufs = [torch.zeros_like(p) for p in params]
+    had = torch.zeros(k, dtype=torch.bool)
+    for i, state in enumerate(states or [None] * k):
+        if state is None:
+            continue
+        own = state["momentum_buffers"]
+        if len(own) != len(params):
+            raise ValueError(f"optimizer state has {len(own)} buffers for {len(params)} "
+                             f"parameters")
+        for j, b in enumerate(own):
+            if b is not None:
+                bufs[j][i] = torch.from_numpy(np.asarray(b)).to(bufs[j].device)
+                had[i] = True
+    return bufs, had
+
+
+def train_cohort(model: nn.Module, data: Sequence[tuple[np.ndarray, np.ndarray]],
+                 clients: Sequence[int], *, epochs: int, batch_size: int, lr: float,
+                 momentum: float = 0.0, weight_decay: float = 0.0, seed: int, round: int,
+                 max_steps: int | None = None, device: str = "cpu",
+                 grad_hook: Callable[[list[torch.Tensor]], None] | None = None,
+                 optimizer_states: Sequence[dict | None] | None = None,
+                 purpose: str = "local") -> list[CohortTrained]:
+    """Local SGD of ``clients`` (their ``data``: (x, y) each) from ``model``'s current
+    parameters, all at once; one :class:`CohortTrained` per client, in order. The knobs
+    mean what they mean in :func:`~fedray.models.training.train_local`; ``model`` itself
+    is left as it was."""
+    from torch.func import functional_call, grad_and_value, vmap
+
+    k = len(data)
+    named = dict(model.named_parameters())
+    names = [n for n, p in named.items() if p.requires_grad]
+    fixed = {n: p.detach() for n, p in named.items() if not p.requires_grad}
+    fixed |= dict(model.named_buffers())
+    params = [nn.Parameter(named[n].detach().unsqueeze(0).repeat(k, *[1] * named[n].dim()))
+              for n in names]
+    idx, mask = _schedules(data, clients, epochs=epochs, batch_size=batch_size, seed=seed,
+                           round=round, max_steps=max_steps, purpose=purpose)
+    xs, ys = _stack_inputs(data, device)
+    bufs, had = _momentum_buffers(optimizer_states if momentum > 0 else None, params, k)
+
+    def loss(flat: tuple[torch.Tensor, ...], x: torch.Tensor, y: torch.Tensor,
+             m: torch.Tensor) -> torch.Tensor:
+        out = functional_call(model, (dict(zip(names, flat, strict=True)), fixed), (x,))
+        ce = nn.functional.cross_entropy(out.float(), y, reduction="none")
+        return (ce * m).sum() / m.sum().clamp(min=1.0)
+
+    step = vmap(grad_and_value(loss))
+    rows = torch.arange(k, device=xs.device)[:, None]
+    totals, counts = [0.0] * k, [0] * k
+    model.train()
+    for t in range(len(idx)):
+        it, mt = torch.from_numpy(idx[t]).to(xs.device), torch.from_numpy(mask[t]).to(xs.device)
+        active = (mask[t].sum(1) > 0)
+        grads, values = step(tuple(p.detach() for p in params), xs[rows, it], ys[rows, it], mt)
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
+        if grad_hook is not None:
+            grad_hook(params)
+        _sgd_step(params, bufs, torch.from_numpy(active).to(xs.device), lr, momentum,
+                  weight_decay)
+        for i, v in enumerate(values.tolist()):
+            if active[i]:
+                totals[i] += v
+                counts[i] += 1
+    out = []
+    for i in range(k):
+        trained = {n: p[i].detach().to("cpu", torch.float32).numpy().copy()
+                   for n, p in zip(names, params, strict=True)}
+        state = None
+        if momentum > 0:
+            keep = counts[i] > 0 or bool(had[i])
+            state = {"momentum_buffers": [b[i].detach().cpu().numpy().copy() if keep else None
+                                          for b in bufs]}
+        out.append(CohortTrained(trained, {"train_loss": totals[i] / max(counts[i], 1),
+                                           "steps": float(counts[i])}, state))
+    return out
+
+
+@torch.no_grad()
+def _sgd_step(params: list[torch.Tensor], bufs: list[torch.Tensor], active: torch.Tensor,
+              lr: float, momentum: float, weight_decay: float) -> None:
+    """:class:`~fedray.models.training.SGD`'s step over the stack, for the active clients."""
+    for j, p in enumerate(params):
+        on = active.view(-1, *[1] * (p.dim() - 1))
+        g = p.grad if not weight_decay else p.grad.add(p, alpha=weight_decay)
+        if momentum:
+            bufs[j] = torch.where(on, bufs[j].mul(momentum).add(g), bufs[j])
+            g = bufs[j]
+        p.copy_(torch.where(on, p.add(g, alpha=-lr), p))
+        p.grad = None
