@@ -323,7 +323,8 @@ def log_tail_reason(log_path: str, limit: int = 300) -> str:
 # ============================================================================ children
 
 def fedray_overrides(n: int, k: int, rounds: int, seed: int, executors: int,
-                     per_client_key: bool, reduce: str = "driver") -> list[str]:
+                     per_client_key: bool, reduce: str = "driver",
+                     cohort: int | None = None) -> list[str]:
     data = ([f"data.synthetic_per_client={SAMPLES_PER_CLIENT}"] if per_client_key
             else [f"data.synthetic_samples={SAMPLES_PER_CLIENT * n}"])
     return [
@@ -336,6 +337,7 @@ def fedray_overrides(n: int, k: int, rounds: int, seed: int, executors: int,
         "eval.clients=none", "eval.every=0", "eval.global_test=false",
         f"runtime.tiers=[{{name: default, executors: {executors}, num_cpus: 1}}]",
         "runtime.include_dashboard=false", f"runtime.reduce={reduce}",
+        *(["runtime.vectorize=on", f"runtime.cohort_size={cohort}"] if cohort else []),
     ]
 
 
@@ -477,6 +479,67 @@ def child_bound(spec: dict) -> None:
                                  "torch_version": torch.__version__})
 
 
+def child_vbound(spec: dict) -> None:
+    """The vectorized single-process bound: the same K clients and data as
+    :func:`child_bound`, their local SGD batched with ``torch.func`` (``vmap`` over
+    ``grad`` of a ``functional_call``, parameters stacked along a client axis) in cohorts
+    of ``cohort`` clients, one thread; writes ``spec["result"]``."""
+    t0 = time.perf_counter()
+    import numpy as np
+    import torch
+    from torch import nn
+    from torch.func import functional_call, grad_and_value, vmap
+
+    threads = int(spec["threads"])
+    torch.set_num_threads(threads)
+    k, s, seed, size = (int(spec["per_round"]), int(spec["samples"]), int(spec["seed"]),
+                        int(spec["cohort"]))
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+    names = [n for n, _ in model.named_parameters()]
+    global_w = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    def loss(params: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(functional_call(model, params, (x,)), y)
+
+    step = vmap(grad_and_value(loss))
+    setup = time.perf_counter() - t0
+    times, losses = [], []
+    for r in range(1, int(spec["rounds"]) + 1):
+        t = time.perf_counter()
+        acc = {n: torch.zeros_like(w) for n, w in global_w.items()}
+        total_loss = 0.0
+        for first in range(0, k, size):
+            m = min(size, k - first)
+            xs = torch.empty(m, s, FEATURES)
+            ys = torch.empty(m, s, dtype=torch.int64)
+            perms = torch.empty(m, s, dtype=torch.int64)
+            for i in range(m):
+                cid = (r - 1) * k + first + i
+                gen = np.random.default_rng([seed, cid])
+                xs[i] = torch.from_numpy(gen.standard_normal((s, FEATURES), dtype=np.float32))
+                ys[i] = torch.from_numpy(gen.integers(0, CLASSES, size=s, dtype=np.int64))
+                tg = torch.Generator().manual_seed(seed * 1_000_003 + cid * 1_009 + r)
+                perms[i] = torch.randperm(s, generator=tg)
+            params = {n: w.unsqueeze(0).repeat(m, *[1] * w.dim()) for n, w in global_w.items()}
+            rows = torch.arange(m)[:, None]
+            for _ in range(LOCAL_EPOCHS):
+                for start in range(0, s, BATCH_SIZE):
+                    idx = perms[:, start:start + BATCH_SIZE]
+                    grads, values = step(params, xs[rows, idx], ys[rows, idx])
+                    params = {n: params[n] - LR * grads[n] for n in names}
+                    total_loss += float(values.sum())
+            for n in names:
+                acc[n] += (params[n] - global_w[n]).sum(0) * s
+        for n in names:
+            global_w[n] += acc[n] / (k * s)
+        times.append(time.perf_counter() - t)
+        losses.append(total_loss / k)
+    _write_json(spec["result"], {"setup_seconds": setup, "round_seconds": times,
+                                 "train_loss": losses, "threads": threads, "cohort": size,
+                                 "torch_version": torch.__version__})
+
+
 # ============================================================================ parent
 
 def median(xs: list[float] | None) -> float | None:
@@ -516,11 +579,13 @@ def failure_note(meas: dict, result: dict, log_path: str, done: int, rounds: int
     return None
 
 
-def run_fedray(n: int, k: int, args: argparse.Namespace, per_client_key: bool) -> dict:
-    tag = f"fedray-N{n}-K{k}"
+def run_fedray(n: int, k: int, args: argparse.Namespace, per_client_key: bool,
+               cohort: int | None = None) -> dict:
+    system = "fedray vectorized" if cohort else "fedray"
+    tag = f"fedray-N{n}-K{k}" + (f"-C{cohort}" if cohort else "")
     run_dir = os.path.join(args.out, "runs", tag)
     spec = {"overrides": fedray_overrides(n, k, args.rounds, args.seed, args.executors,
-                                          per_client_key, args.reduce),
+                                          per_client_key, args.reduce, cohort),
             "run_dir": run_dir}
     result, meas = run_child("fedray", spec, os.path.join(args.out, "work"), tag,
                              args.fedray_timeout, args)
@@ -529,7 +594,7 @@ def run_fedray(n: int, k: int, args: argparse.Namespace, per_client_key: bool) -
     rounds = result.get("round_seconds") or []
     note = failure_note(meas, result, os.path.join(args.out, "logs", f"{tag}.log"),
                         len(rounds), args.rounds)
-    return {"system": "fedray", "population": n, "per_round": k, "overrides": spec["overrides"],
+    return {"system": system, "population": n, "per_round": k, "overrides": spec["overrides"],
             "data_mode": "synthetic_per_client" if per_client_key else "pooled synthetic_samples",
             "setup_seconds": result.get("setup_seconds"),
             "round_seconds_median": median(rounds) if len(rounds) == args.rounds else None,
@@ -537,15 +602,18 @@ def run_fedray(n: int, k: int, args: argparse.Namespace, per_client_key: bool) -
             "ok": note is None, "note": note}
 
 
-def run_bound(k: int, samples: int, args: argparse.Namespace) -> dict:
-    tag = f"bound-K{k}-S{samples}"
+def run_bound(k: int, samples: int, args: argparse.Namespace, cohort: int | None = None
+              ) -> dict:
+    kind = "vbound" if cohort else "bound"
+    tag = f"{kind}-K{k}-S{samples}" + (f"-C{cohort}" if cohort else "")
     spec = {"per_round": k, "samples": samples, "rounds": args.rounds, "seed": args.seed,
-            "threads": args.bound_threads}
-    result, meas = run_child("bound", spec, os.path.join(args.out, "work"), tag,
+            "threads": args.bound_threads, "cohort": cohort}
+    result, meas = run_child(kind, spec, os.path.join(args.out, "work"), tag,
                              args.fedray_timeout, args)
     note = failure_note(meas, result, os.path.join(args.out, "logs", f"{tag}.log"),
                         len(result.get("round_seconds") or []), args.rounds)
-    return {"system": "bound", "per_round": k, "samples": samples,
+    return {"system": "vectorized bound" if cohort else "bound", "per_round": k,
+            "samples": samples, "cohort": cohort,
             "setup_seconds": result.get("setup_seconds"),
             "round_seconds_median": median(result.get("round_seconds")),
             **{f"result_{key}": v for key, v in result.items()}, **meas,
@@ -601,14 +669,19 @@ def _f(v: float | None, fmt: str) -> str:
     return "–" if v is None else fmt.format(v)
 
 
+def _ratio(r: dict, b: dict | None) -> float | None:
+    if b and b.get("round_seconds_median") and r.get("round_seconds_median") is not None:
+        return r["round_seconds_median"] / b["round_seconds_median"]
+    return None
+
+
 def markdown(rows: list[dict], bounds: dict) -> str:
     lines = ["| total clients | per round | system | setup s | s/round | ratio to bound | "
-             "peak summed RSS GB | note |", "|---:|---:|---|---:|---:|---:|---:|---|"]
+             "ratio to vectorized bound | peak summed RSS GB | note |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
-        b = bounds.get(r.get("bound_key") or "")
-        ratio = None
-        if b and b["round_seconds_median"] and r.get("round_seconds_median") is not None:
-            ratio = r["round_seconds_median"] / b["round_seconds_median"]
+        ratio = _ratio(r, bounds.get(r.get("bound_key") or ""))
+        vratio = _ratio(r, bounds.get(r.get("vbound_key") or ""))
         if r.get("skipped"):
             note, rss_text = r["note"], "–"
         else:
@@ -618,13 +691,15 @@ def markdown(rows: list[dict], bounds: dict) -> str:
             f"| {r['population']:,} | {r['per_round']:,} | {r['system']} | "
             f"{_f(r.get('setup_seconds'), '{:.1f}')} | "
             f"{_f(r.get('round_seconds_median'), '{:.3f}')} | {_f(ratio, '{:.2f}×')} | "
-            f"{rss_text} | {note} |")
-    lines += ["", "Single-process bound (plain PyTorch, one process, clients one after "
-                  "another):", "",
-              "| per round | train samples/client | threads | setup s | s/round | "
-              "peak RSS GB |", "|---:|---:|---:|---:|---:|---:|"]
+            f"{_f(vratio, '{:.2f}×')} | {rss_text} | {note} |")
+    lines += ["", "Single-process bounds (plain PyTorch, one process: clients one after "
+                  "another, or vectorized in cohorts of the given size):", "",
+              "| bound | per round | train samples/client | threads | setup s | s/round | "
+              "peak RSS GB |", "|---|---:|---:|---:|---:|---:|---:|"]
     for b in bounds.values():
-        lines.append(f"| {b['per_round']:,} | {b['samples']} | {b.get('result_threads', '–')} "
+        kind = f"vectorized (cohorts of {b['cohort']:,})" if b.get("cohort") else "sequential"
+        lines.append(f"| {kind} | {b['per_round']:,} | {b['samples']} | "
+                     f"{b.get('result_threads', '–')} "
                      f"| {_f(b.get('setup_seconds'), '{:.2f}')} | "
                      f"{_f(b.get('round_seconds_median'), '{:.4f}')} | "
                      f"{_f(b.get('peak_rss_gb'), '{:.2f}')} |")
@@ -634,7 +709,7 @@ def markdown(rows: list[dict], bounds: dict) -> str:
 def _rounds_note(r: dict) -> str:
     times = r.get("result_round_seconds") or []
     text = "rounds " + " / ".join(f"{t:.2f}" for t in times) + " s"
-    if r["system"] == "fedray":
+    if r["system"].startswith("fedray"):
         text += (f"; data {r.get('result_data_seconds', 0):.1f} s + Ray/executors "
                  f"{r.get('result_start_seconds', 0):.1f} s; "
                  f"{r.get('result_train_samples_mean', 0):g} train samples/client")
@@ -655,6 +730,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="fedray executors (Flower gets CPUs/executors CPUs per client actor)")
     p.add_argument("--reduce", choices=["driver", "executors"], default="driver",
                    help="fedray's runtime.reduce: where the uploads are summed")
+    p.add_argument("--vectorize", action="store_true",
+                   help="also run fedray with runtime.vectorize=on and the vectorized "
+                        "single-process bound, side by side")
+    p.add_argument("--cohort-size", type=int, default=1024,
+                   help="runtime.cohort_size of the vectorized rows (and the vectorized "
+                        "bound's cohorts)")
     p.add_argument("--no-flower", action="store_true")
     p.add_argument("--flower-max-population", type=int, default=100_000)
     p.add_argument("--timeout", type=float, default=600.0,
@@ -699,7 +780,7 @@ def main(argv: list[str] | None = None) -> int:
         kind, spec_path = args.child
         with open(spec_path) as f:
             spec = json.load(f)
-        {"fedray": child_fedray, "bound": child_bound}[kind](spec)
+        {"fedray": child_fedray, "bound": child_bound, "vbound": child_vbound}[kind](spec)
         return 0
 
     from fedray.core.config import load_config
@@ -768,6 +849,16 @@ def main(argv: list[str] | None = None) -> int:
                 say({**bounds[bkey], "population": "-"})
             if fed:
                 fed["bound_key"] = bkey
+            if args.vectorize and fed is not None:
+                vkey = f"K{k}-S{samples}-C{args.cohort_size}"
+                vec = run_fedray(n, k, args, per_client_key, args.cohort_size)
+                rows.append(vec)
+                say(vec)
+                if vkey not in bounds:
+                    bounds[vkey] = run_bound(k, samples, args, args.cohort_size)
+                    say({**bounds[vkey], "population": "-"})
+                fed["vbound_key"] = vec["vbound_key"] = vkey
+                vec["bound_key"] = bkey
             if flower:
                 if n > args.flower_max_population:
                     skip("flower", n, k, f"not run: N > --flower-max-population "

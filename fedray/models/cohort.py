@@ -96,9 +96,12 @@ def activation_numel(model: nn.Module, input_shape: Sequence[int]) -> int:
 
     leaves = [m for m in model.modules() if not list(m.children())]
     hooks = [m.register_forward_hook(count) for m in leaves]
+    training = model.training
+    model.eval()
     try:
         model(torch.zeros((1, *input_shape)))
     finally:
+        model.train(training)
         for h in hooks:
             h.remove()
     return total
@@ -203,15 +206,15 @@ def train_cohort(model: nn.Module, data: Sequence[tuple[np.ndarray, np.ndarray]]
             if active[i]:
                 totals[i] += v
                 counts[i] += 1
+    stacked = [p.detach().to("cpu", torch.float32).numpy() for p in params]
+    moments = [b.detach().cpu().numpy() for b in bufs] if momentum > 0 else []
     out = []
     for i in range(k):
-        trained = {n: p[i].detach().to("cpu", torch.float32).numpy().copy()
-                   for n, p in zip(names, params, strict=True)}
+        trained = {n: p[i].copy() for n, p in zip(names, stacked, strict=True)}
         state = None
         if momentum > 0:
             keep = counts[i] > 0 or bool(had[i])
-            state = {"momentum_buffers": [b[i].detach().cpu().numpy().copy() if keep else None
-                                          for b in bufs]}
+            state = {"momentum_buffers": [b[i].copy() if keep else None for b in moments]}
         out.append(CohortTrained(trained, {"train_loss": totals[i] / max(counts[i], 1),
                                            "steps": float(counts[i])}, state))
     return out
