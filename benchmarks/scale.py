@@ -733,7 +733,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vectorize", action="store_true",
                    help="also run fedray with runtime.vectorize=on and the vectorized "
                         "single-process bound, side by side")
-    p.add_argument("--cohort-size", type=int, default=1024,
+    p.add_argument("--cohort-size", type=int, default=256,
                    help="runtime.cohort_size of the vectorized rows (and the vectorized "
                         "bound's cohorts)")
     p.add_argument("--no-flower", action="store_true")

@@ -285,6 +285,12 @@ def test_vectorized_runs_are_bitwise_across_executor_counts(ray_session, tiny_cf
     run_experiment(seq, str(tmp_path / "seq"), progress=False)
     for k, v in final_state(tmp_path / "seq").items():
         assert np.allclose(states[0][k], v, rtol=1e-4, atol=1e-6), k
+    # stacked uploads: each client's bytes are still its own encoded size, exactly
+    one = run_outputs(tmp_path / "seq")["clients"]
+    for col in ("upload_bytes", "download_bytes", "status", "num_samples"):
+        assert outputs[0]["clients"][col].equals(one[col]), col
+    assert outputs[0]["summary"]["total_upload_bytes"] == \
+        run_outputs(tmp_path / "seq")["summary"]["total_upload_bytes"]
 
 
 def test_vectorized_resume_is_bitwise(ray_session, tiny_cfg, tmp_path):

@@ -235,9 +235,11 @@ class RuntimeConfig:
                     "local.batch_size), where batching measured faster; off: one client at a "
                     "time (FedAvg family only: FedAvg, FedProx, FedAvgM, FedOpt, ORDERS, "
                     "top-k, PowerSGD)")
-    cohort_size: int = spec(128, ge=1, help="clients per cohort with runtime.vectorize: each "
+    cohort_size: int = spec(256, ge=1, help="clients per cohort with runtime.vectorize: each "
                                             "tier's sorted clients of a round are cut into "
-                                            "runs of this many, one executor call each")
+                                            "runs of this many, one executor call each "
+                                            "(with reduce=executors: within each summation "
+                                            "group)")
     ray_address: str | None = spec(None, help="Ray cluster; default RAY_ADDRESS or local")
     keep_warm: bool = spec(
         False, help="keep Ray, the driver and the executors up after the run, emptied, for "

@@ -62,17 +62,19 @@ _RANDOM = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout
            nn.FeatureAlphaDropout)
 
 
-def cohort_problems(model: nn.Module, input_shape: Sequence[int], num_classes: int
-                    ) -> list[str]:
-    """Why ``model`` cannot train as a cohort (empty: it can): BatchNorm, dropout, or a
-    batched gradient of two clients that fails (an op without a batching rule). The probe
-    is one step of two clients on one zero sample, on the CPU."""
+def cohort_problems(model: nn.Module, input_shape: Sequence[int], num_classes: int,
+                    probe: bool = True) -> list[str]:
+    """Why ``model`` cannot train as a cohort (empty: it can): BatchNorm, dropout, or (with
+    ``probe``) a batched gradient of two clients that fails. The probe is one step of two
+    clients on one zero sample, on the CPU; its first ``vmap`` call imports
+    ``torch._dynamo`` (≈ 2 s, ≈ 160 MB in a process), so ``runtime.vectorize=auto`` skips
+    it (a cohort that raises is re-run client by client) and ``on`` runs it before Ray."""
     problems = [f"{type(m).__name__} ({name or 'model'}) keeps running statistics written "
                 f"in the forward pass" for name, m in model.named_modules()
                 if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     problems += [f"{type(m).__name__} ({name}) draws randomness in training"
                  for name, m in model.named_modules() if isinstance(m, _RANDOM)]
-    if problems:
+    if problems or not probe:
         return problems
     try:
         probe = [(np.zeros((1, *input_shape), np.float32), np.zeros(1, np.int64))] * 2

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import ray
 
 from fedray.methods.base import ClientResult, State, Status, accumulate, finite
@@ -27,6 +28,7 @@ from fedray.runtime.jobs import (
     GlobalEvalJob,
     GlobalScore,
     Partial,
+    StackedUploads,
     TrainJob,
 )
 from fedray.runtime.rows import Evaluation
@@ -115,6 +117,20 @@ class Decoder:
         decoding, where a NaN can no longer hide in integer codes (bf16 bits, int8)."""
         upload = self.chain.server(res.payload.decode(), shapes, self.reference(bcast))
         return upload, finite(upload)
+
+    @staticmethod
+    def stacked(stack: StackedUploads) -> dict[int, tuple[State, bool]]:
+        """A cohort's stacked uploads (no transforms to undo), decoded once: each client's
+        upload (views into the stack) and whether it is free of NaN and Inf, checked per
+        client on the stack."""
+        tensors = stack.payload.decode()
+        k = len(stack.clients)
+        clean = np.ones(k, dtype=bool)
+        for v in tensors.values():
+            if v.dtype.kind == "f":
+                clean &= np.isfinite(v.reshape(k, -1)).all(axis=1)
+        return {c: ({name: v[i] for name, v in tensors.items()}, bool(clean[i]))
+                for i, c in enumerate(stack.clients)}
 
 
 class Dispatcher:
@@ -233,6 +249,8 @@ class Dispatcher:
                                                   f"batch)")
                 else:
                     results = batch.results
+                    for stack in batch.stacks:
+                        out.decoded.update(self.decode.stacked(stack))
                     if batch.partial is not None:
                         out.partials.append((keys[results[0].client_id], batch.partial))
                         out.nonfinite.update(batch.partial.nonfinite)
@@ -243,7 +261,8 @@ class Dispatcher:
                         todo.append(c)
                     else:
                         out.final[c] = res
-                        if res.ok and not reduce:  # decoded while the others still train
+                        if res.ok and not reduce and res.payload is not None:
+                            # decoded while the others still train
                             out.decoded[c] = self.decode(res, bcast[self.tiers.of(c)], shapes)
         return out
 

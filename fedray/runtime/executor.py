@@ -21,6 +21,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from fedray.methods.base import (
     ClientContext,
     ClientOutput,
@@ -39,6 +41,7 @@ from fedray.runtime.jobs import (
     GlobalEvalJob,
     GlobalScore,
     Partial,
+    StackedUploads,
     TrainBatch,
     TrainJob,
 )
@@ -151,14 +154,77 @@ class ClientExecutor:
         partial = Partial({}, 0.0) if job.reduce else None
         policy = self._linear_policy() if job.reduce else None
         size = job.cohort or 1
-        out: list[ClientResult] = []
+        batch = TrainBatch([], partial)
         for start in range(0, len(job.clients), size):
             slots = job.clients[start:start + size]
             outputs = self._cohort(slots, job.round, tensors) if job.cohort else \
                 [self._one(slot, job.round, tensors) for slot in slots]
-            out += [self._finish(slot.client, job.round, tensors, got, policy, partial)
-                    for slot, got in zip(slots, outputs, strict=True)]
-        return TrainBatch(out, partial)
+            stack = self._stacked(slots, job.round, outputs) if job.cohort and not job.reduce \
+                else None
+            if stack is not None:
+                batch.results += stack[0]
+                batch.stacks.append(stack[1])
+                continue
+            batch.results += [self._finish(slot.client, job.round, tensors, got, policy,
+                                           partial)
+                              for slot, got in zip(slots, outputs, strict=True)]
+        return batch
+
+    def _stacked(self, slots: list[ClientSlot], round: int, outputs: list[_Trained]
+                 ) -> tuple[list[ClientResult], StackedUploads] | None:
+        """A cohort's results with its uploads as one stacked payload, where that is
+        exact: no update transforms, an elementwise codec, and every upload of one
+        structure (names, shapes, dtypes), so that each client's encoded size — counted as
+        its ``upload_bytes`` — is the first one's. None: send them one by one."""
+        from fedray.wire.payload import CODECS
+
+        codec = self.cfg.payload.upload
+        ok = [got.output for got in outputs if got.error is None]
+        if self.chain or not CODECS[codec].elementwise or not ok:
+            return None
+        shape = [(k, np.shape(v), np.asarray(v).dtype) for k, v in ok[0].upload.items()]
+        if any([(k, np.shape(v), np.asarray(v).dtype) for k, v in o.upload.items()] != shape
+               for o in ok[1:]):
+            return None
+        nbytes = Payload.encode(ok[0].upload, codec).nbytes
+        results, members = [], []
+        for slot, got in zip(slots, outputs, strict=True):
+            if got.error is not None:
+                results.append(ClientResult(slot.client, round, Status.ERROR, error=got.error,
+                                            seconds=got.seconds, executor=self.name))
+                continue
+            t0 = time.perf_counter()
+            try:
+                version, state_bytes = self._save_state(slot.client, round, got.output.state,
+                                                        got.memory)
+            except Exception as e:  # noqa: BLE001 — reported per client
+                failed = _Trained.failed(e, got.seconds)
+                results.append(ClientResult(slot.client, round, Status.ERROR,
+                                            error=failed.error, seconds=got.seconds,
+                                            executor=self.name))
+                continue
+            members.append(got.output)
+            results.append(ClientResult(
+                slot.client, round, Status.OK, got.output.num_samples, None,
+                dict(got.output.metrics), upload_bytes=nbytes,
+                seconds=got.seconds + time.perf_counter() - t0, executor=self.name,
+                state_version=version, state_bytes=state_bytes))
+        stacked = {k: np.stack([np.asarray(o.upload[k]) for o in members])
+                   for k, _, _ in shape} if members else {}
+        clients = [r.client_id for r in results if r.ok]
+        return results, StackedUploads(clients, Payload.encode(stacked, codec))
+
+    def _save_state(self, cid: int, round: int, method_state: Any, memory: Any
+                    ) -> tuple[int | None, int]:
+        """Write what the client keeps (its method state and its chain memory): (the
+        version written or None, its bytes)."""
+        state = method_state
+        if self.chain.stateful:
+            state = {"transforms": memory} | (
+                {"method": method_state} if method_state is not None else {})
+        if state is None:
+            return None, 0
+        return round, self.store.save(cid, round, state)
 
     def _one(self, slot: ClientSlot, round: int, tensors: State) -> _Trained:
         """One client's update, alone."""
@@ -219,13 +285,7 @@ class ClientExecutor:
                     reference=tensors if self.chain.needs_reference else None)
                 metrics |= sent
             payload = Payload.encode(upload, self.cfg.payload.upload)
-            version = state_bytes = None
-            state = result.state
-            if self.chain.stateful:
-                state = {"transforms": memory} | (
-                    {"method": result.state} if result.state is not None else {})
-            if state is not None:
-                version, state_bytes = round, self.store.save(cid, round, state)
+            version, state_bytes = self._save_state(cid, round, result.state, memory)
             nbytes = payload.nbytes
             if partial is not None:
                 seen, payload = payload.decode(), None
@@ -239,7 +299,7 @@ class ClientExecutor:
                                 upload_bytes=nbytes,
                                 seconds=got.seconds + time.perf_counter() - t0,
                                 executor=self.name, state_version=version,
-                                state_bytes=state_bytes or 0)
+                                state_bytes=state_bytes)
         except Exception as e:  # noqa: BLE001 — reported per client, never swallowed
             failed = _Trained.failed(e, got.seconds + time.perf_counter() - t0)
             return ClientResult(cid, round, Status.ERROR, error=failed.error,

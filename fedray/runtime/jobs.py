@@ -66,12 +66,24 @@ class Partial:
 
 
 @dataclass
+class StackedUploads:
+    """A cohort's uploads as one payload of stacked tensors (leading axis: ``clients``, in
+    order), encoded with an elementwise codec and no update transforms; each client's
+    :class:`ClientResult` carries no payload but its own exact ``upload_bytes``."""
+
+    clients: list[int]
+    payload: Any
+
+
+@dataclass
 class TrainBatch:
     """What a :class:`TrainJob` returns: one :class:`ClientResult` per client in the job's
-    order (payloads left out when reduced) and, for a reduced job, its :class:`Partial`."""
+    order (payloads left out when reduced or stacked), for a reduced job its
+    :class:`Partial`, and the cohorts' :class:`StackedUploads`."""
 
     results: list[ClientResult]
     partial: Partial | None = None
+    stacks: list[StackedUploads] = field(default_factory=list)
 
 
 @dataclass

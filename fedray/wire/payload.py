@@ -19,7 +19,9 @@ counted at their own item size.
 Codecs are registered (:func:`register_codec`), as methods, models and transforms are: a
 :class:`Codec` says how one float tensor becomes buffers and back; ``payload.upload`` and
 ``payload.download`` take any registered name (``download`` only one marked for
-broadcasts).
+broadcasts). An ``elementwise`` codec encodes each value on its own (fp32, bf16), so the
+encoding of K tensors stacked is the stack of their encodings: a cohort's uploads can
+travel as one stacked payload (:class:`fedray.runtime.jobs.StackedUploads`).
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ class Codec:
     decode: Callable[[tuple[np.ndarray, ...], int], np.ndarray]
     values: Callable[[tuple[np.ndarray, ...]], np.ndarray]
     broadcast: bool = False
+    elementwise: bool = False
 
 
 CODECS: dict[str, Codec] = {}
@@ -102,9 +105,9 @@ def _quantized(bits: int) -> Codec:
 
 for _codec in (
         Codec("fp32", 1, lambda x: (np.ascontiguousarray(x, dtype=np.float32).reshape(-1),),
-              lambda b, size: b[0], lambda b: b[0], broadcast=True),
+              lambda b, size: b[0], lambda b: b[0], broadcast=True, elementwise=True),
         Codec("bf16", 1, lambda x: (to_bf16(x).reshape(-1),), lambda b, size: from_bf16(b[0]),
-              lambda b: from_bf16(b[0]), broadcast=True),
+              lambda b: from_bf16(b[0]), broadcast=True, elementwise=True),
         _quantized(8), _quantized(4)):
     register_codec(_codec)
 
