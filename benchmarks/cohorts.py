@@ -1,0 +1,127 @@
+"""Where batching clients pays: one round's local SGD, one process, one thread — clients one
+after another (:func:`fedray.models.training.train_local`) against the same clients as
+vectorized cohorts (:func:`fedray.models.cohort.train_cohort`), on the workloads issue #28
+names. The per-workload ratio is what ``runtime.vectorize=auto``'s rule
+(:data:`fedray.methods.base.AUTO_WORK`: trainable parameters × batch size) is set from.
+
+Workloads (synthetic data in each model's input shape; every client's data drawn from its
+own generator, as fedray's populations do):
+
+* ``scale``: MLP 32-32-10, 1,000 clients × 16 samples, batch 32 (``benchmarks/scale.py``);
+* ``sim_overhead``: MLP 784-256-10, 100 clients × 256 samples, batch 32
+  (``benchmarks/sim_overhead.py``);
+* ``mlp62``: MLP 784-64-62, 100 clients × 200 samples, batch 32;
+* ``femnist``: FEMNIST-shaped — 28×28×1 inputs, 62 classes, fedray's ``cnn`` with two conv
+  layers (32, 64 channels; 3×3 kernels where LEAF's are 5×5) and a 2048-unit hidden layer,
+  100 clients of 100–300 samples, batch 10.
+
+For each: seconds for the round both ways (median of ``--repeats``, after one warm-up
+cohort: the first ``vmap`` call of a process imports ``torch._dynamo``, ≈ 2 s), their
+ratio, the rule's ``work`` and the worst relative difference of a client's delta
+(‖Δv − Δs‖ / ‖Δs‖). Where local training is chaotic — the ``femnist`` workload trains on
+random labels, and a 1e-7 relative perturbation of its start moves the sequential deltas
+themselves by up to 9% — the two paths differ by what float rounding amplifies to.
+
+    .venv/bin/python benchmarks/cohorts.py [--workloads scale femnist] [--cohort-size 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from fedray.methods.base import AUTO_WORK
+from fedray.models import build_model
+from fedray.models.cohort import train_cohort
+from fedray.models.training import get_state, set_state, train_local
+
+WORKLOADS = {
+    "scale": dict(model="mlp", shape=(32,), classes=10, kwargs={"hidden": [32]}, clients=1000,
+                  samples=(16, 16), batch=32),
+    "sim_overhead": dict(model="mlp", shape=(784,), classes=10, kwargs={"hidden": [256]},
+                         clients=100, samples=(256, 256), batch=32),
+    "mlp62": dict(model="mlp", shape=(784,), classes=62, kwargs={"hidden": [64]},
+                  clients=100, samples=(200, 200), batch=32),
+    "femnist": dict(model="cnn", shape=(1, 28, 28), classes=62,
+                    kwargs={"channels": [32, 64], "hidden": 2048}, clients=100,
+                    samples=(100, 300), batch=10),
+}
+
+
+def data_of(w: dict, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    sizes = np.random.default_rng(seed).integers(w["samples"][0], w["samples"][1] + 1,
+                                                 w["clients"])
+    out = []
+    for c, n in enumerate(sizes):
+        g = np.random.default_rng([seed, c])
+        out.append((g.standard_normal((int(n), *w["shape"]), dtype=np.float32),
+                    g.integers(0, w["classes"], int(n)).astype(np.int64)))
+    return out
+
+
+def measure(name: str, cohort: int, repeats: int) -> dict:
+    w = WORKLOADS[name]
+    torch.manual_seed(0)
+    model = build_model(w["model"], w["shape"], w["classes"], **w["kwargs"])
+    data = data_of(w)
+    start = get_state(model)
+    kw = dict(epochs=1, batch_size=w["batch"], lr=0.05, seed=0, round=1)
+    names = [n for n, _ in model.named_parameters()]
+    train_cohort(model, data[:2], [0, 1], **kw)  # the first vmap imports torch._dynamo
+    seq_t, vec_t = [], []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        seq = []
+        for c, (x, y) in enumerate(data):
+            set_state(model, start)
+            train_local(model, x, y, client=c, **kw)
+            seq.append(get_state(model))
+        seq_t.append(time.perf_counter() - t)
+        set_state(model, start)
+        t = time.perf_counter()
+        vec = []
+        for first in range(0, len(data), cohort):
+            part = data[first:first + cohort]
+            vec += train_cohort(model, part, list(range(first, first + len(part))), **kw)
+        vec_t.append(time.perf_counter() - t)
+    worst = 0.0
+    for s, v in zip(seq, vec, strict=True):
+        ds = np.concatenate([(s[n] - start[n]).ravel() for n in names])
+        dv = np.concatenate([(v.params[n] - start[n]).ravel() for n in names])
+        worst = max(worst, float(np.linalg.norm(dv - ds) / np.linalg.norm(ds)))
+    params = sum(p.numel() for p in model.parameters())
+    s, v = statistics.median(seq_t), statistics.median(vec_t)
+    return {"workload": name, "clients": w["clients"], "params": params,
+            "work": params * w["batch"], "auto": params * w["batch"] <= AUTO_WORK,
+            "sequential_s": s, "vectorized_s": v, "ratio": v / s, "worst_rel_delta": worst}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    p.add_argument("--cohort-size", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", default=None, help="also write the rows to this file")
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    rows = [measure(n, a.cohort_size, a.repeats) for n in a.workloads]
+    print("| workload | clients | params | work (params × batch) | auto | sequential s | "
+          "vectorized s | vectorized / sequential | worst ‖Δv−Δs‖/‖Δs‖ |")
+    print("|---|---:|---:|---:|---|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['workload']} | {r['clients']} | {r['params']:,} | {r['work']:,} | "
+              f"{'on' if r['auto'] else 'off'} | {r['sequential_s']:.3f} | "
+              f"{r['vectorized_s']:.3f} | {r['ratio']:.2f}× | {r['worst_rel_delta']:.1e} |")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
