@@ -230,9 +230,10 @@ class RuntimeConfig:
                     "stacked parameters) instead of one after another; each client's update "
                     "equals the sequential one up to float32 rounding, and a run is bitwise "
                     "the same for any executor count and across --resume. on: always (an "
-                    "error where the method or model cannot); auto: where they can and one "
-                    "client's local step is at most 4M multiply-adds (trainable parameters x "
-                    "local.batch_size), where batching measured faster; off: one client at a "
+                    "error where the method or model cannot); auto: where they can, the model "
+                    "is dense (linear layers, activations) and one client's local step is at "
+                    "most 4M multiply-adds (trainable parameters x local.batch_size), where "
+                    "batching measured faster on a CPU; off: one client at a "
                     "time (FedAvg family only: FedAvg, FedProx, FedAvgM, FedOpt, ORDERS, "
                     "top-k, PowerSGD)")
     cohort_size: int = spec(256, ge=1, help="clients per cohort with runtime.vectorize: each "

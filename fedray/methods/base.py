@@ -339,12 +339,14 @@ def cohort_size(cfg: Any, method: Any, input_shape: tuple[int, ...] | None,
     time. ``runtime.vectorize``: ``off`` never; ``on`` always, and a :class:`ConfigError`
     naming the reason where the method, the config or the model cannot (or where
     ``cohort_size`` clients per executor do not fit this machine's memory); ``auto`` where
-    they can and one client's local step is small — at most :data:`AUTO_WORK`
-    multiply-adds (trainable parameters × ``local.batch_size``), the size below which
-    batching measured faster than one client after another on a CPU (``benchmarks/
-    RESULTS.md``, "Vectorized cohorts"). The rule reads the config only, so every executor
-    count and every resume decides alike. Without the input shape (a table read at run
-    time) nothing but the capability is checked."""
+    they can, the model is dense (linear layers and activations: batched convolutions and
+    LSTM cells measured slower) and one client's local step is small — at most
+    :data:`AUTO_WORK` multiply-adds (trainable parameters × ``local.batch_size``), the size
+    below which batching measured faster than one client after another on a CPU
+    (``benchmarks/cohorts.py``; ``benchmarks/RESULTS.md``, "Vectorized cohorts"). The
+    rule reads the config only, so every executor count and every resume decides alike.
+    Without the input shape (a table read at run time) nothing but the capability is
+    checked."""
     from fedray.core.spec import ConfigError
 
     mode, size = cfg.runtime.vectorize, cfg.runtime.cohort_size

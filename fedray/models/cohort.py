@@ -84,6 +84,19 @@ def cohort_problems(model: nn.Module, input_shape: Sequence[int], num_classes: i
     return []
 
 
+_DENSE = (nn.Linear, nn.ReLU, nn.GELU, nn.Tanh, nn.Sigmoid, nn.SiLU, nn.LeakyReLU, nn.ELU,
+          nn.Flatten, nn.Unflatten, nn.Identity, nn.LayerNorm, nn.Softmax, nn.LogSoftmax)
+
+
+def dense_only(model: nn.Module) -> bool:
+    """Whether ``model`` is made of linear layers, activations and reshapes only — the kind
+    for which a batched cohort measured faster than clients one after another on a CPU
+    (``benchmarks/cohorts.py``); batched convolutions (grouped kernels) and the written-out
+    LSTM cells measured slower there than cuDNN/oneDNN's per-client kernels."""
+    return all(isinstance(m, _DENSE) for m in model.modules()
+               if not list(m.children()))
+
+
 @torch.no_grad()
 def activation_numel(model: nn.Module, input_shape: Sequence[int]) -> int:
     """Elements the leaf modules of ``model`` output for one sample: what a batch keeps for

@@ -44,8 +44,43 @@ class LSTMClassifier(nn.Module):
         if self.image_input:  # (B, C, H, W) -> (B, H, C, W): one step per image row
             x = x.permute(0, 2, 1, 3)
         x = x.reshape(x.shape[0], self.steps, self.features)
-        out, _ = self.lstm(x)
-        return self.head(out[:, -1])
+        last = self._cells(x) if _batched(x) else self.lstm(x)[0][:, -1]
+        return self.head(last)
+
+    def _cells(self, x: torch.Tensor) -> torch.Tensor:
+        """The last hidden state of :attr:`lstm` written out cell by cell (PyTorch's
+        equations and gate order i, f, g, o, with its own weights): what a batched call over
+        stacked parameters (:mod:`fedray.models.cohort`) runs, since ``nn.LSTM`` has no
+        batching rule and would loop client by client. Equal to ``nn.LSTM`` up to float
+        rounding."""
+        seq = x
+        for layer in range(self.lstm.num_layers):
+            w_ih, w_hh, b_ih, b_hh = (getattr(self.lstm, f"{name}_l{layer}") for name in
+                                      ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+            h = seq.new_zeros(seq.shape[0], self.lstm.hidden_size)
+            c = torch.zeros_like(h)
+            outs = []
+            for t in range(seq.shape[1]):
+                gates = seq[:, t] @ w_ih.T + b_ih + h @ w_hh.T + b_hh
+                i, f, g, o = gates.chunk(4, dim=-1)
+                c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+                h = torch.sigmoid(o) * torch.tanh(c)
+                outs.append(h)
+            seq = torch.stack(outs, dim=1)
+        return seq[:, -1]
+
+
+def _batched(x: torch.Tensor) -> bool:
+    """Whether ``x`` is batched by ``torch.func.vmap`` at some level of its functorch
+    wrappers (a cohort's forward pass, where ``vmap`` wraps ``grad``)."""
+    f = getattr(torch._C, "_functorch", None)
+    if f is None:
+        return False
+    while f.is_functorch_wrapped_tensor(x):
+        if f.is_batchedtensor(x):
+            return True
+        x = f.get_unwrapped(x)
+    return False
 
 
 def lstm(input_shape: tuple[int, ...], num_classes: int, *, hidden: int = 64, layers: int = 1,

@@ -5,6 +5,7 @@ the update Δ_i = θ_i − θ_t (not θ_i, so codecs quantize small deltas). The
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,11 +198,13 @@ class FedAvg(Algorithm):
                    ) -> CohortFit:
         """The configured model, built on the CPU: whether it trains as a cohort
         (:func:`fedray.models.cohort.cohort_problems`), one step's multiply-adds
-        (trainable parameters × batch size) and each client's bytes in a cohort (fp32
-        parameters, gradients, momentum and a proximal temporary, plus its batch's saved
-        activations forward and backward)."""
+        (trainable parameters × batch size; infinite — never chosen by ``auto`` — for a
+        model with convolutions or recurrent cells, :func:`~fedray.models.cohort.
+        dense_only`) and each client's bytes in a cohort (fp32 parameters, gradients,
+        momentum and a proximal temporary, plus its batch's saved activations forward and
+        backward)."""
         from fedray.models import build_model
-        from fedray.models.cohort import activation_numel, cohort_problems
+        from fedray.models.cohort import activation_numel, cohort_problems, dense_only
 
         kwargs = {k: v for k, v in cfg.model.items() if k != "name"}
         model = build_model(cfg.model["name"], tuple(input_shape), num_classes, **kwargs)
@@ -213,7 +216,8 @@ class FedAvg(Algorithm):
         batch = cfg.local.batch_size
         copies = 3 + (cfg.local.momentum > 0)
         acts = 2 * batch * activation_numel(model, input_shape)
-        return CohortFit(problems, float(params * batch), 4 * (copies * params + acts))
+        work = float(params * batch) if dense_only(model) else math.inf
+        return CohortFit(problems, work, 4 * (copies * params + acts))
 
     def cohort_update(self, contexts: list[ClientContext], broadcast: State
                       ) -> list[ClientOutput]:
