@@ -296,7 +296,7 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
 
 
-def add_fedray(row: dict, prefix: str, fed: dict, same: bool) -> None:
+def add_fedray(row: dict, prefix: str, fed: dict, same: bool | str) -> None:
     """fedray's numbers and ratios under ``prefix`` ("fedray" cold, "fedray_warm")."""
     row[f"{prefix}_round_s"] = steady(fed["round_seconds"])
     row[f"{prefix}_e2e_s"] = fed["e2e_seconds"]
@@ -327,6 +327,10 @@ def main() -> None:
                    help="also time a second fedray run that reuses the first one's Ray, "
                         "driver and executors (runtime.keep_warm), with the uploads summed "
                         "on the driver and on the executors (runtime.reduce)")
+    p.add_argument("--vectorize", action="store_true",
+                   help="also time a cold fedray run with runtime.vectorize=on (its state is "
+                        "the bound's up to float32 rounding: the column shows the largest "
+                        "relative difference of a tensor)")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     args = p.parse_args()
 
@@ -371,6 +375,13 @@ def measure(n: int, args, load_config, use_pfl: bool, notes: list[str]) -> dict:
         fed_reduce = run_fedray_warm(red, os.path.join(args.out, f"run-n{n}-{stamp}-reduce"))
         ref = run_bound(red, threads=1)["state"]  # the same sums, grouped, in this process
         same_reduce = all(np.array_equal(ref[k], fed_reduce["state"][k]) for k in ref)
+    fed_vec = gap = None
+    if args.vectorize:
+        vec = load_config(None, workload(n, args.rounds, args.seed) + ["runtime.vectorize=on"])
+        fed_vec = run_fedray(vec, os.path.join(args.out, f"run-n{n}-{stamp}-vectorized"))
+        ref = bounds[1]["state"]
+        gap = max(float(np.linalg.norm(fed_vec["state"][k] - ref[k]) /
+                        max(float(np.linalg.norm(ref[k])), 1e-30)) for k in ref)
     flower = None if args.no_flower else run_flower(n, args.rounds, args.seed)
 
     pfl = pfl2 = None
@@ -423,6 +434,8 @@ def measure(n: int, args, load_config, use_pfl: bool, notes: list[str]) -> dict:
             row[f"{other}_round_ratio"] = row[f"{other}_round_s"] / row["bound_round_s"]
             row[f"{other}_e2e_ratio"] = row[f"{other}_e2e_s"] / row["bound_e2e_s"]
     add_fedray(row, "fedray", fed, same)
+    if fed_vec is not None:
+        add_fedray(row, "fedray_vec", fed_vec, f"≈ ({gap:.0e})")
     if fed_warm is not None:
         add_fedray(row, "fedray_warm", fed_warm, same_warm)
         add_fedray(row, "fedray_reduce", fed_reduce, same_reduce)
@@ -442,6 +455,8 @@ def markdown(rows: list[dict], notes: list[str] | None = None) -> str:
 
     def fedray_rows(r):
         yield "cold", "fedray"
+        if "fedray_vec_round_s" in r:
+            yield "cold, vectorize=on", "fedray_vec"
         if "fedray_warm_round_s" in r:
             yield "warm", "fedray_warm"
             yield "warm, reduce=executors", "fedray_reduce"
