@@ -340,3 +340,20 @@ def test_a_failing_or_nan_client_in_a_cohort_fails_alone(ray_session, tiny_cfg, 
     assert (rest["status"] == "ok").all() and (rest["attempts"] == 1).all()
     assert (rest["upload_bytes"] > 0).all()
     assert all(np.isfinite(v).all() for v in final_state(tmp_path / "f").values())
+
+
+def test_a_compressing_method_keeps_its_chain_per_client(ray_session, tiny_cfg, tmp_path):
+    """top-k with error feedback: the cohort trains batched, then each client's update goes
+    through its own chain (its error memory kept between rounds); bytes are each client's
+    own and the state is the sequential run's up to float32 rounding."""
+    runs = {}
+    for mode in ("on", "off"):
+        cfg = tiny_cfg(**{"algorithm.name": "topk", "algorithm.density": 0.1, "rounds": 2,
+                          "runtime.vectorize": mode, "runtime.cohort_size": 4})
+        run_experiment(cfg, str(tmp_path / mode), progress=False)
+        runs[mode] = run_outputs(tmp_path / mode)["clients"]
+    assert runs["on"]["upload_bytes"].equals(runs["off"]["upload_bytes"])
+    assert (runs["on"]["state_bytes"] > 0).any()
+    on, off = final_state(tmp_path / "on"), final_state(tmp_path / "off")
+    for k, v in off.items():
+        assert np.allclose(on[k], v, rtol=1e-4, atol=1e-6), k
