@@ -364,8 +364,7 @@ def cohort_size(cfg: Any, method: Any, input_shape: tuple[int, ...] | None,
         return size if not fit.problems and fit.work <= AUTO_WORK else None
     if fit.problems:
         raise ConfigError("runtime.vectorize", "on",
-                          f"off for {cfg.algorithm['name']} with model {cfg.model['name']}: "
-                          f"{fit.problems[0]}")
+                          f"off for {cfg.algorithm['name']}: {fit.problems[0]}")
     _check_cohort_memory(cfg, fit)
     return size
 

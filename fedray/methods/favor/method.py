@@ -42,7 +42,7 @@ import numpy as np
 
 from fedray.core.registry import register_method
 from fedray.core.spec import ConfigError, spec
-from fedray.methods.base import BASE_HELP, Algorithm, ClientContext, ClientOutput
+from fedray.methods.base import BASE_HELP, Algorithm, ClientContext, ClientOutput, CohortFit
 from fedray.methods.fedavg.policy import FedAvgPolicy
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -135,7 +135,7 @@ class Favor(Algorithm):
     Params = FavorParams
     renamed_keys = {"rank": "lora_rank", "alpha": "lora_alpha", "lr": "lora_lr"}
     # the shared adapters' mean is a pseudo-gradient like FedAvg's (linear, any optimizer)
-    capabilities = frozenset({"linear", "client_state", "server_optimizer"})
+    capabilities = frozenset({"linear", "client_state", "server_optimizer", "vectorizable"})
     server_optimizer = "sgd"
 
     @classmethod
@@ -219,6 +219,62 @@ class Favor(Algorithm):
         if state is not None:
             state["tau"] = ctx.round
         return ClientOutput(to_numpy(upload), len(ids), metrics, state)
+
+    @classmethod
+    def cohort_fit(cls, cfg: Any, input_shape: tuple[int, ...], num_classes: int
+                   ) -> CohortFit:
+        """A cohort of authors shares the one resident LM (:mod:`fedray.methods.favor.
+        cohort`): the ``favor``, ``fedavg`` and ``fedprox`` variants; ``auto`` takes it
+        wherever it applies (the base is held once, however many authors train). The
+        stacked factors and the authors' activations are checked by the device as it
+        trains (measuring them here would mean building the LM before Ray)."""
+        from fedray.methods.favor.cohort import cohort_problems
+
+        return CohortFit(cohort_problems(cfg.algorithm.get("variant", "favor")))
+
+    def cohort_update(self, contexts: list[ClientContext], broadcast) -> list[ClientOutput]:
+        """The client rounds of a cohort of authors through the one resident LM with
+        stacked LoRA factors (:func:`fedray.methods.favor.cohort.client_rounds`); each
+        output as :meth:`client_update` gives it, up to float32 rounding."""
+        import torch
+
+        from fedray.methods.favor import cohort
+        from fedray.methods.favor.train import to_numpy, to_torch
+
+        p, v = self.params, self.params.variant
+        first = contexts[0]
+        align = p.align if p.align is not None else v in ("favor", "global_asce")
+        authors = []
+        for ctx in contexts:
+            target = None
+            if align and ctx.extra and "target" in ctx.extra and p.lambda_align > 0:
+                target = torch.as_tensor(ctx.extra["target"], device=ctx.device)
+            authors.append(cohort.Author(ctx.client_id, torch.from_numpy(
+                np.array(ctx.x_train)).to(ctx.device), target))
+        model, server = first.resident["model"], to_torch(broadcast, first.device)
+        shared, private = self._stages()
+        if v == "favor":
+            if any(a.target is None for a in authors) and any(a.target is not None
+                                                              for a in authors):
+                raise ValueError("a cohort mixes authors with and without a style target")
+            rounds = cohort.client_rounds(model, server, authors, shared, private,
+                                          p.lambda_prox, p.lambda_align, first.seed,
+                                          first.round, proj_hidden=p.proj_hidden,
+                                          ramp=p.ramp)
+            kept = [{k: to_numpy(a) for k, a in state.items()} for _, state, _ in rounds]
+        else:
+            prox = p.lambda_prox if v == "fedprox" else 0.0
+            ends, metrics = cohort.shared_stage(model, server, authors, shared, prox,
+                                                first.seed, first.round)
+            rounds = [({k: e[k] - server[k] for k in server}, None, m)
+                      for e, m in zip(ends, metrics, strict=True)]
+            kept = [None] * len(rounds)
+        out = []
+        for ctx, (upload, _, metrics), state in zip(contexts, rounds, kept, strict=True):
+            if state is not None:
+                state["tau"] = ctx.round
+            out.append(ClientOutput(to_numpy(upload), len(ctx.x_train), metrics, state))
+        return out
 
     def round_favor(self, r: _Round) -> tuple:
         """Shared stage (task + λ_prox) → upload; private residual from the shared endpoint

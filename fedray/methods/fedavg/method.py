@@ -208,8 +208,8 @@ class FedAvg(Algorithm):
 
         kwargs = {k: v for k, v in cfg.model.items() if k != "name"}
         model = build_model(cfg.model["name"], tuple(input_shape), num_classes, **kwargs)
-        problems = cohort_problems(model, input_shape, num_classes,
-                                   probe=cfg.runtime.vectorize == "on")
+        problems = [f"model {cfg.model['name']}: {why}" for why in cohort_problems(
+            model, input_shape, num_classes, probe=cfg.runtime.vectorize == "on")]
         if problems:
             return CohortFit(problems)
         params = sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -1,0 +1,127 @@
+"""Many FAVoR authors through one base (:mod:`fedray.methods.favor.cohort`): each author's
+upload, kept state and metrics equal its sequential client round within tolerance, LoRA
+dropout masks included, and the method's cohort hook equals its client hook."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_favor import base_dir, make  # noqa: F401 — the tiny saved Qwen2 fixture
+
+from fedray.methods.base import ClientContext
+from fedray.methods.favor import cohort
+from fedray.methods.favor.adapter import LoraSpec
+from fedray.methods.favor.train import StageConfig, adapter_of, client_round, shared_stage
+
+TOL = 1e-4
+
+
+def rel(a: dict, b: dict) -> float:
+    x = torch.cat([torch.as_tensor(a[k]).flatten() for k in b])
+    y = torch.cat([torch.as_tensor(b[k]).flatten() for k in b])
+    return float((x - y).norm() / y.norm())
+
+
+@pytest.fixture(scope="module")
+def lm():
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from fedray.methods.favor.lm import with_lora
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=48,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    model = with_lora(AutoModelForCausalLM.from_config(cfg),
+                      LoraSpec(r=4, alpha=8, dropout=0.05)).eval()
+    g = torch.Generator().manual_seed(1)
+    start = {k: v + 0.05 * torch.randn(v.shape, generator=g)
+             for k, v in adapter_of(model).items()}
+    # unequal authors: a full step, a short last step, fewer rows than a micro-batch
+    authors = [cohort.Author(c, torch.randint(0, 64, (n, 12), generator=g),
+                             torch.randn(8, generator=g))
+               for c, n in [(3, 16), (5, 9), (8, 21), (11, 3)]]
+    return model, start, authors
+
+
+SHARED = StageConfig(epochs=1, micro_batch=4, accumulation=2, lr=1e-2)
+PRIVATE = StageConfig(epochs=2, micro_batch=4, accumulation=2, lr=1e-2)
+
+
+def test_every_authors_round_equals_its_sequential_round(lm):
+    model, start, authors = lm
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    batched = cohort.client_rounds(model, start, authors, SHARED, PRIVATE, 0.1, 0.5, seed=0,
+                                   round=2, proj_hidden=16)
+    assert all(torch.equal(p, base[n]) for n, p in model.named_parameters() if n in base)
+    for a, (up, state, metrics) in zip(authors, batched, strict=True):
+        want_up, want_state, want = client_round(model, start, a.ids, a.ids, a.target, SHARED,
+                                                 PRIVATE, 0.1, 0.5, seed=0, round=2,
+                                                 client=a.client, proj_hidden=16)
+        assert rel(up, want_up) <= TOL
+        assert rel(state["shared"], want_state["shared"]) <= TOL
+        assert rel(state["residual"], want_state["residual"]) <= TOL
+        assert metrics.keys() == want.keys()
+        for k, v in want.items():
+            assert metrics[k] == pytest.approx(v, rel=TOL), k
+
+
+def test_the_shared_stage_alone_with_prox(lm):
+    model, start, authors = lm
+    ends, metrics = cohort.shared_stage(model, start, authors, SHARED, 0.5, seed=1, round=4)
+    for a, end, m in zip(authors, ends, metrics, strict=True):
+        want, wm = shared_stage(model, start, a.ids, a.ids, SHARED, 0.5, seed=1, round=4,
+                                client=a.client)
+        assert rel({k: end[k] - start[k] for k in start},
+                   {k: want[k] - start[k] for k in start}) <= TOL
+        assert m["shared_loss"] == pytest.approx(wm["shared_loss"], rel=TOL)
+
+
+def test_dropout_masks_are_each_authors_own(lm):
+    """Without per-author masks (every author drawing from one stream) the result would
+    differ: the check above is not passing by accident of dropout being inert."""
+    model, start, authors = lm
+    one = cohort.shared_stage(model, start, authors[:2], SHARED, 0.0, seed=0, round=2)[0]
+    swapped = [cohort.Author(authors[1].client, authors[0].ids, authors[0].target),
+               authors[1]]
+    other = cohort.shared_stage(model, start, swapped, SHARED, 0.0, seed=0, round=2)[0]
+    assert rel(one[1], other[1]) <= TOL  # author 1 does not depend on its neighbour
+    assert rel(one[0], other[0]) > 1e-3  # author 0's masks follow its client id
+
+
+@pytest.mark.parametrize("variant", ["favor", "fedprox"])
+def test_the_methods_cohort_hook_equals_its_client_hook(base_dir, variant):  # noqa: F811
+    _, alg, res, g = make(base_dir, variant)
+    rng = np.random.default_rng(0)
+    ctxs = []
+    for c, n in [(3, 8), (4, 5), (9, 3)]:
+        ids = rng.integers(0, 200, (n, 16))
+        ctxs.append(ClientContext(c, 1, 0, "lm", ids, ids, ids[:2], ids[:2], res,
+                                  extra={"target": np.eye(256, dtype=np.float32)[c]}))
+    batched = alg.cohort_update(ctxs, g)
+    for ctx, got in zip(ctxs, batched, strict=True):
+        want = alg.client_update(ctx, g)
+        assert got.num_samples == want.num_samples
+        assert rel(got.upload, want.upload) <= TOL
+        assert list(got.metrics) == list(want.metrics)
+        assert (got.state is None) == (want.state is None)
+        if want.state is not None:
+            assert got.state["tau"] == want.state["tau"]
+            for part in ("shared", "residual"):
+                assert rel(got.state[part], want.state[part]) <= TOL
+
+
+def test_unbatched_variants_are_refused_under_on(base_dir):  # noqa: F811
+    from fedray.core.config import load_config
+    from fedray.core.spec import ConfigError
+    from fedray.methods.base import cohort_size
+    from fedray.methods.favor.method import Favor
+
+    ditto = ["algorithm.name=favor", f"algorithm.base={base_dir}", "algorithm.variant=ditto"]
+    with pytest.raises(ConfigError, match="'ditto' trains one author at a time"):
+        load_config(None, [*ditto, "runtime.vectorize=on"])
+    assert cohort_size(load_config(None, [*ditto, "runtime.vectorize=auto"]), Favor, (16,),
+                       0) is None
+    auto = load_config(None, ["algorithm.name=favor", f"algorithm.base={base_dir}",
+                              "runtime.vectorize=auto"])
+    assert cohort_size(auto, Favor, (16,), 0) == auto.runtime.cohort_size
