@@ -17,6 +17,10 @@ the last stdout line is {"ok": ..., "failed": [...], "out": ...}; exit 0 when al
   layers: ``torch.cuda.max_memory_allocated`` per executor and the linear estimate for
   Qwen2.5-0.5B/1.5B/3B depth (24/28/36 layers, same width for 3B; 0.5B/1.5B widths measured
   the same way).
+- ``favor_cohort``: 12 FAVoR authors' client rounds on Qwen2.5-0.5B's shapes (4 decoder
+  layers, the real vocabulary, 4-bit NF4 on CUDA) one after another and as one cohort
+  through the one base (``runtime.vectorize``, :mod:`fedray.methods.favor.cohort`):
+  tokens/s and peak GPU memory of each, and the largest relative difference of an upload.
 - ``flite_bf16``: FLITE stored and regenerated, ``local.bf16`` autocast, training steps
   (the regenerated backward used to fail) and the two modes' gradients compared.
 - ``drod_deterministic``: a DROD client update twice in the deterministic GPU mode,
@@ -191,6 +195,79 @@ def check_favor(device: str, dry: bool, tmp: str) -> list[dict[str, Any]]:
                          "per_layer_bytes": int(per_layer), "peak_bytes": int(estimate),
                          "peak_gib": round(estimate / 2**30, 2), "ok": True})
     return rows
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def favor_cohort(path: str, device: str, tokens: int, authors: int, blocks: int = 8,
+                 rank: int = 16) -> dict[str, Any]:
+    """``authors`` FAVoR client rounds on the LM at ``path``: one after another
+    (:func:`fedray.methods.favor.train.client_round`) and as one cohort through the one
+    base (:func:`fedray.methods.favor.cohort.client_rounds`, ``runtime.vectorize``):
+    tokens/s, peak memory of each (the base loaded once for both) and the largest relative
+    difference of an upload (LoRA dropout off, so both paths train on the same terms)."""
+    from fedray.methods.favor import cohort
+    from fedray.methods.favor.adapter import LoraSpec
+    from fedray.methods.favor.lm import load_lm, with_lora
+    from fedray.methods.favor.train import StageConfig, adapter_of, client_round
+
+    base, _ = load_lm(path, device)
+    model = with_lora(base, LoraSpec(r=rank, alpha=2 * rank, dropout=0.0)).eval()
+    server = adapter_of(model)
+    vocab = base.get_output_embeddings().weight.shape[0]
+    gen = torch.Generator().manual_seed(0)
+    group = [cohort.Author(c, torch.randint(0, vocab, (blocks, tokens), generator=gen)
+                           .to(device), torch.nn.functional.normalize(
+                               torch.randn(256, generator=gen), dim=0).to(device))
+             for c in range(authors)]
+    cfg = StageConfig(epochs=1, micro_batch=4, accumulation=1, lr=2e-4, max_steps=2)
+    trained = 2 * authors * min(blocks, 2 * 4) * tokens  # both stages' tokens
+    out: dict[str, Any] = {"authors": authors, "tokens": f"{blocks} x {tokens} per author"}
+    uploads = {}
+    for mode in ("sequential", "batched"):
+        _peak_reset(device)
+        _sync(device)
+        t = time.perf_counter()
+        if mode == "sequential":
+            uploads[mode] = [client_round(model, server, a.ids, a.ids, a.target, cfg, cfg,
+                                          prox=0.01, align=0.3, seed=0, round=1,
+                                          client=a.client)[0] for a in group]
+        else:
+            uploads[mode] = [u for u, _, _ in cohort.client_rounds(
+                model, server, group, cfg, cfg, 0.01, 0.3, seed=0, round=1)]
+        _sync(device)
+        seconds = time.perf_counter() - t
+        out[f"{mode}_seconds"] = round(seconds, 3)
+        out[f"{mode}_tokens_per_s"] = round(trained / seconds, 1)
+        out[f"{mode}_peak_bytes"] = _peak(device)
+    diffs = []
+    for a, b in zip(uploads["sequential"], uploads["batched"], strict=True):
+        x = torch.cat([v.flatten().float() for v in a.values()])
+        y = torch.cat([b[k].flatten().float() for k in a])
+        diffs.append(float((x - y).norm() / x.norm().clamp_min(1e-30)))
+    out["max_rel_upload_diff"] = max(diffs)
+    out["speedup"] = round(out["sequential_seconds"] / out["batched_seconds"], 2)
+    del model, base
+    return out
+
+
+def check_favor_cohort(device: str, dry: bool, tmp: str) -> list[dict[str, Any]]:
+    """FAVoR's cohort of authors through one base against the same authors one after
+    another, at Qwen2.5-0.5B's shapes (4 layers; a dry run: tiny shapes, 3 authors)."""
+    if dry:
+        path = _save_qwen(os.path.join(tmp, "cohort-dry"), 64, 128, 4, 2, 2, 512)
+        res = favor_cohort(path, device, 32, 3, blocks=4, rank=4)
+        tol = 1e-4
+    else:
+        hidden, mlp, heads, kv, _ = QWEN_SHAPES["qwen2.5-0.5b"]
+        path = _save_qwen(os.path.join(tmp, "cohort-0.5b"), hidden, mlp, heads, kv, 4, VOCAB)
+        res = favor_cohort(path, device, 256, 12)
+        tol = 5e-2  # 4-bit NF4 base, bf16 compute: rows batched differently round apart
+    return [{"check": "favor_cohort", "shape": "dry-run" if dry else "qwen2.5-0.5b x 4 layers",
+             **res, "ok": res["max_rel_upload_diff"] <= tol}]
 
 
 def check_flite(device: str, dry: bool) -> list[dict[str, Any]]:
@@ -711,6 +788,7 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, Any]) -> str:
 # the checks, in the order they run: (device, dry run, temporary directory) -> rows
 LOCAL_STEPS = {
     "favor": lambda device, dry, tmp: check_favor(device, dry, tmp),
+    "favor_cohort": lambda device, dry, tmp: check_favor_cohort(device, dry, tmp),
     "flite": lambda device, dry, tmp: check_flite(device, dry),
     "drod": lambda device, dry, tmp: [check_drod(device, dry)],
 }

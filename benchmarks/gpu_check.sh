@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA paths in one short run on one GPU, ≤ 8 minutes, nothing downloaded (the checks:
-# benchmarks/gpu_check.py, or --help): FAVoR QLoRA on 8 x 0.125 GPU, the DROD fleet on
+# benchmarks/gpu_check.py, or --help): FAVoR QLoRA on 8 x 0.125 GPU, 12 FAVoR authors
+# through one base (sequential vs batched tokens/s and peak memory), the DROD fleet on
 # 0.5/0.25/0.125 GPU tiers, FLITE on a ResNet-18, per-executor peak GPU memory, samples/s
 # per tier, and what must equal a CPU run.
 #   bash benchmarks/gpu_check.sh --out runs/gpu_check             # on a GPU machine
