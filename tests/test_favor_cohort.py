@@ -9,6 +9,7 @@ import pytest
 import torch
 from test_favor import base_dir, make  # noqa: F401 — the tiny saved Qwen2 fixture
 
+from fedray.core.config import load_config
 from fedray.methods.base import ClientContext
 from fedray.methods.favor import cohort
 from fedray.methods.favor.adapter import LoraSpec
@@ -125,3 +126,49 @@ def test_unbatched_variants_are_refused_under_on(base_dir):  # noqa: F811
     auto = load_config(None, ["algorithm.name=favor", f"algorithm.base={base_dir}",
                               "runtime.vectorize=auto"])
     assert cohort_size(auto, Favor, (16,), 0) == auto.runtime.cohort_size
+
+
+@pytest.mark.ray
+def test_favor_cohorts_end_to_end_are_bitwise_across_executors(ray_session, tmp_path):
+    """A FAVoR federation with cohorts of authors (stacked uploads included) is the same
+    bits with 1 and 2 executors; the cohort's equality with the sequential rounds is
+    tested above at the method's level."""
+    from test_favor_policies import overrides
+    from test_runtime import assert_bitwise_equal, assert_same_outputs, final_state, run_outputs
+
+    from fedray.data import build_data
+    from fedray.data.authors import generate_corpus
+    from fedray.runtime import run_experiment
+
+    root = tmp_path / "models"
+    root.mkdir()
+    _tiny_models(root)
+    csv = generate_corpus(tmp_path / "a.csv", num_authors=6, seed=0, posts=(10, 12))
+    runs, data = {}, None
+    for name, executors, mode in [("one", 1, "on"), ("two", 2, "on")]:
+        cfg = load_config(None, overrides(root, csv) + [
+            "clients.num_clients=6", "clients.per_round=4", "rounds=2", "eval.clients=none",
+            "eval.every=0", "eval.global_test=false", f"runtime.vectorize={mode}",
+            "runtime.cohort_size=2", "runtime.placement_timeout_s=300",
+            f"runtime.tiers=[{{name: lm, executors: {executors}, num_cpus: 0.5}}]"])
+        data = data or build_data(cfg)  # the runs differ in runtime keys only
+        run_experiment(cfg, str(tmp_path / name), progress=False, data=data)
+        runs[name] = run_outputs(tmp_path / name)
+    assert_bitwise_equal(final_state(tmp_path / "one"), final_state(tmp_path / "two"))
+    assert_same_outputs(runs["one"], runs["two"])
+    clients = runs["two"]["clients"]
+    assert (clients.loc[clients["status"] == "ok", "upload_bytes"] > 0).all()
+
+
+def _tiny_models(root):
+    """The tiny LM and ASCE of test_favor_policies' fixture, saved under ``root``."""
+    from test_asce import tiny_backbone
+    from test_favor import save_tiny_lm
+    from transformers import AutoModel, AutoTokenizer
+
+    from fedray.methods.favor.asce import StyleEncoder, save_asce
+
+    save_tiny_lm(root / "lm")
+    bb = tiny_backbone(root / "bb")
+    save_asce(StyleEncoder(AutoModel.from_pretrained(bb)), AutoTokenizer.from_pretrained(bb),
+              str(root / "asce"), {})
