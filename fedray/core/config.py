@@ -234,8 +234,9 @@ class RuntimeConfig:
                     "is dense (linear layers, activations) and one client's local step is at "
                     "most 4M multiply-adds (trainable parameters x local.batch_size), where "
                     "batching measured faster on a CPU; off: one client at a "
-                    "time (FedAvg family only: FedAvg, FedProx, FedAvgM, FedOpt, ORDERS, "
-                    "top-k, PowerSGD)")
+                    "time. Methods: the FedAvg family (FedAvg, FedProx, FedAvgM, FedOpt, "
+                    "ORDERS, top-k, PowerSGD) and FAVoR's favor, fedavg and fedprox "
+                    "variants (authors through one base LM)")
     cohort_size: int = spec(256, ge=1, help="clients per cohort with runtime.vectorize: each "
                                             "tier's sorted clients of a round are cut into "
                                             "runs of this many, one executor call each "
