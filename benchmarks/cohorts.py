@@ -15,6 +15,15 @@ own generator, as fedray's populations do):
   layers (32, 64 channels; 3×3 kernels where LEAF's are 5×5) and a 2048-unit hidden layer,
   100 clients of 100–300 samples, batch 10.
 
+* ``favor``: FAVoR's client rounds (shared stage, private stage with alignment) of 12
+  authors on the embedded default's LM shape (Qwen2, hidden 128, 3 layers, vocabulary
+  2,048; LoRA r 16 on all seven projections, dropout 0.05), 16 blocks of 64 tokens each,
+  micro-batch 4 × accumulation 2 — one author after another
+  (:func:`fedray.methods.favor.train.client_round`) against one cohort through the one
+  base (:func:`fedray.methods.favor.cohort.client_rounds`). Each side runs in a fresh
+  process whose peak RSS is reported (one executor holding the base once, whatever the
+  number of authors).
+
 For each: seconds for the round both ways (median of ``--repeats``, after one warm-up
 cohort: the first ``vmap`` call of a process imports ``torch._dynamo``, ≈ 2 s), their
 ratio, the rule's ``work`` and the worst relative difference of a client's delta
@@ -40,7 +49,7 @@ from fedray.models import build_model
 from fedray.models.cohort import train_cohort
 from fedray.models.training import get_state, set_state, train_local
 
-WORKLOADS = {
+WORKLOADS: dict[str, dict] = {
     "scale": dict(model="mlp", shape=(32,), classes=10, kwargs={"hidden": [32]}, clients=1000,
                   samples=(16, 16), batch=32),
     "sim_overhead": dict(model="mlp", shape=(784,), classes=10, kwargs={"hidden": [256]},
@@ -101,20 +110,92 @@ def measure(name: str, cohort: int, repeats: int) -> dict:
             "sequential_s": s, "vectorized_s": v, "ratio": v / s, "worst_rel_delta": worst}
 
 
+def favor_side(mode: str, authors: int = 12, repeats: int = 3) -> dict:
+    """One side of the ``favor`` workload in this process: median seconds and the uploads."""
+    import resource
+
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from fedray.methods.favor import cohort
+    from fedray.methods.favor.adapter import LoraSpec
+    from fedray.methods.favor.lm import with_lora
+    from fedray.methods.favor.train import StageConfig, adapter_of, client_round
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=2048, hidden_size=128, intermediate_size=352,
+                      num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2)
+    model = with_lora(AutoModelForCausalLM.from_config(cfg), LoraSpec()).eval()
+    server = adapter_of(model)
+    g = torch.Generator().manual_seed(1)
+    group = [cohort.Author(c, torch.randint(0, 2048, (16, 64), generator=g),
+                           torch.nn.functional.normalize(torch.randn(256, generator=g), dim=0))
+             for c in range(authors)]
+    stage = StageConfig(epochs=1, micro_batch=4, accumulation=2, lr=2e-3)
+    times, uploads = [], []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        if mode == "sequential":
+            uploads = [client_round(model, server, a.ids, a.ids, a.target, stage, stage, 0.01,
+                                    0.3, seed=0, round=1, client=a.client, proj_hidden=64)[0]
+                       for a in group]
+        else:
+            uploads = [u for u, _, _ in cohort.client_rounds(
+                model, server, group, stage, stage, 0.01, 0.3, seed=0, round=1,
+                proj_hidden=64)]
+        times.append(time.perf_counter() - t)
+    flat = [torch.cat([u[k].flatten() for k in sorted(u)]).tolist() for u in uploads]
+    return {"seconds": statistics.median(times), "uploads": flat,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def measure_favor(threads: int) -> dict:
+    """Both sides of ``favor``, each in a fresh process (its own peak RSS)."""
+    import subprocess
+    import sys
+
+    side = {}
+    for mode in ("sequential", "batched"):
+        out = subprocess.run([sys.executable, __file__, "--favor-side", mode, "--threads",
+                              str(threads)], capture_output=True, text=True, check=True)
+        side[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+    worst = max(float(np.linalg.norm(np.subtract(b, a)) / np.linalg.norm(a))
+                for a, b in zip(side["sequential"]["uploads"], side["batched"]["uploads"],
+                                strict=True))
+    s, v = side["sequential"]["seconds"], side["batched"]["seconds"]
+    return {"workload": "favor", "clients": 12, "sequential_s": s, "vectorized_s": v,
+            "ratio": v / s, "worst_rel_delta": worst,
+            "sequential_peak_rss_mb": side["sequential"]["peak_rss_mb"],
+            "vectorized_peak_rss_mb": side["batched"]["peak_rss_mb"]}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    p.add_argument("--workloads", nargs="+", default=[*WORKLOADS, "favor"],
+                   choices=[*WORKLOADS, "favor"])
     p.add_argument("--cohort-size", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default=None, help="also write the rows to this file")
+    p.add_argument("--favor-side", choices=["sequential", "batched"], help=argparse.SUPPRESS)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    rows = [measure(n, a.cohort_size, a.repeats) for n in a.workloads]
+    if a.favor_side:
+        print(json.dumps(favor_side(a.favor_side)))
+        return
+    rows = [measure_favor(a.threads) if n == "favor" else measure(n, a.cohort_size, a.repeats)
+            for n in a.workloads]
     print("| workload | clients | params | work (params × batch) | auto | sequential s | "
           "vectorized s | vectorized / sequential | worst ‖Δv−Δs‖/‖Δs‖ |")
     print("|---|---:|---:|---:|---|---:|---:|---:|---:|")
     for r in rows:
+        if r["workload"] == "favor":
+            print(f"| favor | 12 authors | LoRA | – | on | {r['sequential_s']:.3f} | "
+                  f"{r['vectorized_s']:.3f} | {r['ratio']:.2f}× | "
+                  f"{r['worst_rel_delta']:.1e} |")
+            print(f"\nfavor peak RSS of the one process: sequential "
+                  f"{r['sequential_peak_rss_mb']:.0f} MB, batched "
+                  f"{r['vectorized_peak_rss_mb']:.0f} MB")
+            continue
         print(f"| {r['workload']} | {r['clients']} | {r['params']:,} | {r['work']:,} | "
               f"{'on' if r['auto'] else 'off'} | {r['sequential_s']:.3f} | "
               f"{r['vectorized_s']:.3f} | {r['ratio']:.2f}× | {r['worst_rel_delta']:.1e} |")
