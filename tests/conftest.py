@@ -20,6 +20,21 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def flower_python():
+    """``.venv-flower``'s interpreter (Flower pins its own Ray), created by
+    ``benchmarks/setup_flower_venv.sh`` when missing; the script runs once a session."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run(["bash", str(root / "benchmarks" / "setup_flower_venv.sh")], cwd=root,
+                   check=True, timeout=2400)
+    python = root / ".venv-flower" / "bin" / "python"
+    assert python.exists(), python
+    return python
+
+
 def tiny_overrides(**extra) -> list[str]:
     """A small, fast experiment: 6 clients on digits, MLP, 2 executors of 0.5 CPU."""
     base = {

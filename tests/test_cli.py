@@ -145,11 +145,14 @@ def test_kill_then_resume_reaches_uninterrupted_state(ray_session, tmp_path):
 
 @pytest.mark.ray
 def test_job_entry_point_joins_ray_address(ray_session, tmp_path):
-    res = subprocess.run([sys.executable, "jobs/fedavg_digits.py", "--smoke", "--no-progress",
+    """Also fedavg_digits.py's case of the next test: one strict JSON object on stdout, its
+    stage progress on stderr (the job's --no-progress runs in tests/test_runtime.py)."""
+    res = subprocess.run([sys.executable, "jobs/fedavg_digits.py", "--smoke",
                           "--run-dir", str(tmp_path / "job"), "--json"], cwd=ROOT,
                          env=_env(ray_session), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     summary = strict_json(res.stdout)
+    assert "[stage 1/" in res.stderr, res.stderr[-2000:]  # progress: stderr
     assert summary["rounds"] == 3 and summary["final_global_accuracy"] > 0.3
     assert os.path.exists(summary["report"])
 
@@ -260,7 +263,8 @@ def test_every_job_json_prints_one_strict_json_object(ray_session, tmp_path):
 
     tiers = "runtime.tiers=[{name: default, executors: 1, num_cpus: 0.5}]"
     invocations = {
-        "fedavg_digits.py": ["--smoke", "--run-dir", str(tmp_path / "fedavg")],
+        # its --smoke --json (strict JSON, stages on stderr) is the previous test's run
+        "fedavg_digits.py": None,
         "orders_noniid.py": ["--smoke", "--run-dir", str(tmp_path / "orders")],
         # their --smoke runs with --json through conftest.run_job (strict JSON, stages) in
         # tests/test_drod.py and tests/test_flite.py
@@ -269,7 +273,9 @@ def test_every_job_json_prints_one_strict_json_object(ray_session, tmp_path):
         "sweep.py": ["configs/fedavg_digits.yaml", "--smoke", "--space", "local.lr=grid:0.1",
                      "-s", "rounds=1", "-s", "clients.num_clients=6", "-s", tiers],
         "sweep_orders.py": ["--smoke"],
-        "sweep_drod.py": ["--smoke"],
+        # one θ of the preset's grid: its five trials run (and are counted) as a submitted
+        # job in tests/cluster/run.sh
+        "sweep_drod.py": ["--smoke", "--space", "algorithm.theta=grid:0.5"],
         "sweep_flite.py": ["--smoke"],
         "sweep_favor.py": ["--smoke"],
         # its --smoke (minutes) runs once, with --json, in tests/test_favor.py (end to end)

@@ -1,7 +1,7 @@
 """OrdersStrategy (fedray.integrations.flower) in Flower's own simulation.
 
-Flower pins its own ray, so the run happens in ``.venv-flower`` (created here by
-``benchmarks/setup_flower_venv.sh`` when missing; idempotent) as a subprocess running
+Flower pins its own ray, so the run happens in ``.venv-flower`` (conftest.flower_python:
+made by ``benchmarks/setup_flower_venv.sh`` when missing) as a subprocess running
 ``tests/flower_orders_run.py``, which prints one JSON line with its checks.
 """
 
@@ -16,20 +16,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FLOWER_PY = ROOT / ".venv-flower" / "bin" / "python"
 
 
 @pytest.mark.flower
 @pytest.mark.timeout(3600)
-def test_orders_strategy_in_flower_simulation():
-    subprocess.run(["bash", str(ROOT / "benchmarks" / "setup_flower_venv.sh")], cwd=ROOT,
-                   check=True, timeout=2400)
-    assert FLOWER_PY.exists(), FLOWER_PY
-
+def test_orders_strategy_in_flower_simulation(flower_python):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = str(ROOT)
     env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-    proc = subprocess.run([str(FLOWER_PY), str(ROOT / "tests" / "flower_orders_run.py")],
+    proc = subprocess.run([str(flower_python), str(ROOT / "tests" / "flower_orders_run.py")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-8000:])

@@ -1,8 +1,8 @@
 """fedray's server optimizers against Flower's own strategies (FedAvgM with and without
 momentum, FedAdam, FedYogi, FedAdagrad) on identical float64 inputs over six rounds.
 
-Flower pins its own ray, so Flower runs in ``.venv-flower`` (created by
-``benchmarks/setup_flower_venv.sh`` when missing) as ``tests/flower_server_opt_run.py``.
+Flower pins its own ray, so Flower runs in ``.venv-flower`` (conftest.flower_python: made
+by ``benchmarks/setup_flower_venv.sh`` when missing) as ``tests/flower_server_opt_run.py``.
 Agreement is ≤ 1e-12 once two conventions are set to Flower's: v_{-1} = 0
 (``server.initial_accumulator=0``; Reddi et al.'s Algorithm 2, fedray's default, has
 v_{-1} = τ²) and, for Adam, bias correction on (``server.bias_correction=true``; Flower
@@ -23,7 +23,6 @@ from fedray.methods.fedavg.policy import FedAvgPolicy
 from fedray.services.server_opt import SGD, Adagrad, Adam, Momentum, Yogi
 
 ROOT = Path(__file__).resolve().parents[1]
-FLOWER_PY = ROOT / ".venv-flower" / "bin" / "python"
 SHAPES = [(4, 3), (3,), (2, 2, 2)]
 ROUNDS, CLIENTS = 6, 5
 
@@ -62,14 +61,12 @@ def fedray_run(data: dict[str, np.ndarray], make) -> list[dict[str, np.ndarray]]
 
 @pytest.mark.flower
 @pytest.mark.timeout(3600)
-def test_server_optimizers_agree_with_flower(tmp_path):
-    subprocess.run(["bash", str(ROOT / "benchmarks" / "setup_flower_venv.sh")], cwd=ROOT,
-                   check=True, timeout=2400)
+def test_server_optimizers_agree_with_flower(flower_python, tmp_path):
     data = inputs()
     np.savez(tmp_path / "in.npz", **data)
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")}
     env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-    proc = subprocess.run([str(FLOWER_PY), str(ROOT / "tests" / "flower_server_opt_run.py"),
+    proc = subprocess.run([str(flower_python), str(ROOT / "tests" / "flower_server_opt_run.py"),
                            str(tmp_path / "in.npz"), str(tmp_path / "out.npz")], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
