@@ -125,7 +125,27 @@ def test_unbatched_variants_are_refused_under_on(base_dir):  # noqa: F811
                        0) is None
     auto = load_config(None, ["algorithm.name=favor", f"algorithm.base={base_dir}",
                               "runtime.vectorize=auto"])
-    assert cohort_size(auto, Favor, (16,), 0) == auto.runtime.cohort_size
+    assert cohort_size(auto, Favor, (16,), 0) is None  # auto never sizes an LM's cohort
+    on = load_config(None, ["algorithm.name=favor", f"algorithm.base={base_dir}",
+                            "runtime.vectorize=on", "runtime.cohort_size=12"])
+    assert cohort_size(on, Favor, None, None) == 12
+
+
+def test_a_base_that_drops_out_elsewhere_is_refused():
+    """Attention dropout would be drawn over all authors' rows at once: refused (the
+    executor then trains the authors one at a time)."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from fedray.methods.favor.lm import with_lora
+
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=48,
+                      num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                      attention_dropout=0.1)
+    model = with_lora(AutoModelForCausalLM.from_config(cfg), LoraSpec(r=2, alpha=4))
+    start = adapter_of(model)
+    author = cohort.Author(0, torch.zeros((4, 8), dtype=torch.long))
+    with pytest.raises(ValueError, match="attention_dropout=0.1"):
+        cohort.shared_stage(model, start, [author], SHARED, 0.0, seed=0, round=1)
 
 
 @pytest.mark.ray

@@ -133,12 +133,46 @@ def test_kept_momentum_and_the_proximal_hook_match_round_after_round():
     assert_equivalent(second, seq2, start, names)
 
 
+class _Unused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used, self.spare = nn.Linear(4, 2), nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.used(x)
+
+
 def test_models_that_cannot_train_as_cohorts_are_named():
     bn = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
     drop = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 2))
     assert "BatchNorm1d" in cohort_problems(bn, (4,), 2)[0]
     assert "Dropout" in cohort_problems(drop, (4,), 2)[0]
+    # SGD skips a parameter without a gradient; a batched gradient of 0 would decay it
+    assert "spare.weight" in cohort_problems(_Unused(), (4,), 2, probe=False)[0]
     assert cohort_problems(build_model("mlp", (4,), 2), (4,), 2) == []
+
+
+class _OwnClient(FedAvg):
+    """Overrides the client hook only: a cohort must not bypass it."""
+
+    name = "own-client"
+
+    def client_update(self, ctx, broadcast):
+        return super().client_update(ctx, broadcast)
+
+
+def test_a_subclass_with_its_own_client_code_is_not_vectorized(tiny_cfg):
+    with pytest.raises(ConfigError, match="overrides client_update but not cohort_update"):
+        cohort_size(tiny_cfg(**{"runtime.vectorize": "on"}), _OwnClient, (64,), 10)
+    assert cohort_size(tiny_cfg(**{"runtime.vectorize": "auto"}), _OwnClient, (64,), 10) \
+        is None
+
+
+def test_sweep_values_read_like_config_values():
+    from fedray.front.tune import _value
+
+    assert _value("on") == "on" and _value("off") == "off" and _value("true") is True
+    assert _value("1e-3") == 0.001
 
 
 def contexts(cfg, method, data, clients, round=1):

@@ -26,8 +26,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 from fedray.core import registry
 from fedray.core.config import ExperimentConfig, check_name, load_config, read_file
 from fedray.core.spec import ConfigError, redact
@@ -59,7 +57,9 @@ def _value(text: str) -> Any:
             return cast(text)
         except ValueError:
             pass
-    return yaml.safe_load(text)
+    from fedray.core.config import load_yaml
+
+    return load_yaml(text)  # the config loader's YAML: `on` stays a string
 
 
 def check_space(space: dict[str, dict]) -> None:

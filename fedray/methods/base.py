@@ -321,8 +321,15 @@ class CohortFit:
     client_bytes: int = 0
 
 
+def _owner(cls: type, name: str) -> type:
+    return next(k for k in cls.__mro__ if name in k.__dict__)
+
+
 def _cohort_refusal(cfg: Any, method: Any) -> str | None:
     """Why no config of this kind runs as cohorts, whatever the model (None: it may)."""
+    if not issubclass(_owner(method, "cohort_update"), _owner(method, "client_update")):
+        return (f"{method.__name__} overrides client_update but not cohort_update (a "
+                f"cohort would skip its own client code)")
     if "asynchronous" in method.capabilities:
         return "its asynchronous rule dispatches one client per executor call"
     if cfg.local.dp_noise_multiplier is not None:
@@ -345,8 +352,9 @@ def cohort_size(cfg: Any, method: Any, input_shape: tuple[int, ...] | None,
     below which batching measured faster than one client after another on a CPU
     (``benchmarks/cohorts.py``; ``benchmarks/RESULTS.md``, "Vectorized cohorts"). The
     rule reads the config only, so every executor count and every resume decides alike.
-    Without the input shape (a table read at run time) nothing but the capability is
-    checked."""
+    Without the input shape (a table read at run time) the method's fit decides what it
+    can without it (the FedAvg family: nothing yet; the run checks again with the data's
+    shape before Ray starts)."""
     from fedray.core.spec import ConfigError
 
     mode, size = cfg.runtime.vectorize, cfg.runtime.cohort_size
@@ -357,9 +365,8 @@ def cohort_size(cfg: Any, method: Any, input_shape: tuple[int, ...] | None,
     elif "vectorizable" not in method.capabilities:
         return None
     why = _cohort_refusal(cfg, method)
-    if why is None and input_shape is None:
-        return size
-    fit = CohortFit([why]) if why else method.cohort_fit(cfg, tuple(input_shape), num_classes)
+    shape = None if input_shape is None else tuple(input_shape)
+    fit = CohortFit([why]) if why else method.cohort_fit(cfg, shape, num_classes)
     if mode == "auto":
         return size if not fit.problems and fit.work <= AUTO_WORK else None
     if fit.problems:
@@ -381,7 +388,9 @@ def _check_cohort_memory(cfg: Any, fit: CohortFit) -> None:
     have = machine_memory()
     if rt.ray_address or os.environ.get("RAY_ADDRESS") or have is None:
         return
-    executors = sum(t.executors for t in rt.tiers if t.num_gpus == 0 or rt.device == "cpu")
+    # executors that may train on the CPU: GPU tiers too unless the run insists on CUDA
+    # (runtime.device=auto on a machine without a GPU runs them on the CPU)
+    executors = sum(t.executors for t in rt.tiers if t.num_gpus == 0 or rt.device != "cuda")
     need = fit.client_bytes * rt.cohort_size * executors
     if need > have[0]:
         raise ConfigError("runtime.cohort_size", rt.cohort_size,
@@ -458,10 +467,11 @@ class Algorithm:
             return None, None
 
     @classmethod
-    def cohort_fit(cls, cfg: Any, input_shape: tuple[int, ...], num_classes: int
-                   ) -> CohortFit:
+    def cohort_fit(cls, cfg: Any, input_shape: tuple[int, ...] | None,
+                   num_classes: int | None) -> CohortFit:
         """Whether this config's clients can train as cohorts (a method with the
-        ``vectorizable`` capability says, from its model and local training)."""
+        ``vectorizable`` capability says, from its model and local training; without the
+        input shape, from what it can tell without it)."""
         return CohortFit([f"{cls.name} trains one client at a time"])
 
     def make_optimizer(self) -> Any:

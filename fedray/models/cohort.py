@@ -9,12 +9,12 @@ arithmetic instead of K Python loops and K sets of tiny kernels.
 It is :func:`fedray.models.training.train_local` client by client, made batched:
 
 - each client takes exactly the batches its sequential run takes (the same permutations
-  from (seed, round, client), the same ``max_steps``, the same last short batch). Clients
-  of unequal size are padded to the longest; a padded row has mask 0 and adds nothing to
-  its client's loss, which is the mean over the client's real rows of the batch, as
+  from (seed, round, client), the same ``max_steps``, the same last short batch). The
+  clients' samples are concatenated (memory: their sum) and each step's batches padded to
+  the widest; a padded slot reads a zero row, has mask 0 and adds nothing to its client's
+  loss, which is the mean over the client's real rows of the batch, as
   ``nn.CrossEntropyLoss`` computes it. A client whose own schedule has ended (or never
-  began: fewer samples than nothing, ``max_steps=0``) is frozen: no step, no momentum,
-  no weight decay;
+  began: no samples, ``max_steps=0``) is frozen: no step, no momentum, no weight decay;
 - the optimizer is :class:`fedray.models.training.SGD`'s update written over the stack
   (``b = μ b + (g + λθ)``, first ``b = g + λθ``; ``θ -= lr b``), with each client's kept
   momentum buffers (``local.keep_optimizer_state``) stacked in and handed back in the
@@ -31,7 +31,9 @@ which other cohort, it runs.
 Models that cannot run this way are named by :func:`cohort_problems`: BatchNorm (its
 running statistics are written during the forward pass, which a functional batched call
 does not do per client), dropout or any other randomness in training mode (the sequential
-path draws it from each client's own generator), or an op without a batching rule.
+path draws it from each client's own generator), a trainable parameter the forward does
+not use (SGD skips a parameter without a gradient; a batched gradient is 0 and would be
+decayed), or an op without a batching rule.
 """
 
 from __future__ import annotations
@@ -74,8 +76,14 @@ def cohort_problems(model: nn.Module, input_shape: Sequence[int], num_classes: i
                 if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     problems += [f"{type(m).__name__} ({name}) draws randomness in training"
                  for name, m in model.named_modules() if isinstance(m, _RANDOM)]
-    if problems or not probe:
+    if problems:
         return problems
+    unused = _unused_parameters(model, input_shape)
+    if unused:
+        return [f"parameter {unused[0]} takes no part in the forward pass (SGD skips it, a "
+                f"batched gradient would decay it)"]
+    if not probe:
+        return []
     try:
         probe = [(np.zeros((1, *input_shape), np.float32), np.zeros(1, np.int64))] * 2
         train_cohort(model, probe, [0, 1], epochs=1, batch_size=1, lr=0.0, seed=0, round=0)
@@ -95,6 +103,19 @@ def dense_only(model: nn.Module) -> bool:
     LSTM cells measured slower there than cuDNN/oneDNN's per-client kernels."""
     return all(isinstance(m, _DENSE) for m in model.modules()
                if not list(m.children()))
+
+
+def _unused_parameters(model: nn.Module, input_shape: Sequence[int]) -> list[str]:
+    """Trainable parameters one forward/backward pass on a zero sample gives no gradient."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    training = model.training
+    model.eval()
+    try:
+        out = model(torch.zeros((1, *input_shape))).float().sum()
+        grads = torch.autograd.grad(out, [p for _, p in named], allow_unused=True)
+    finally:
+        model.train(training)
+    return [n for (n, _), g in zip(named, grads, strict=True) if g is None]
 
 
 @torch.no_grad()
@@ -125,30 +146,29 @@ def activation_numel(model: nn.Module, input_shape: Sequence[int]) -> int:
 def _schedules(data: Sequence[tuple[np.ndarray, np.ndarray]], clients: Sequence[int], *,
                epochs: int, batch_size: int, seed: int, round: int, max_steps: int | None,
                purpose: str) -> tuple[np.ndarray, np.ndarray]:
-    """Every client's batches as padded index and mask arrays of shape (steps, K, B)."""
+    """Every client's batches as (steps, K, B) rows of the clients' concatenated samples
+    (:func:`_concat_inputs`) and a mask; a padded slot points at the zero row at the end."""
     sched = [list(batches(len(x), batch_size, epochs, seed, round, c, max_steps, purpose))
              for (x, _), c in zip(data, clients, strict=True)]
+    offsets = np.cumsum([0] + [len(x) for x, _ in data])
     steps = max((len(s) for s in sched), default=0)
     width = max((len(b) for s in sched for b in s), default=1)
-    idx = np.zeros((steps, len(sched), width), np.int64)
+    idx = np.full((steps, len(sched), width), offsets[-1], np.int64)
     mask = np.zeros((steps, len(sched), width), np.float32)
     for i, s in enumerate(sched):
         for t, b in enumerate(s):
-            idx[t, i, :len(b)] = b
+            idx[t, i, :len(b)] = offsets[i] + b
             mask[t, i, :len(b)] = 1.0
     return idx, mask
 
 
-def _stack_inputs(data: Sequence[tuple[np.ndarray, np.ndarray]], device: str
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The clients' samples padded to the longest: (K, N_max, ...) and (K, N_max)."""
-    longest = max(max(len(x) for x, _ in data), 1)
+def _concat_inputs(data: Sequence[tuple[np.ndarray, np.ndarray]], device: str
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The clients' samples end to end plus one zero row (what padded slots read): memory
+    is the sum of the clients' sizes, not K times the largest."""
     x0 = data[0][0]
-    xs = np.zeros((len(data), longest, *x0.shape[1:]), x0.dtype)
-    ys = np.zeros((len(data), longest), np.int64)
-    for i, (x, y) in enumerate(data):
-        xs[i, :len(x)] = x
-        ys[i, :len(y)] = y
+    xs = np.concatenate([x for x, _ in data] + [np.zeros((1, *x0.shape[1:]), x0.dtype)])
+    ys = np.concatenate([y for _, y in data] + [np.zeros(1, np.int64)]).astype(np.int64)
     return torch.from_numpy(xs).to(device), torch.from_numpy(ys).to(device)
 
 
@@ -194,23 +214,22 @@ def train_cohort(model: nn.Module, data: Sequence[tuple[np.ndarray, np.ndarray]]
               for n in names]
     idx, mask = _schedules(data, clients, epochs=epochs, batch_size=batch_size, seed=seed,
                            round=round, max_steps=max_steps, purpose=purpose)
-    xs, ys = _stack_inputs(data, device)
+    xs, ys = _concat_inputs(data, device)
     bufs, had = _momentum_buffers(optimizer_states if momentum > 0 else None, params, k)
 
     def loss(flat: tuple[torch.Tensor, ...], x: torch.Tensor, y: torch.Tensor,
              m: torch.Tensor) -> torch.Tensor:
         out = functional_call(model, (dict(zip(names, flat, strict=True)), fixed), (x,))
         ce = nn.functional.cross_entropy(out.float(), y, reduction="none")
-        return (ce * m).sum() / m.sum().clamp(min=1.0)
+        return torch.where(m > 0, ce, 0.0).sum() / m.sum().clamp(min=1.0)
 
     step = vmap(grad_and_value(loss))
-    rows = torch.arange(k, device=xs.device)[:, None]
     totals, counts = [0.0] * k, [0] * k
     model.train()
     for t in range(len(idx)):
         it, mt = torch.from_numpy(idx[t]).to(xs.device), torch.from_numpy(mask[t]).to(xs.device)
         active = (mask[t].sum(1) > 0)
-        grads, values = step(tuple(p.detach() for p in params), xs[rows, it], ys[rows, it], mt)
+        grads, values = step(tuple(p.detach() for p in params), xs[it], ys[it], mt)
         for p, g in zip(params, grads, strict=True):
             p.grad = g
         if grad_hook is not None:

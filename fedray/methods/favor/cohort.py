@@ -72,6 +72,22 @@ def lora_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
             if hasattr(m, "lora_A") and hasattr(m, "base_layer") and "default" in m.lora_A]
 
 
+def check_base(model: nn.Module) -> None:
+    """Refuse a base LM with active dropout outside the LoRA layers (attention, residual or
+    embedding dropout): the sequential path draws it per author from the author's seeded
+    generator, which a forward over all authors' rows cannot (the executor then trains the
+    cohort's authors one at a time)."""
+    lora = {id(m.lora_dropout["default"]) for _, m in lora_layers(model)}
+    active = [n for n, m in model.named_modules() if isinstance(m, nn.Dropout) and m.p > 0
+              and id(m) not in lora]
+    config = getattr(causal_lm(model), "config", None)
+    rate = float(getattr(config, "attention_dropout", 0.0) or 0.0)
+    if active or rate > 0:
+        where = active[0] if active else f"attention_dropout={rate}"
+        raise ValueError(f"the base LM drops out outside its LoRA layers ({where}): its "
+                         f"authors train one at a time")
+
+
 def cohort_problems(variant: str) -> list[str]:
     """Why this variant cannot train a cohort of authors at once (empty: it can)."""
     if variant not in VARIANTS:
@@ -111,13 +127,19 @@ def batched_lora(model: nn.Module, stack: Adapter, rows: _Rows) -> Iterator[None
     lora_B_k(lora_A_k(drop_k(x)))`` with author k's factors from ``stack`` (``{peft name:
     (K, ...)}``) for each row (``rows.index``) and author k's dropout masks."""
     params = dict(stack)
-    saved = []
+    saved, used = [], set()
     try:
         for path, layer in lora_layers(model):
-            a = params[f"{path}.lora_A.default.weight"]
-            b = params[f"{path}.lora_B.default.weight"]
+            names = f"{path}.lora_A.default.weight", f"{path}.lora_B.default.weight"
+            used.update(names)
             saved.append((layer, layer.forward))
-            layer.forward = _row_forward(path, layer, a, b, rows)
+            layer.forward = _row_forward(path, layer, params[names[0]], params[names[1]],
+                                         rows)
+        if used != set(params):
+            raise ValueError(f"{len(set(params) - used)} adapter tensor(s) belong to no "
+                             f"batched LoRA linear layer (e.g. "
+                             f"{sorted(set(params) - used)[0]}): this adapter trains one "
+                             f"author at a time")
         yield
     finally:
         for layer, forward in saved:
@@ -217,6 +239,7 @@ def _stage(model: nn.Module, authors: Sequence[Author], adapter: Any, cfg: Stage
     ``adapter()`` is the stacked adapter the forward uses and ``loss_of(step, task, h,
     ids, rows, lengths)`` each author's loss (a (K,) tensor) from its task loss. Returns
     each author's per-micro-batch (loss, task loss) values, for the stage's metrics."""
+    check_base(model)
     k = len(authors)
     device = authors[0].ids.device
     plans = [_micro_batches(len(a.ids), cfg, seed, round, a.client, purpose) for a in authors]

@@ -221,16 +221,18 @@ class Favor(Algorithm):
         return ClientOutput(to_numpy(upload), len(ids), metrics, state)
 
     @classmethod
-    def cohort_fit(cls, cfg: Any, input_shape: tuple[int, ...], num_classes: int
-                   ) -> CohortFit:
+    def cohort_fit(cls, cfg: Any, input_shape: tuple[int, ...] | None,
+                   num_classes: int | None) -> CohortFit:
         """A cohort of authors shares the one resident LM (:mod:`fedray.methods.favor.
-        cohort`): the ``favor``, ``fedavg`` and ``fedprox`` variants; ``auto`` takes it
-        wherever it applies (the base is held once, however many authors train). The
-        stacked factors and the authors' activations are checked by the device as it
-        trains (measuring them here would mean building the LM before Ray)."""
+        cohort`): the ``favor``, ``fedavg`` and ``fedprox`` variants, with ``on`` only —
+        ``auto`` never takes it, since a cohort's activations grow with its authors and
+        cannot be sized before the LM is built (set ``runtime.cohort_size`` to the authors
+        one device holds); the device checks as it trains."""
+        import math
+
         from fedray.methods.favor.cohort import cohort_problems
 
-        return CohortFit(cohort_problems(cfg.algorithm.get("variant", "favor")))
+        return CohortFit(cohort_problems(cfg.algorithm.get("variant", "favor")), math.inf)
 
     def cohort_update(self, contexts: list[ClientContext], broadcast) -> list[ClientOutput]:
         """The client rounds of a cohort of authors through the one resident LM with

@@ -14,6 +14,7 @@ import numpy as np
 from fedray.core.registry import register_method
 from fedray.core.spec import ConfigError, spec
 from fedray.methods.base import (
+    AUTO_WORK,
     BASE_HELP,
     WEIGHTED_HELP,
     AggregationPolicy,
@@ -194,8 +195,8 @@ class FedAvg(Algorithm):
         return ClientOutput(delta, len(ctx.x_train), metrics, state)
 
     @classmethod
-    def cohort_fit(cls, cfg: Any, input_shape: tuple[int, ...], num_classes: int
-                   ) -> CohortFit:
+    def cohort_fit(cls, cfg: Any, input_shape: tuple[int, ...] | None,
+                   num_classes: int | None) -> CohortFit:
         """The configured model, built on the CPU: whether it trains as a cohort
         (:func:`fedray.models.cohort.cohort_problems`), one step's multiply-adds
         (trainable parameters × batch size; infinite — never chosen by ``auto`` — for a
@@ -203,6 +204,8 @@ class FedAvg(Algorithm):
         dense_only`) and each client's bytes in a cohort (fp32 parameters, gradients,
         momentum and a proximal temporary, plus its batch's saved activations forward and
         backward)."""
+        if input_shape is None:  # a table read at run time: checked with its shape then
+            return CohortFit([])
         from fedray.models import build_model
         from fedray.models.cohort import activation_numel, cohort_problems, dense_only
 
@@ -214,9 +217,11 @@ class FedAvg(Algorithm):
             return CohortFit(problems)
         params = sum(p.numel() for p in model.parameters() if p.requires_grad)
         batch = cfg.local.batch_size
+        work = float(params * batch) if dense_only(model) else math.inf
+        if cfg.runtime.vectorize == "auto" and work > AUTO_WORK:
+            return CohortFit(problems, work)  # auto says no: no memory to size
         copies = 3 + (cfg.local.momentum > 0)
         acts = 2 * batch * activation_numel(model, input_shape)
-        work = float(params * batch) if dense_only(model) else math.inf
         return CohortFit(problems, work, 4 * (copies * params + acts))
 
     def cohort_update(self, contexts: list[ClientContext], broadcast: State
@@ -247,7 +252,7 @@ class FedAvg(Algorithm):
                 metrics["acc_after"] = evaluate(model, ctx.x_test, ctx.y_test,
                                                 ctx.device)["accuracy"]
             delta = {k: tr.params[k] - np.asarray(broadcast[k], dtype=np.float32)
-                     for k in tr.params}
+                     for k in self.trainable(model)}
             state = {"optimizer": tr.optimizer_state} if self.uses_client_state else None
             out.append(ClientOutput(delta, len(ctx.x_train), metrics, state))
         return out
