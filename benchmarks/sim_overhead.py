@@ -234,7 +234,7 @@ def run_fedray(cfg, run_dir: str, keep_ray: bool = False) -> dict:
     run_experiment(cfg, run_dir, progress=False, on_round=lambda row: stamps.append(
         time.perf_counter()))
     e2e = time.perf_counter() - t0
-    state = Storage(run_dir).read_checkpoint()["global_state"]
+    state = Storage(run_dir).read_checkpoint()["parts"]["server"]["params"]
     times = list(np.diff(stamps))
     return {"round_seconds": [float("nan")] + times, "e2e_seconds": e2e, "state": state}
 

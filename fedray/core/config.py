@@ -232,7 +232,7 @@ class RuntimeConfig:
                     "the same for any executor count and across --resume. on: always (an "
                     "error where the method or model cannot); auto: where they can, the model "
                     "is dense (linear layers, activations) and one client's local step is at "
-                    "most 4M multiply-adds (trainable parameters x local.batch_size), where "
+                    "most 1M multiply-adds (trainable parameters x local.batch_size), where "
                     "batching measured faster on a CPU; off: one client at a "
                     "time. Methods: the FedAvg family (FedAvg, FedProx, FedAvgM, FedOpt, "
                     "ORDERS, top-k, PowerSGD) and FAVoR's favor, fedavg and fedprox "

@@ -304,7 +304,7 @@ def check_reduce(cfg: Any, method: Any) -> None:
                           f"driver for {cfg.algorithm['name']} here: {why}")
 
 
-AUTO_WORK = 4_000_000  # runtime.vectorize=auto: most multiply-adds in one client's local step
+AUTO_WORK = 1_000_000  # runtime.vectorize=auto: most multiply-adds in one client's local step
 
 
 @dataclass(frozen=True)
