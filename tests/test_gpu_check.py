@@ -36,10 +36,13 @@ def test_dry_run_exercises_every_check(dry_run):
     rows = report["rows"]
     assert report["env"]["dry_run"] and report["env"]["device"] == "cpu"
     assert {r["check"] for r in rows} == {"favor_bf16", "favor_memory", "favor_memory_model",
-                                          "flite_bf16", "drod_deterministic", "ray_tiers",
-                                          "fatal_error", "favor_qlora_fleet",
+                                          "favor_cohort", "flite_bf16", "drod_deterministic",
+                                          "ray_tiers", "fatal_error", "favor_qlora_fleet",
                                           "drod_fleet_gpu", "flite_resnet18"}
     assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
+    (cohort,) = [r for r in rows if r["check"] == "favor_cohort"]  # authors through one base
+    assert cohort["authors"] == 3 and cohort["max_rel_upload_diff"] <= 1e-4
+    assert cohort["sequential_tokens_per_s"] > 0 and cohort["batched_tokens_per_s"] > 0
     (bf16,) = [r for r in rows if r["check"] == "favor_bf16"]
     assert bf16["param_dtype"] == "torch.bfloat16"  # the alignment ran on bf16 hidden states
     assert {r["layers"] for r in rows if r["check"] == "favor_memory"} == {1, 2}
