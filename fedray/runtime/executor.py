@@ -190,18 +190,14 @@ class ClientExecutor:
         results, members = [], []
         for slot, got in zip(slots, outputs, strict=True):
             if got.error is not None:
-                results.append(ClientResult(slot.client, round, Status.ERROR, error=got.error,
-                                            seconds=got.seconds, executor=self.name))
+                results.append(self._error(slot.client, round, got))
                 continue
             t0 = time.perf_counter()
             try:
                 version, state_bytes = self._save_state(slot.client, round, got.output.state,
                                                         got.memory)
             except Exception as e:  # noqa: BLE001 — reported per client
-                failed = _Trained.failed(e, got.seconds)
-                results.append(ClientResult(slot.client, round, Status.ERROR,
-                                            error=failed.error, seconds=got.seconds,
-                                            executor=self.name))
+                results.append(self._error(slot.client, round, _Trained.failed(e, got.seconds)))
                 continue
             members.append(got.output)
             results.append(ClientResult(
@@ -272,8 +268,7 @@ class ClientExecutor:
         """A client's output through the transform chain and the codec; its state written
         back; with ``partial``, its decoded upload added to the sum."""
         if got.error is not None:
-            return ClientResult(cid, round, Status.ERROR, error=got.error, seconds=got.seconds,
-                                executor=self.name)
+            return self._error(cid, round, got)
         t0 = time.perf_counter()
         try:
             result, memory = got.output, got.memory
@@ -301,9 +296,13 @@ class ClientExecutor:
                                 executor=self.name, state_version=version,
                                 state_bytes=state_bytes)
         except Exception as e:  # noqa: BLE001 — reported per client, never swallowed
-            failed = _Trained.failed(e, got.seconds + time.perf_counter() - t0)
-            return ClientResult(cid, round, Status.ERROR, error=failed.error,
-                                seconds=failed.seconds, executor=self.name)
+            return self._error(cid, round,
+                               _Trained.failed(e, got.seconds + time.perf_counter() - t0))
+
+    def _error(self, cid: int, round: int, got: _Trained) -> ClientResult:
+        """A client whose update (or what came after it) raised, as the driver receives it."""
+        return ClientResult(cid, round, Status.ERROR, error=got.error, seconds=got.seconds,
+                            executor=self.name)
 
     def _linear_policy(self) -> Any:
         """The run's aggregation rule, for its weights w_i (made once per run)."""

@@ -88,13 +88,9 @@ class FedAvg(Algorithm):
     def check(cls, cfg: Any) -> None:
         super().check(cfg)
         if cfg.local.dp_noise_multiplier is not None:
-            from fedray.core.config import dataset_shape
-
-            try:
-                shape = dataset_shape(cfg.data)
-            except ConfigError:  # a table read at run time: the executor checks the model
-                return
-            cls.check_dp_sgd(cfg, *shape)
+            shape, classes = cls.input_of(cfg)
+            if shape is not None:  # a table read at run time: the executor checks the model
+                cls.check_dp_sgd(cfg, shape, classes)
 
     @classmethod
     def check_dp_sgd(cls, cfg: Any, input_shape: tuple[int, ...], num_classes: int) -> None:
