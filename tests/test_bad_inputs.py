@@ -75,6 +75,16 @@ CONFIG_CASES = [
     (["algorithm.name=favor"], "algorithm.base", "a hub id or a model directory"),
     (["algorithm.name=orders", "algorithm.weighting=linear"], "algorithm.weighting", "one of"),
     (["algorithm.name=flite", "algorithm.r=0"], "algorithm.r", ">= 1"),
+    # runtime.vectorize=on where cohorts cannot run (tests/test_vectorize.py has the CLI's)
+    (["runtime.vectorize=on", "algorithm.name=drod", "model.name=sliceable_resnet18"],
+     "runtime.vectorize", "vectorizable"),
+    (["runtime.vectorize=on", "algorithm.name=fedbuff"], "runtime.vectorize", "vectorizable"),
+    (["runtime.vectorize=on", "local.dp_noise_multiplier=1.0"], "runtime.vectorize",
+     "DP-SGD"),
+    (["runtime.vectorize=on", "local.bf16=true"], "runtime.vectorize", "bf16"),
+    (["runtime.vectorize=on", "runtime.cohort_size=0"], "runtime.cohort_size", ">= 1"),
+    (["runtime.vectorize=on", "runtime.cohort_size=1000000000000", "model.hidden=[512]"],
+     "runtime.cohort_size", "GB"),
 ]
 
 

@@ -66,21 +66,32 @@ def assert_same_outputs(a: dict, b: dict) -> None:
                 assert x[col].equals(y[col]), (table, col)
 
 
-def test_bitwise_identical_with_1_2_3_executors_and_across_runs(ray_session, tiny_cfg, tmp_path):
-    """The final state and every metric (rounds, clients, summary) are bitwise the same with
-    1, 2 or 3 executors and across runs; per-client evaluations are reduced in client-id
-    order, not in finish order."""
+def runs_across_executors(tiny_cfg, tmp_path, counts: list[int], **overrides
+                          ) -> tuple[list[dict], list[dict]]:
+    """``tiny_cfg(**overrides)`` run with each executor count into tmp_path/r{i}; asserts
+    every run's final state and outputs bitwise equal to the first's. Returns (states,
+    outputs) in run order."""
     states, outputs = [], []
-    for i, n in enumerate([1, 2, 3, 2]):
-        cfg = tiny_cfg(**{"runtime.tiers": f"[{{name: default, executors: {n}, num_cpus: 0.5}}]",
-                          "clients.fraction": 0.67, "local.momentum": 0.5,
-                          "local.keep_optimizer_state": "true", "runtime.chunk_size": 1})
+    for i, n in enumerate(counts):
+        cfg = tiny_cfg(**overrides, **{
+            "runtime.tiers": f"[{{name: default, executors: {n}, num_cpus: 0.5}}]"})
         run_experiment(cfg, str(tmp_path / f"r{i}"), progress=False)
         states.append(final_state(tmp_path / f"r{i}"))
         outputs.append(run_outputs(tmp_path / f"r{i}"))
     for s, o in zip(states[1:], outputs[1:], strict=True):
         assert_bitwise_equal(states[0], s)
         assert_same_outputs(outputs[0], o)
+    return states, outputs
+
+
+def test_bitwise_identical_with_1_2_3_executors_and_across_runs(ray_session, tiny_cfg, tmp_path):
+    """The final state and every metric (rounds, clients, summary) are bitwise the same with
+    1, 2 or 3 executors and across runs; per-client evaluations are reduced in client-id
+    order, not in finish order."""
+    _, outputs = runs_across_executors(
+        tiny_cfg, tmp_path, [1, 2, 3, 2], **{"clients.fraction": 0.67, "local.momentum": 0.5,
+                                             "local.keep_optimizer_state": "true",
+                                             "runtime.chunk_size": 1})
     assert outputs[0]["rounds"]["personalized_accuracy"].notna().all()
     clients = pq.read_table(tmp_path / "r2" / "clients.parquet").to_pandas()
     assert clients["executor"].dropna().nunique() == 3

@@ -13,7 +13,13 @@ import pytest
 import torch
 from conftest import full_and_resumed
 from ray import cloudpickle as ray_cloudpickle
-from test_runtime import assert_bitwise_equal, assert_same_outputs, final_state, run_outputs
+from test_runtime import (
+    assert_bitwise_equal,
+    assert_same_outputs,
+    final_state,
+    run_outputs,
+    runs_across_executors,
+)
 from torch import nn
 
 from fedray.core import registry
@@ -238,21 +244,6 @@ def test_auto_follows_the_documented_rule(tiny_cfg):
     assert cohort_size(tiny_cfg(), FedAvg, (64,), 10) is None  # the default: off
 
 
-@pytest.mark.parametrize("overrides,field,words", [
-    (["algorithm.name=drod", "model.name=sliceable_resnet18"], "runtime.vectorize",
-     "vectorizable"),
-    (["algorithm.name=fedbuff"], "runtime.vectorize", "vectorizable"),
-    (["local.dp_noise_multiplier=1.0"], "runtime.vectorize", "DP-SGD"),
-    (["local.bf16=true"], "runtime.vectorize", "bf16"),
-    (["runtime.cohort_size=0"], "runtime.cohort_size", ">= 1"),
-    (["runtime.cohort_size=1000000000000", "model.hidden=[512]"], "runtime.cohort_size",
-     "GB"),
-], ids=["drod", "fedbuff", "dp-sgd", "bf16", "size-0", "memory"])
-def test_configs_that_cannot_vectorize_are_refused(overrides, field, words):
-    with pytest.raises(ConfigError) as e:
-        load_config(None, ["runtime.vectorize=on", *overrides])
-    assert e.value.path == field and words in str(e.value), str(e.value)
-
 
 @pytest.fixture
 def batchnorm_model():
@@ -303,16 +294,7 @@ VEC = {"runtime.vectorize": "on", "runtime.cohort_size": 2, "clients.fraction": 
 def test_vectorized_runs_are_bitwise_across_executor_counts(ray_session, tiny_cfg, tmp_path):
     """With vectorize on, 1, 2 and 3 executors give the same bits (state and every metric
     file); the vectorized run is the sequential run up to float32 rounding."""
-    states, outputs = [], []
-    for i, n in enumerate([1, 3, 2]):
-        cfg = tiny_cfg(**VEC, **{"runtime.tiers":
-                                 f"[{{name: default, executors: {n}, num_cpus: 0.5}}]"})
-        run_experiment(cfg, str(tmp_path / f"r{i}"), progress=False)
-        states.append(final_state(tmp_path / f"r{i}"))
-        outputs.append(run_outputs(tmp_path / f"r{i}"))
-    for s, o in zip(states[1:], outputs[1:], strict=True):
-        assert_bitwise_equal(states[0], s)
-        assert_same_outputs(outputs[0], o)
+    states, outputs = runs_across_executors(tiny_cfg, tmp_path, [1, 3, 2], **VEC)
     clients = pq.read_table(tmp_path / "r1" / "clients.parquet").to_pandas()
     assert clients["executor"].dropna().nunique() == 3
     seq = tiny_cfg(**{**VEC, "runtime.vectorize": "off"})
