@@ -34,7 +34,10 @@ MODEL = ["model.name=resnet18", "model.width=8"]
 PRETRAIN = ["pretrain.epochs=20", "pretrain.batch_size=64", "pretrain.fraction=0.3",
             "pretrain.warmup_epochs=2"]
 CLIENTS, PER_ROUND, ROUNDS = 700, 70, 20
-BASE = ["data.dataset=digits", f"rounds={ROUNDS}", "local.epochs=1", "local.batch_size=16",
+# every run tests on the split of seed 0, the split the base is pretrained on (its training
+# samples are never among the test samples; the seed drives the partition, sampling and noise)
+SPLIT = ["data.dataset=digits", "data.split_seed=0"]
+BASE = SPLIT + [f"rounds={ROUNDS}", "local.epochs=1", "local.batch_size=16",
         f"clients.num_clients={CLIENTS}", f"clients.per_round={PER_ROUND}",
         "data.partition=iid", "data.min_samples=2", "eval.every=5", "eval.clients=none",
         "runtime.tiers=[{name: default, executors: 2, num_cpus: 1}]"]
@@ -42,6 +45,13 @@ METHODS = {"fedavg": ["algorithm.name=fedavg", "local.lr=0.01"],
            "flite": ["algorithm.name=flite", "algorithm.d=64", "algorithm.r=32"]}
 DP = ["dp.enabled=true", "dp.sampling=poisson", "dp.adaptive_clip=true", "dp.clip_norm=0.5"]
 EPSILONS = [math.inf, 8.0, 4.0, 1.0]
+BASE_RECIPE = SPLIT + ["seed=0"] + MODEL + PRETRAIN
+
+
+def run_overrides(method: str, eps: float, seed: int, base: str) -> list[str]:
+    """The config of one run of the study (``tests/test_honest_split.py`` checks them)."""
+    dp = [] if math.isinf(eps) else DP + [f"dp.target_epsilon={eps}"]
+    return BASE + MODEL + METHODS[method] + dp + [f"seed={seed}", f"algorithm.base={base}"]
 
 
 def run_one(method: str, eps: float, seed: int, base: str, work: str) -> dict:
@@ -50,9 +60,7 @@ def run_one(method: str, eps: float, seed: int, base: str, work: str) -> dict:
     from fedray.runtime import run_experiment
 
     name = f"dp-{method}-eps{eps:g}-s{seed}"
-    dp = [] if math.isinf(eps) else DP + [f"dp.target_epsilon={eps}"]
-    cfg = load_config(None, BASE + MODEL + METHODS[method] + dp + [
-        f"seed={seed}", f"algorithm.base={base}", f"name={name}"])
+    cfg = load_config(None, run_overrides(method, eps, seed, base) + [f"name={name}"])
     run_dir = os.path.join(work, name)
     summary = run_experiment(cfg, run_dir, progress=False)
     rounds = read_metrics(run_dir, "rounds").to_pandas()
@@ -122,14 +130,12 @@ def main() -> None:
     if args.table_only:
         df = pd.read_parquet(os.path.join(args.out, "runs.parquet"))
         with tempfile.TemporaryDirectory() as work:
-            base_acc = pretrain(load_config(None, ["data.dataset=digits", "seed=0"] + MODEL
-                                            + PRETRAIN), os.path.join(work, "base"),
+            base_acc = pretrain(load_config(None, BASE_RECIPE), os.path.join(work, "base"),
                                 progress=False)["test_accuracy"]
         return write(df, base_acc, args.out, t0)
     with tempfile.TemporaryDirectory() as work:
         base = os.path.join(work, "base")
-        base_acc = pretrain(load_config(None, ["data.dataset=digits", "seed=0"] + MODEL
-                                        + PRETRAIN), base, progress=False)["test_accuracy"]
+        base_acc = pretrain(load_config(None, BASE_RECIPE), base, progress=False)["test_accuracy"]
         grid = [(m, e, s) for m in METHODS for e in EPSILONS for s in args.seeds]
         ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
         for method, eps, seed in tqdm(grid, desc="dp study", unit="run"):

@@ -93,19 +93,12 @@ def rungs(arm: str, args, match: str) -> dict:
     from fedray.core.config import load_config
     from fedray.core.registry import build_method
     from fedray.methods.drod.method import data_shape
-    from fedray.models.sliceable import held
 
     cfg = load_config(None, base=config(arm, "er", 0, args, match))
-    res = build_method(cfg).build_resident(*data_shape(cfg), "cpu")
-    full = sum(int(np.prod(s)) for _, s in held(res.arch, res.hw, res.arch.full()))
-    out = {}
-    for t, r in res.tiers.items():
-        keep = res.keep.get(t, 1.0)
-        shapes = held(res.arch, res.hw, r.geometry)
-        n = sum(int(np.prod(s)) * (keep if len(s) >= 2 else 1) for _, s in shapes)
-        out[t] = {"geometry": r.geometry.to_dict(), "depths": list(res.depths[t]),
-                  "keep": keep, "param_ratio": n / full, "flop_ratio": r.flop_ratio}
-    return out
+    lad = build_method(cfg).build_resident(*data_shape(cfg), "cpu").ladder
+    return {t: {"geometry": r.geometry.to_dict(), "depths": list(lad.depths[t]),
+                "keep": lad.keep.get(t, 1.0), "param_ratio": lad.param_ratio(t),
+                "flop_ratio": r.flop_ratio} for t, r in lad.tiers.items()}
 
 
 def geometry_key(arm: str, args, match: str) -> str:

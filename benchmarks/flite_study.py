@@ -54,7 +54,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = ["model.name=resnet18", "model.width=8"]
 PRETRAIN = ["pretrain.epochs=20", "pretrain.batch_size=64", "pretrain.fraction=0.3",
             "pretrain.warmup_epochs=2"]
-BASE = ["data.dataset=digits", "rounds=10", "local.epochs=1", "local.batch_size=16",
+# every run tests on the split of seed 0, the split the bases are pretrained on (no base ever
+# saw a test sample; the seed drives the partition, sampling and initialisation)
+SPLIT = ["data.dataset=digits", "data.split_seed=0"]
+BASE = SPLIT + ["rounds=10", "local.epochs=1", "local.batch_size=16",
         "clients.fraction=1.0", "eval.every=1", "eval.clients=none",
         "runtime.tiers=[{name: default, executors: 2, num_cpus: 1}]"]
 PARTITIONS = {"iid": ["data.partition=iid"],
@@ -95,7 +98,7 @@ def r_method(r: int) -> str:
 
 
 def base_overrides(head: str, model: list[str] = MODEL) -> list[str]:
-    return ["data.dataset=digits", "seed=0", f"pretrain.head={head}"] + model + PRETRAIN
+    return SPLIT + ["seed=0", f"pretrain.head={head}"] + model + PRETRAIN
 
 
 def _digest(items: list[str]) -> str:

@@ -463,15 +463,13 @@ PAPERS = [("ORDERS (norm-rank aggregation)", ORDERS), ("FLITE (latent federated 
           ("DROD (dual-ratio ordered dropout)", DROD), ("FAVoR (author style)", FAVOR)]
 
 
-def render() -> str:
-    out = ["## What reproduces (`benchmarks/reproduces.py`)", "",
-           "Generated from the stored study outputs by `.venv/bin/python "
-           "benchmarks/reproduces.py` (do not edit by hand). Verdicts follow the rule next "
-           "to each claim in the script: *reproduces*, *reproduces in direction* (ordering or "
-           "sign holds, size not comparable), *does not reproduce*, *not measured*.", ""]
+VERDICTS = ("reproduces", "reproduces in direction", "does not reproduce", "not measured")
+
+
+def evaluate() -> list[dict]:
+    """Every claim's row: paper, claim, the paper's number, ours, setting, verdict."""
+    rows = []
     for title, claims in PAPERS:
-        out += [f"### {title}", "", "| claim | paper | ours | setting | verdict |",
-                "|---|---|---|---|---|"]
         for text, paper, setting, fn in claims:
             try:
                 ours, verdict = fn()
@@ -479,13 +477,74 @@ def render() -> str:
                 ours, verdict = f"missing: {e}", "not measured"
             except (KeyError, ValueError) as e:
                 ours, verdict = f"missing: {e} in the study output", "not measured"
-            out.append(f"| {text} | {paper} | {ours} | {setting} | **{verdict}** |")
+            rows.append({"paper": title, "claim": text, "number": paper, "ours": ours,
+                         "setting": setting, "verdict": verdict})
+    return rows
+
+
+def provenance() -> str:
+    """The commit the outputs were read at (``+ changes`` when the tree differs from it)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                              check=False).stdout.strip()
+
+    head = git("rev-parse", "--short=10", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return head + (" + uncommitted changes" if dirty else "")
+
+
+def tally(rows: list[dict], previous: dict[str, str], stamp: str) -> list[str]:
+    """The count of verdicts (overall and per paper) and the claims whose verdict changed
+    since the previous generation (``previous``: claim → verdict)."""
+    def counts(rs: list[dict]) -> str:
+        return ", ".join(f"{sum(r['verdict'] == v for r in rs)} {v}" for v in VERDICTS
+                         if any(r["verdict"] == v for r in rs))
+
+    out = [f"**Tally ({stamp}): {len(rows)} claims — {counts(rows)}.**", ""]
+    out += [f"- {t.split(' (')[0]}: {counts([r for r in rows if r['paper'] == t])}"
+            for t, _ in PAPERS]
+    changed = [(r, previous[r["claim"]]) for r in rows
+               if r["claim"] in previous and previous[r["claim"]] != r["verdict"]]
+    new = [r for r in rows if previous and r["claim"] not in previous]
+    out.append("")
+    if not previous:
+        out.append("Changed since the previous generation: no previous tally on record.")
+    elif not changed and not new:
+        out.append("Changed since the previous generation: no verdict.")
+    else:
+        out.append("Changed since the previous generation: " + "; ".join(
+            [f"{r['claim']}: {was} → **{r['verdict']}**" for r, was in changed]
+            + [f"{r['claim']}: new, **{r['verdict']}**" for r in new]) + ".")
+    return out + [""]
+
+
+def render(rows: list[dict], previous: dict[str, str], stamp: str) -> str:
+    out = ["## What reproduces (`benchmarks/reproduces.py`)", "",
+           "Generated from the stored study outputs by `.venv/bin/python "
+           "benchmarks/reproduces.py` (do not edit by hand). Verdicts follow the rule next "
+           "to each claim in the script: *reproduces*, *reproduces in direction* (ordering or "
+           "sign holds, size not comparable), *does not reproduce*, *not measured*.", ""]
+    out += tally(rows, previous, stamp)
+    for title, _ in PAPERS:
+        out += [f"### {title}", "", "| claim | paper | ours | setting | verdict |",
+                "|---|---|---|---|---|"]
+        out += [f"| {r['claim']} | {r['number']} | {r['ours']} | {r['setting']} | "
+                f"**{r['verdict']}** |" for r in rows if r["paper"] == title]
         out.append("")
     return "\n".join(out)
 
 
 def main() -> None:
-    text = render()
+    import datetime
+
+    record = RES / "reproduces.json"
+    previous = {r["claim"]: r["verdict"] for r in load_json(record)["rows"]} \
+        if record.exists() else {}
+    rows = evaluate()
+    stamp = f"{datetime.date.today().isoformat()}, commit {provenance()}"
+    text = render(rows, previous, stamp)
+    record.write_text(json.dumps({"produced": stamp, "rows": rows}, indent=2,
+                                 ensure_ascii=False) + "\n")
     (RES / "reproduces.md").write_text(text)
     results = ROOT / "benchmarks" / "RESULTS.md"
     body = results.read_text()

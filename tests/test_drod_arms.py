@@ -12,7 +12,7 @@ from fedray.core.config import ConfigError
 from fedray.core.registry import build_method
 from fedray.data import build_data
 from fedray.methods.drod.method import data_shape, fiarse_masks, od_choices
-from fedray.models.sliceable import held
+from fedray.models.sliceable import held, held_count
 from fedray.observe.metrics import read_metrics
 from fedray.wire.payload import Payload
 
@@ -44,8 +44,9 @@ def test_fiarse_mask_is_the_top_magnitudes_and_follows_the_global_weights():
     assert mask.sum() == int(np.ceil(keep * mask.size))
     # the sub-model holds ρ of the full model's parameters: unmasked tensors + kept weights
     total = sum(int(np.count_nonzero(v)) if v.ndim >= 2 else v.size for v in sent.values())
-    full = sum(int(np.prod(s)) for _, s in held(res.arch, res.hw, res.arch.full()))
-    assert total / full == pytest.approx(0.064, rel=0.01)
+    assert total / held_count(res.arch, res.hw) == pytest.approx(0.064, rel=0.01)
+    assert res.ladder.param_ratio("t006") == pytest.approx(total / held_count(res.arch, res.hw),
+                                                           rel=1e-3)
     # importance follows training: a dropped weight that grows past the threshold is in
     idx = tuple(np.argwhere(~mask)[0])
     sl = tuple(slice(0, n) for n in sent[name].shape)

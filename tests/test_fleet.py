@@ -11,7 +11,12 @@ import pytest
 
 from fedray.core.config import ConfigError, load_config
 from fedray.methods.base import AsyncUpdate
-from fedray.methods.fedbuff import FedAsyncPolicy, FedBuffPolicy, fedbuff_weight
+from fedray.methods.fedbuff import (
+    FedAsyncPolicy,
+    FedBuffPolicy,
+    fedbuff_coefficients,
+    fedbuff_weight,
+)
 from fedray.services.fleet import (
     Availability,
     Fleet,
@@ -133,6 +138,41 @@ def test_fedbuff_staleness_weights_against_hand_computation():
     mix = 0.6 * 4 ** -0.5
     assert m["mixing"] == pytest.approx(mix)
     assert new["w"].tolist() == pytest.approx([(1 - mix) + mix * 0.5, (1 - mix) - mix * 0.5])
+
+
+def test_fedbuff_weighted_reducer_against_a_hand_computed_sequence():
+    """algorithm.reducer=weighted (FLSim's default): θ ← θ + η Σ sΔ / Σ s, two server steps
+    by hand; the default buffer reducer divides the same sum by K instead."""
+    from fedray.core.registry import make_method, method
+
+    g = {"w": np.array([1.0, -1.0], dtype=np.float32)}
+    cfg = load_config(None, ["algorithm.name=fedbuff", "algorithm.reducer=weighted",
+                             "algorithm.buffer_size=2", "server.optimizer=sgd",
+                             "server.lr=0.5"])
+    weighted = make_method(method("fedbuff"), cfg).make_policy()
+    assert weighted.reducer == "weighted" and weighted.buffer_size == 2
+    step1 = [AsyncUpdate(0, 5, {"w": np.array([0.4, 0.2])}, 0, g),
+             AsyncUpdate(1, 5, {"w": np.array([-0.2, 0.6])}, 3, g)]
+    s1 = [1.0, 0.5]  # s(0), s(3)
+    hand1 = np.array([1.0, -1.0]) + 0.5 * (s1[0] * np.array([0.4, 0.2])
+                                           + s1[1] * np.array([-0.2, 0.6])) / sum(s1)
+    g1, m1 = weighted.aggregate_async(g, step1, 1)
+    assert g1["w"].tolist() == pytest.approx(hand1.astype(np.float32).tolist(), abs=1e-7)
+    assert m1["mean_weight"] == pytest.approx(1.0)
+    step2 = [AsyncUpdate(2, 5, {"w": np.array([1.0, 0.0])}, 8, g1),
+             AsyncUpdate(3, 5, {"w": np.array([0.0, -0.3])}, 1, g1)]
+    s2 = [1 / 3, 2 ** -0.5]  # s(8), s(1)
+    hand2 = hand1.astype(np.float32).astype(np.float64) + 0.5 * (
+        s2[0] * np.array([1.0, 0.0]) + s2[1] * np.array([0.0, -0.3])) / sum(s2)
+    g2, _ = weighted.aggregate_async(g1, step2, 2)
+    assert g2["w"].tolist() == pytest.approx(hand2.astype(np.float32).tolist(), abs=1e-7)
+    buffered, _ = FedBuffPolicy(4, 2, SGD.of(lr=0.5)).aggregate_async(g1, step2, 2)
+    hand_buffer = hand1.astype(np.float32).astype(np.float64) + 0.5 * (
+        s2[0] * np.array([1.0, 0.0]) + s2[1] * np.array([0.0, -0.3])) / 2
+    assert buffered["w"].tolist() == pytest.approx(hand_buffer.astype(np.float32).tolist(),
+                                                   abs=1e-7)
+    assert fedbuff_coefficients([8, 1], "weighted").sum() == pytest.approx(1.0)
+    assert fedbuff_coefficients([8, 1]).sum() == pytest.approx(np.mean(s2))
 
 
 def test_the_example_trace_is_valid_and_fedscale_pickles_convert_safely(tmp_path):

@@ -22,6 +22,7 @@ from fedray.services.privacy import (
     calibrate_noise,
     clip_update,
     epsilon,
+    gaussian_epsilon,
     poisson_sample,
     update_noise_multiplier,
 )
@@ -83,6 +84,102 @@ def test_fixed_sampling_accounts_the_replace_one_sensitivity_2c():
     assert fixed == pytest.approx(epsilon(1.0, 30, n=50, k=50, delta=1e-5,
                                           sampling="poisson"), rel=1e-9)
     assert fixed > 2 * epsilon(2.0, 30, n=50, k=50, delta=1e-5, sampling="poisson")
+
+
+def test_releases_without_sampling_are_accounted_exactly():
+    """Everyone in every release (K = N, or an asynchronous buffer): the run is T Gaussians of
+    multiplier z/2, i.e. μ-GDP with μ = 2√T/z, whose exact ε is Balle & Wang's closed form.
+    ``auto`` accounts it with PLD, which meets the closed form (pessimistic, on its grid);
+    RDP stays a valid, looser bound. The issue's case: z = 4, 100 releases: 33.10 vs 35.08."""
+    from scipy.stats import norm
+
+    from fedray.services.privacy import gaussian_epsilon, resolve_accountant
+
+    mu = 2 * math.sqrt(100) / 4.0
+    exact = gaussian_epsilon(mu, 1e-5)
+    # the closed form itself: δ(ε) at the returned ε is δ
+    assert norm.cdf(-exact / mu + mu / 2) - math.exp(exact) * norm.cdf(-exact / mu - mu / 2) \
+        == pytest.approx(1e-5, rel=1e-6)
+    assert exact == pytest.approx(33.10, abs=0.01)
+    kw = dict(n=10, k=10, delta=1e-5, sampling="fixed")
+    auto = epsilon(4.0, 100, accountant="auto", **kw)
+    assert auto == epsilon(4.0, 100, accountant="pld", **kw)
+    assert exact <= auto <= exact * 1.001
+    assert epsilon(4.0, 100, accountant="rdp", **kw) == pytest.approx(35.08, abs=0.01)
+    for z, t in ((1.0, 1), (0.7, 30), (8.0, 500)):
+        assert epsilon(z, t, accountant="auto", **kw) == pytest.approx(
+            gaussian_epsilon(2 * math.sqrt(t) / z, 1e-5), rel=2e-3)
+    assert resolve_accountant("auto", 10, 10, "fixed") == "pld"
+    assert resolve_accountant("auto", 100, 10, "fixed") == "rdp"  # sampled without replacement
+    assert resolve_accountant("auto", 100, 10, "poisson") == "rdp"
+    assert resolve_accountant("rdp", 10, 10, "fixed") == "rdp"
+    z = calibrate_noise(8.0, 30, accountant="auto", **kw)  # exact: less noise for the same ε
+    assert z < calibrate_noise(8.0, 30, accountant="rdp", **kw)
+    assert epsilon(z, 30, accountant="auto", **kw) <= 8.0 * (1 + 1e-3)
+    cfg = dp_cfg("dp.noise_multiplier=1", "dp.accountant=pld", clients=20, per_round=20)
+    assert CentralDP(cfg, identity, identity).accountant == "pld"
+
+
+def _moved_factor(monkeypatch, kind: str):
+    """Install a dp-accounting that reads replace-one Gaussians the other way: RDP applying
+    the factor 2 itself (what google/differential-privacy#464 proposes), or PLD leaving it to
+    the caller."""
+    import dp_accounting as dpa
+    from dp_accounting import pld, rdp
+
+    from fedray.services import privacy
+
+    def halve(event):
+        if isinstance(event, dpa.GaussianDpEvent):
+            return dpa.GaussianDpEvent(event.noise_multiplier / 2)
+        if isinstance(event, dpa.SelfComposedDpEvent):
+            return dpa.SelfComposedDpEvent(halve(event.event), event.count)
+        if isinstance(event, dpa.SampledWithoutReplacementDpEvent):
+            return dpa.SampledWithoutReplacementDpEvent(
+                event.source_dataset_size, event.sample_size, halve(event.event))
+        return event
+
+    class FactorInRdp(rdp.RdpAccountant):
+        def compose(self, event, count=1):
+            replace = self._neighboring_relation == dpa.NeighboringRelation.REPLACE_ONE
+            return super().compose(halve(event) if replace else event, count)
+
+    class FactorNotInPld(pld.PLDAccountant):
+        def __init__(self, relation, **kw):
+            super().__init__(dpa.NeighboringRelation.ADD_OR_REMOVE_ONE, **kw)
+
+    if kind == "rdp":
+        monkeypatch.setattr(rdp, "RdpAccountant", FactorInRdp)
+    else:
+        monkeypatch.setattr(pld, "PLDAccountant", FactorNotInPld)
+    privacy.check_convention.cache_clear()
+    privacy.epsilon.cache_clear()
+    privacy.calibrate_noise.cache_clear()
+
+
+@pytest.mark.parametrize("kind", ["rdp", "pld"])
+def test_a_library_that_moves_the_replace_one_factor_stops_the_run(monkeypatch, kind):
+    """The guard computes a known case through fedray's events and from references that do
+    not depend on the convention; with the installed dp-accounting they agree, with one that
+    moved the factor the first DP config (or ε) stops with one line naming the accountant."""
+    from fedray.services import privacy
+
+    privacy.check_convention.cache_clear()
+    privacy.check_convention()  # the installed library: the convention fedray assumes
+    try:
+        _moved_factor(monkeypatch, kind)
+        with pytest.raises(ConfigError) as e:
+            dp_cfg("dp.noise_multiplier=1")
+        assert e.value.path == "dp.accountant" and e.value.value == kind
+        assert "mis-account" in str(e.value) and len(str(e.value).splitlines()) == 1
+        with pytest.raises(ConfigError, match="replace-one"):
+            epsilon(1.0, 5, n=10, k=10, delta=1e-5)
+    finally:
+        monkeypatch.undo()
+        privacy.check_convention.cache_clear()
+        privacy.epsilon.cache_clear()
+        privacy.calibrate_noise.cache_clear()
+    privacy.check_convention()
 
 
 def test_adaptive_clip_noise_split_is_one_gaussian_to_the_accountant():
@@ -347,8 +444,12 @@ def test_every_dp_method_runs_and_accounts(ray_session, tiny_cfg, tmp_path, meth
     rounds = read_metrics(str(tmp_path / "run"), "rounds").to_pandas()
     n, k = (3, 3) if method == "fedbuff" else (6, 6)  # a buffer: no sampling amplification
     assert summary["dp"]["releases"] == 2 and summary["dp"]["sampling_rate"] == k / n
+    # no sampling: accounted exactly (auto is PLD), the closed form of 2 Gaussians of z/2
+    assert summary["dp"]["accountant"] == "pld"
     assert rounds["dp_epsilon"].iloc[-1] == pytest.approx(epsilon(
-        0.8, 2, n=n, k=k, delta=1e-5))
+        0.8, 2, n=n, k=k, delta=1e-5, accountant="pld"))
+    assert rounds["dp_epsilon"].iloc[-1] == pytest.approx(
+        gaussian_epsilon(2 * math.sqrt(2) / 0.8, 1e-5), rel=2e-3)
     assert rounds["global_accuracy"].notna().all() and (rounds["dp_clip"] > 0).all()
 
 

@@ -82,6 +82,11 @@ class DataConfig:
         None, ge=2, help="synthetic: draw each client's samples on demand from (seed, client)"
                          ", this many per client (memory and setup independent of "
                          "clients.num_clients); default: one pooled synthetic set, split")
+    split_seed: int | None = spec(
+        None, help="seed of an array dataset's train/test split (digits; synthetic: also its "
+                   "draw); default: the run's seed. Fix it to keep one test set across "
+                   "seeds, e.g. to share one pretrained base (a base must never have seen "
+                   "the run's test samples: checked before Ray starts)")
     download: bool = spec(False, help="let torchvision download cifar* into root")
     image_size: int | None = spec(None, ge=8, help="upsample digits to this square size")
     channels: int = spec(1, ge=1, le=3, help="digits channels (3 replicates the grey image)")
@@ -131,8 +136,11 @@ class LocalConfig:
         None, ge=0, help="local DP-SGD with Opacus (per-sample clipping, Gaussian noise of this "
                          "multiplier on each batch's gradient sum); None: off")
     dp_max_grad_norm: float = spec(1.0, gt=0, help="local DP-SGD: per-sample gradient clip norm")
-    dp_delta: float = spec(1e-5, gt=0, lt=1, help="local DP-SGD: δ of the per-client ε "
-                                                  "reported by Opacus' RDP accountant")
+    dp_delta: float = spec(1e-5, gt=0, lt=1, help="local DP-SGD: δ of the per-client, "
+                                                  "per-round ε reported by Opacus' RDP "
+                                                  "accountant at q = batch_size / the "
+                                                  "client's samples (Opacus' make_private "
+                                                  "uses 1/len(loader): a smaller ε)")
 
 
 @dataclass
@@ -329,10 +337,12 @@ class DPConfig:
     target_epsilon: float | None = spec(None, gt=0, help="calibrate σ before the run so that "
                                                          "ε after all rounds is at most this")
     delta: float | None = spec(None, gt=0, lt=1, help="δ of the reported ε (default "
-                                                      "1/N^1.1 for N clients)")
-    accountant: Literal["rdp", "pld"] = spec("rdp", help="privacy accountant (dp-accounting): "
-                                                         "Rényi DP or privacy loss "
-                                                         "distributions")
+                                                      "min(1/N^1.1, 1e-5) for N clients)")
+    accountant: Literal["auto", "rdp", "pld"] = spec(
+        "auto", help="privacy accountant (dp-accounting): rdp (Rényi DP), pld (privacy loss "
+                     "distributions; Poisson sampling, or releases without sampling, where "
+                     "it is exact), auto: pld without sampling (K = N, FedBuff/FedAsync "
+                     "buffers), rdp otherwise")
     sampling: Literal["fixed", "poisson"] = spec(
         "fixed", help="fixed: clients.per_round drawn without replacement; poisson: every "
                       "client joins with q = per_round / N")

@@ -20,7 +20,13 @@ from fedray.core.spec import ConfigError
 
 @dataclass
 class Dataset:
-    """Train and test arrays of one dataset; ``input_shape`` is the shape of one sample."""
+    """Train and test arrays of one dataset; ``input_shape`` is the shape of one sample.
+
+    ``train_ids`` / ``test_ids`` name each row by its sample in the dataset's own numbering
+    (digits and synthetic: the index before the split), so that a base pretrained on some
+    samples can be checked against a run's test split (:func:`fedray.models.pretrain.
+    check_base_split`). A dataset whose split is fixed by its files (CIFAR's train and test
+    batches) numbers the test rows after the train rows."""
 
     name: str
     x_train: np.ndarray
@@ -29,6 +35,15 @@ class Dataset:
     y_test: np.ndarray
     num_classes: int
     input_shape: tuple[int, ...]
+    train_ids: np.ndarray | None = None
+    test_ids: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.y_train)
+        if self.train_ids is None:
+            self.train_ids = np.arange(n, dtype=np.int64)
+        if self.test_ids is None:
+            self.test_ids = np.arange(n, n + len(self.y_test), dtype=np.int64)
 
 
 def stratified_split(labels: np.ndarray, test_fraction: float,
@@ -78,7 +93,8 @@ def load_digits(image_size: int | None = None, channels: int = 1, seed: int = 0)
     if channels > 1:
         x = np.repeat(x, channels, axis=1)
     x = np.ascontiguousarray(x, dtype=np.float32)
-    return Dataset("digits", x[train], y[train], x[test], y[test], 10, tuple(x.shape[1:]))
+    return Dataset("digits", x[train], y[train], x[test], y[test], 10, tuple(x.shape[1:]),
+                   train.astype(np.int64), test.astype(np.int64))
 
 
 def make_synthetic(num_samples: int = 6000, num_features: int = 784, num_classes: int = 10,
@@ -111,7 +127,7 @@ def make_synthetic(num_samples: int = 6000, num_features: int = 784, num_classes
     x -= mean
     x /= std
     return Dataset("synthetic", x[train], y[train], x[test], y[test], num_classes,
-                   (num_features,))
+                   (num_features,), train.astype(np.int64), test.astype(np.int64))
 
 
 _CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
@@ -162,7 +178,8 @@ def load_cifar(root: str, name: Literal["cifar10", "cifar100"],
 
 def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
     """The dataset named by ``cfg.dataset`` (its registry entry,
-    :mod:`fedray.data.catalog`), built with the config's knobs and ``seed``."""
+    :mod:`fedray.data.catalog`), built with the config's knobs and ``seed``, or
+    ``data.split_seed`` where it is set (the seed of the train/test split)."""
     from fedray.core import registry
 
     entry = registry.dataset(cfg.dataset)
@@ -170,4 +187,4 @@ def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
         arrays = [n for n, e in registry.datasets().items() if e.load is not None]
         raise ConfigError("data.dataset", cfg.dataset,
                           "one of " + ", ".join(repr(n) for n in arrays))
-    return entry.load(cfg, seed)
+    return entry.load(cfg, seed if cfg.split_seed is None else int(cfg.split_seed))

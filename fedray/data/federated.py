@@ -55,6 +55,8 @@ class FederatedData:
     drift_clients: np.ndarray
     drift_perm: np.ndarray
     seed: int = 0
+    train_ids: np.ndarray | None = None  # the dataset's sample id of each row of x
+    test_ids: np.ndarray | None = None   # ... and of each row of x_test
 
     @property
     def num_clients(self) -> int:
@@ -254,4 +256,5 @@ def build_federated(cfg: DataConfig, num_clients: int, seed: int,
         input_shape=tuple(ds.input_shape),
         feature_scale=scale.astype(np.float32), feature_shift=shift.astype(np.float32),
         feature_noise=noise.astype(np.float32), drift_round=cfg.drift_round,
-        drift_clients=drift_clients, drift_perm=drift_perm, seed=seed)
+        drift_clients=drift_clients, drift_perm=drift_perm, seed=seed,
+        train_ids=ds.train_ids, test_ids=ds.test_ids)

@@ -88,7 +88,7 @@ def summary_text(s: dict, report: str | None = None) -> str:
             f"client failures {s['client_failures']} · "
             f"executor restarts {s['executor_restarts']}\n"
             f"simulated time {s.get('simulated_hours', 0.0) * 60:.2f} min (fleet clock) · "
-            f"failed rounds {s.get('failed_rounds', 0)}" + _dp_text(s.get("dp"))
+            f"failed rounds {s.get('failed_rounds', 0)}" + _dp_text(s.get("dp"), s.get("dp_sgd"))
             + "\n" + _files_text(s["run_dir"], report))
 
 
@@ -100,14 +100,25 @@ def _files_text(run_dir: str, report: str | None) -> str:
                       f"report: {report}" if report else f"plots: fedray report {run_dir}"])
 
 
-def _dp_text(dp: dict | None) -> str:
-    if not dp:
-        return ""
-    eps = "∞" if dp["epsilon"] is None else f"{dp['epsilon']:.3g}"
-    return (f"\nclient-level DP: ε = {eps} at δ = {dp['delta']:.2g} ({dp['accountant']}, "
-            f"{dp['releases']} releases, noise multiplier {dp['noise_multiplier']:.4g}, "
-            f"clip {dp['clip_norm']:.4g}, {dp['sampling']} sampling q = "
-            f"{dp['sampling_rate']:.3g})")
+def _dp_text(dp: dict | None, dp_sgd: dict | None = None) -> str:
+    """The summary's privacy lines, each saying its convention (δ's rule, the accountant,
+    exact or a bound, the sampling rate)."""
+    out = ""
+    if dp:
+        eps = "∞" if dp["epsilon"] is None else f"{dp['epsilon']:.3g}"
+        rule = dp.get("delta_rule", "dp.delta")
+        exact = dp["accountant"] == "pld" and dp["sampling"] == "fixed"
+        out += (f"\nclient-level DP: ε = {eps} at δ = {dp['delta']:.2g}"
+                f"{'' if rule == 'dp.delta' else f' (= {rule})'} ({dp['accountant']}"
+                f"{', exact: no sampling' if exact else ''}, "
+                f"{dp['releases']} releases, noise multiplier {dp['noise_multiplier']:.4g}, "
+                f"clip {dp['clip_norm']:.4g}, {dp['sampling']} sampling q = "
+                f"{dp['sampling_rate']:.3g})")
+    if dp_sgd:
+        out += (f"\nlocal DP-SGD: per-client, per-round ε at δ = {dp_sgd['delta']:.2g} in "
+                f"clients.parquet (dp_sgd_epsilon; Opacus RDP at q = batch/n, where Opacus' "
+                f"make_private takes 1/len(loader): a smaller ε)")
+    return out
 
 
 @app.command()

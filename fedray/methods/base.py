@@ -589,6 +589,11 @@ class Algorithm:
         return build_client_data(cfg, dataset)
 
     @classmethod
+    def check_data(cls, cfg: Any, data: ClientData) -> None:
+        """Refuse, before Ray starts, a config that this run's data makes dishonest (e.g. a
+        pretrained base that has seen the run's test samples); default: nothing."""
+
+    @classmethod
     def sweep_preset(cls, cfg: Any) -> dict[str, dict]:
         """The search space ``fedray tune --preset`` uses for this method (default none)."""
         return {}

@@ -12,7 +12,9 @@ crop and horizontal flip per image, :func:`fedray.models.training.random_crop_fl
 Every epoch writes a checkpoint (model, momentum buffers, epoch, history) to
 ``OUT/checkpoints``; ``--resume`` continues from the latest one to the same result as an
 uninterrupted run (shuffles are drawn from (seed, epoch)). The result is ``OUT/base.npz``
-(the state dict as numpy) and ``OUT/base.json`` (model, head, classes, accuracy).
+(the state dict as numpy), ``OUT/base.json`` (model, head, classes, split seed, accuracy)
+and ``OUT/samples.npz`` (the dataset ids of the samples it was trained on, which
+:func:`check_base_split` compares with a run's test split before the run starts).
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def build_base_model(cfg: ExperimentConfig, input_shape: tuple[int, ...], num_cl
     return configure_head(model, head or cfg.pretrain.head, cfg.seed)
 
 
-OUTPUTS = ("base.npz", "base.json", "checkpoints")
+OUTPUTS = ("base.npz", "base.json", "samples.npz", "checkpoints")
 
 
 def pretrain(cfg: ExperimentConfig, out: str, *, resume: bool = False,
@@ -150,8 +152,13 @@ def pretrain(cfg: ExperimentConfig, out: str, *, resume: bool = False,
     buf = io.BytesIO()
     np.savez(buf, **state)
     storage.write_bytes("base.npz", buf.getvalue())
+    buf = io.BytesIO()
+    np.savez(buf, train=np.asarray(data.train_ids[tr], np.int64))
+    storage.write_bytes("samples.npz", buf.getvalue())
+    split_seed = cfg.seed if cfg.data.split_seed is None else cfg.data.split_seed
     meta = {"model": cfg.model, "num_classes": data.num_classes,
             "input_shape": list(data.input_shape), "dataset": cfg.data.dataset,
+            "split_seed": int(split_seed),
             "head": p.head, "classes": p.classes, "fraction": p.fraction,
             "epochs": p.epochs, "seed": cfg.seed, "train_samples": int(len(x)),
             "test_accuracy": history[-1]["test_accuracy"] if history else None,
@@ -181,3 +188,84 @@ def load_base(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     if not isinstance(meta, dict):
         raise StateFileError(storage.path("base.json"), "a JSON object")
     return state, meta
+
+
+def base_samples(path: str) -> np.ndarray | None:
+    """The dataset ids a base was pretrained on (None: a base written before they were
+    recorded)."""
+    storage = Storage(path)
+    if not storage.exists("samples.npz"):
+        return None
+    data = storage.read_bytes("samples.npz")
+    try:
+        check_npz(data, storage.path("samples.npz"))
+        with np.load(io.BytesIO(data), allow_pickle=False) as f:
+            ids = np.asarray(f["train"])
+    except (ValueError, OSError, KeyError, RecursionError, zipfile.BadZipFile) as e:
+        if isinstance(e, StateFileError):
+            raise
+        raise StateFileError(storage.path("samples.npz"), f"the sample ids `fedray pretrain` "
+                                                          f"wrote ({type(e).__name__})") from None
+    if ids.ndim != 1 or ids.dtype.kind not in "iu":
+        raise StateFileError(storage.path("samples.npz"), "a 1-D integer array 'train'")
+    return ids.astype(np.int64)
+
+
+def evaluated_ids(cfg: ExperimentConfig, data: Any) -> np.ndarray | None:
+    """The dataset ids of every sample a run reports a test score on: the global test set
+    (``eval.global_test``) and the clients' local test splits where they are scored
+    (``eval.clients`` not none, ``eval.local_before_after``, ``eval.finetune_epochs``).
+    None where the data does not number its samples (a population read by natural id)."""
+    test_ids = getattr(data, "test_ids", None)
+    train_ids = getattr(data, "train_ids", None)
+    if test_ids is None or train_ids is None:
+        return None
+    parts = [np.asarray(test_ids)] if cfg.eval.global_test else []
+    e = cfg.eval
+    if e.clients != "none" or e.local_before_after or e.finetune_epochs:
+        local = [np.asarray(t) for t in data.test_idx if len(t)]
+        if local:
+            parts.append(np.asarray(train_ids)[np.concatenate(local)])
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def check_base_split(base: str | None, cfg: ExperimentConfig, data: Any) -> None:
+    """Refuse, before Ray starts, a run that would score a base on samples it was pretrained
+    on: the base's recorded sample ids (:func:`base_samples`) must be disjoint from every id
+    :func:`evaluated_ids` lists. A base pretrained on another dataset passes; a base that does
+    not record its samples is refused on a dataset whose split follows the seed.
+
+    Why: the FLITE and DP studies once pretrained on the seed-0 split while each run's test
+    split followed its own seed, so seeds 1 and 2 were tested partly on training images."""
+    if base is None:
+        return
+    storage = Storage(base)
+    try:
+        meta = json.loads(storage.read_bytes("base.json").decode())
+    except (OSError, ValueError) as e:
+        raise StateFileError(storage.path("base.json"), f"the JSON `fedray pretrain` wrote "
+                                                        f"({type(e).__name__})") from None
+    if not isinstance(meta, dict) or meta.get("dataset") != cfg.data.dataset:
+        return
+    tested = evaluated_ids(cfg, data)
+    if tested is None or not len(tested):
+        return
+    seen = base_samples(base)
+    split = cfg.seed if cfg.data.split_seed is None else cfg.data.split_seed
+    if seen is None:
+        if cfg.data.dataset in ("digits", "synthetic"):
+            raise ConfigError("algorithm.base", base,
+                              "a base that records its training samples (samples.npz; this "
+                              "one predates it: run `fedray pretrain` again)")
+        return
+    leaked = np.intersect1d(seen, tested)
+    if len(leaked):
+        was = meta.get("split_seed", meta.get("seed"))
+        raise ConfigError(
+            "algorithm.base", base,
+            f"a base pretrained on none of the samples this run tests on: {len(leaked)} of "
+            f"its {len(seen)} training samples are among the run's {len(np.unique(tested))} "
+            f"test samples (base split seed {was}, this run's {split}); pretrain with the "
+            f"run's seed, or set data.split_seed={was} here"
+            + ("" if cfg.eval.clients == "none" else
+               ", or eval.clients=none if only the clients' local test splits overlap"))

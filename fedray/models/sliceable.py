@@ -15,6 +15,7 @@ until they divide the (sliced) channel count (DROD appendix D).
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import torch.nn.functional as F
@@ -183,6 +184,15 @@ def held(arch: Arch, hw: tuple[int, int], g: Geometry, depths: tuple[int, ...] =
     return tuple((k, tuple(v.shape)) for k, v in model.state_dict().items())
 
 
+@functools.lru_cache(maxsize=256)
+def held_count(arch: Arch, hw: tuple[int, int], g: Geometry | None = None,
+               depths: tuple[int, ...] = (), min_ndim: int = 0) -> int:
+    """How many parameters the sub-model ``g`` holds (:func:`held`; the full model when
+    None); ``min_ndim=2`` counts only the conv and linear weights (what a mask can cut)."""
+    shapes = held(arch, hw, arch.full() if g is None else g, depths)
+    return sum(math.prod(s) for _, s in shapes if len(s) >= min_ndim)
+
+
 def sliceable_resnet18(input_shape: tuple[int, ...], num_classes: int, *, width: int = 64,
                        groups: int = 8, exits: bool = False) -> SliceableResNet:
     """ResNet-18 (CIFAR stem, GroupNorm) whose nested sub-models are prefixes (DROD)."""
@@ -199,5 +209,5 @@ def sliceable_resnet34(input_shape: tuple[int, ...], num_classes: int, *, width:
     return SliceableResNet(arch, hw)
 
 
-__all__ = ["Arch", "Geometry", "SliceableResNet", "arch_for", "held", "measure", "norm_groups",
-           "sliceable_resnet18", "sliceable_resnet34"]
+__all__ = ["Arch", "Geometry", "SliceableResNet", "arch_for", "held", "held_count", "measure",
+           "norm_groups", "sliceable_resnet18", "sliceable_resnet34"]

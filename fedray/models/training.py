@@ -211,12 +211,22 @@ class DPSGD:
     drawn from a generator seeded by (seed, round, client)); then the step of
     ``torch.optim.SGD`` (FedProx's proximal gradient, data-independent, is added after the
     noise). The client's ε for the round comes from Opacus' RDP accountant with sampling
-    rate batch/n: fedray's batches are a shuffled partition, not Poisson draws, so this is
-    the customary approximation Opacus itself reports for shuffled batches."""
+    rate q = B/n (B the batch size, n the client's samples): fedray's batches are a shuffled
+    partition, not Poisson draws, so, as is customary, ε is that of Poisson sampling at the
+    batch's share of the data. Opacus' own ``make_private`` engine sets q = 1/len(loader) =
+    1/⌈n/B⌉ instead, which is smaller whenever B does not divide n: fedray's ε is the more
+    conservative (n = 100, B = 32: q = 0.32 against 0.25, ε 6.42 against 5.32)."""
 
     noise_multiplier: float
     max_grad_norm: float = 1.0
     delta: float = 1e-5
+
+    def summary(self) -> dict[str, Any]:
+        """What ``summary.json`` reports under ``dp_sgd``: the settings and the accounting
+        convention (per-client, per-round ε rows are ``dp_sgd_epsilon`` in clients.parquet)."""
+        return {"noise_multiplier": self.noise_multiplier, "max_grad_norm": self.max_grad_norm,
+                "delta": self.delta, "accountant": "opacus rdp",
+                "sampling_rate": "B/n (Opacus' make_private: 1/ceil(n/B), a smaller ε)"}
 
     def train(self, model: nn.Module, params: list[torch.Tensor], x: np.ndarray,
               y: np.ndarray, *, epochs: int, batch_size: int, lr: float, momentum: float,

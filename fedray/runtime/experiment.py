@@ -178,6 +178,7 @@ class Experiment:
         if self.data.num_clients != cfg.clients.num_clients:
             raise ConfigError("data", self.data.num_clients, f"prebuilt data for "
                                                              f"{cfg.clients.num_clients} clients")
+        self.algorithm_cls.check_data(cfg, self.data)
         if states is not None:
             check_state_shapes(self.algorithm_cls, cfg, self.data, states, self.run_dir)
         # runtime.vectorize decided once, from the config and the data's shape
@@ -448,6 +449,15 @@ def _summary(cfg: ExperimentConfig, run_dir: str, rows: list[dict], finish: dict
     def clean(v: Any) -> Any:
         return None if isinstance(v, float) and math.isnan(v) else v
 
+    loc = cfg.local
+    if loc.dp_noise_multiplier is not None:
+        from fedray.models.training import DPSGD
+
+        dp_sgd = {"dp_sgd": DPSGD(loc.dp_noise_multiplier, loc.dp_max_grad_norm,
+                                  loc.dp_delta).summary()}
+    else:
+        dp_sgd = {}
+
     return {
         "name": cfg.name, "run_dir": redact(run_dir), "algorithm": cfg.algorithm["name"],
         "model": cfg.model["name"], "dataset": cfg.data.dataset,
@@ -472,6 +482,7 @@ def _summary(cfg: ExperimentConfig, run_dir: str, rows: list[dict], finish: dict
         "wall_seconds": round(seconds, 3),
         "rounds_this_session": len(rows),
         **({"dp": finish["privacy"]} if finish.get("privacy") else {}),
+        **dp_sgd,
     }
 
 

@@ -21,8 +21,9 @@ aggregated, whatever the compression):
    the method's server rule runs on them (post-processing: no privacy cost). A rule that
    averages (FedAvg, FedProx, FedAvgM, FLITE's latent mean) gets the mean itself and applies
    its server step (η_s, server momentum); FedBuff scales it by the buffer's mean staleness
-   weight; ORDERS ranks equal norms, so its rank coefficients sum to one factor on the mean
-   (the top rank's weight with ``combine=difference``). By design, what DP hides is exactly
+   weight (``reducer=buffer``; ``weighted`` takes the mean itself); ORDERS ranks equal
+   norms, so its rank coefficients sum to one factor on the mean (the top rank's weight
+   with ``combine=difference``). By design, what DP hides is exactly
    the per-client information such rules would read: norms, staleness per client, sample
    counts.
 
@@ -39,13 +40,24 @@ noise std over the sensitivity of the released sum:
   Poisson-subsampled Gaussian of multiplier z, RDP or PLD;
 - ``sampling=fixed`` (K of N without replacement; replace-one: one client's clipped update
   swapped for another moves the sum by up to 2C): the sampled-without-replacement Gaussian
-  of multiplier z/2, RDP only (dp-accounting's PLD does not cover it). dp-accounting's
-  events take std/sensitivity and leave the factor 2 to the caller
-  (google/differential-privacy#378);
-- asynchronous rules (FedBuff, FedAsync): each server step releases the noisy sum of one
-  buffer, which fills with whoever finishes first — no uniform sampling, so no
-  amplification: each step is a plain Gaussian of multiplier z/2, composed
-  (:meth:`Algorithm.dp_cohort` says the cohort: (B, B) for a buffer of B).
+  of multiplier z/2, RDP only (dp-accounting's PLD does not cover it);
+- no sampling (``sampling=fixed`` with K = N, and the asynchronous rules FedBuff and
+  FedAsync: each server step releases the noisy sum of one buffer, which fills with whoever
+  finishes first — no uniform sampling, so no amplification; :meth:`Algorithm.dp_cohort`
+  says the cohort: (B, B) for a buffer of B): a plain Gaussian of multiplier z/2 per
+  release, composed. ``dp.accountant=auto`` (the default) accounts it with PLD, which is
+  exact here (the composition of T Gaussians is μ-GDP with μ = 2√T/z, Balle & Wang's closed
+  form, :func:`gaussian_epsilon`); RDP is a valid but looser bound (z = 4, 100 releases:
+  35.08 against the exact 33.10). Elsewhere ``auto`` is RDP.
+
+dp-accounting 0.6 is not consistent across its accountants under replace-one: its RDP
+accountant reads a Gaussian event's multiplier as std over the sensitivity and leaves the
+factor 2 to the caller (google/differential-privacy#378), while its PLD accountant applies
+the factor itself. fedray passes z/2 to RDP and z to PLD (:data:`REPLACE_ONE_FACTOR`), and
+:func:`check_convention` verifies both against independent references before the first ε
+is computed in a process, so a library upgrade that moves the factor (the open
+google/differential-privacy#464 would, for RDP) stops with an error instead of silently
+changing ε.
 
 ε is reported at δ (default min(1/N^1.1, 1e-5)) after every release. The accountant
 assumes who contributes is decided by data-independent randomness, so DP refuses fleet
@@ -77,8 +89,9 @@ from fedray.core.spec import ConfigError
 
 State = dict[str, np.ndarray]
 
-__all__ = ["CentralDP", "calibrate_noise", "check_config", "clip_update", "default_delta",
-           "epsilon", "noise_multiplier", "poisson_sample", "update_noise_multiplier"]
+__all__ = ["CentralDP", "calibrate_noise", "check_config", "check_convention", "clip_update",
+           "default_delta", "epsilon", "gaussian_epsilon", "noise_multiplier", "poisson_sample",
+           "resolve_accountant", "update_noise_multiplier"]
 
 
 def default_delta(num_clients: int) -> float:
@@ -87,29 +100,113 @@ def default_delta(num_clients: int) -> float:
     return min(1.0 / float(num_clients) ** 1.1, 1e-5)
 
 
-def _event(z: float, releases: int, n: int, k: int, sampling: str) -> Any:
+# The multiplier fedray hands dp-accounting under replace-one, as a factor of z (noise std
+# over the clip C): the library's RDP takes std/sensitivity (sensitivity 2C: z/2), its PLD
+# applies the factor 2 itself (z). Checked against the library by check_convention.
+REPLACE_ONE_FACTOR = {"rdp": 0.5, "pld": 1.0}
+
+
+def resolve_accountant(accountant: str, n: int, k: int, sampling: str) -> str:
+    """``dp.accountant`` as run: ``auto`` is PLD where it is exact — a release without
+    sampling (K = N under fixed sampling, an asynchronous buffer) — and RDP elsewhere
+    (Poisson sampling: the established default; fixed K < N: the only accountant
+    dp-accounting has for sampling without replacement)."""
+    if accountant != "auto":
+        return accountant
+    return "pld" if sampling == "fixed" and k >= n else "rdp"
+
+
+def _event(z: float, releases: int, n: int, k: int, sampling: str,
+           accountant: str = "rdp") -> Any:
     """``releases`` rounds of noise z·C on a sum of clipped updates, as dp-accounting events
-    (whose multiplier is std over sensitivity: C under add/remove, 2C under replace-one)."""
+    for ``accountant`` (sensitivity C under add/remove, 2C under replace-one, the factor
+    passed as :data:`REPLACE_ONE_FACTOR` says)."""
     import dp_accounting as dpa
 
     if sampling == "poisson":
         one = dpa.PoissonSampledDpEvent(k / n, dpa.GaussianDpEvent(z))
-    elif k < n:
-        one = dpa.SampledWithoutReplacementDpEvent(n, k, dpa.GaussianDpEvent(z / 2))
     else:
-        one = dpa.GaussianDpEvent(z / 2)
+        gauss = dpa.GaussianDpEvent(z * REPLACE_ONE_FACTOR[accountant])
+        one = dpa.SampledWithoutReplacementDpEvent(n, k, gauss) if k < n else gauss
     return dpa.SelfComposedDpEvent(one, releases)
 
 
 def _accountant(kind: str, sampling: str) -> Any:
     import dp_accounting as dpa
-    from dp_accounting import pld, rdp
 
     relation = (dpa.NeighboringRelation.ADD_OR_REMOVE_ONE if sampling == "poisson"
                 else dpa.NeighboringRelation.REPLACE_ONE)
+    return _library_accountant(kind, relation)
+
+
+def _library_accountant(kind: str, relation: Any) -> Any:
+    from dp_accounting import pld, rdp
+
     if kind == "pld":
         return pld.PLDAccountant(relation, value_discretization_interval=PLD_GRID)
     return rdp.RdpAccountant(neighboring_relation=relation)
+
+
+def gaussian_epsilon(mu: float, delta: float) -> float:
+    """The exact ε at ``delta`` of a μ-GDP mechanism — T composed Gaussians of multiplier σ
+    (std over sensitivity) are μ = √T/σ — from Balle & Wang (ICML 2018, Thm. 8):
+    δ(ε) = Φ(−ε/μ + μ/2) − e^ε Φ(−ε/μ − μ/2), solved for ε."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    def gap(eps: float) -> float:
+        return float(norm.cdf(-eps / mu + mu / 2)
+                     - math.exp(eps + norm.logcdf(-eps / mu - mu / 2)) - delta)
+
+    if gap(0.0) <= 0:
+        return 0.0
+    hi = 1.0
+    while gap(hi) > 0:
+        hi *= 2
+    return float(brentq(gap, 0.0, hi, xtol=1e-12, rtol=1e-12))
+
+
+def _library_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dp-accounting")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+@functools.lru_cache(maxsize=1)
+def check_convention() -> None:
+    """Stop, with one line, when the installed dp-accounting does not read replace-one
+    Gaussians the way :data:`REPLACE_ONE_FACTOR` assumes. The known case: z = 2, 10 releases
+    to everyone (sensitivity 2C, so a Gaussian of multiplier 1 per release), at δ = 1e-5,
+    computed both ways — through fedray's events under replace-one, and from references that
+    owe nothing to that convention: RDP under add/remove-one of multiplier z/2 (sensitivity C:
+    unambiguous), and the exact closed form (:func:`gaussian_epsilon`, μ = 2√T/z) that PLD,
+    pessimistic on a grid of :data:`PLD_GRID`, must meet within 1 %."""
+    import dp_accounting as dpa
+
+    z, releases, n, delta = 2.0, 10, 5, 1e-5
+    relation = dpa.NeighboringRelation
+    with _quiet():
+        ref = _library_accountant("rdp", relation.ADD_OR_REMOVE_ONE)
+        ref.compose(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z / 2), releases))
+        want = {"rdp": float(ref.get_epsilon(delta)),
+                "pld": gaussian_epsilon(2 * math.sqrt(releases) / z, delta)}
+        for kind, tol in (("rdp", 1e-9), ("pld", 1e-2)):
+            acc = _library_accountant(kind, relation.REPLACE_ONE)
+            acc.compose(_event(z, releases, n, n, "fixed", kind))
+            got = float(acc.get_epsilon(delta))
+            if not want[kind] * (1 - 1e-6) <= got <= want[kind] * (1 + tol):
+                raise ConfigError(
+                    "dp.accountant", kind,
+                    f"a dp-accounting whose {kind.upper()} accountant reads a replace-one "
+                    f"Gaussian's multiplier as fedray assumes (factor "
+                    f"{REPLACE_ONE_FACTOR[kind]:g} of z): dp-accounting {_library_version()} "
+                    f"gives ε = {got:.4f} where that convention gives {want[kind]:.4f} (z = 2, "
+                    f"10 releases, δ = 1e-5), so it moved the replace-one factor and fedray "
+                    f"would mis-account; install dp-accounting 0.6 or a fedray that knows "
+                    f"this version")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -122,9 +219,11 @@ def epsilon(z: float, releases: int, *, n: int, k: int, delta: float,
         return 0.0
     if z <= 0:
         return math.inf
+    check_convention()
+    accountant = resolve_accountant(accountant, n, k, sampling)
     acc = _accountant(accountant, sampling)
     with _quiet():
-        acc.compose(_event(float(z), int(releases), n, k, sampling))
+        acc.compose(_event(float(z), int(releases), n, k, sampling, accountant))
         return float(acc.get_epsilon(delta))
 
 
@@ -152,6 +251,8 @@ def calibrate_noise(target_epsilon: float, releases: int, *, n: int, k: int, del
     ``target_epsilon`` (dp-accounting's bisection, tolerance 1e-3 on z)."""
     import dp_accounting as dpa
 
+    check_convention()
+    accountant = resolve_accountant(accountant, n, k, sampling)
     if epsilon(MIN_NOISE, releases, n=n, k=k, delta=delta, accountant=accountant,
                sampling=sampling) <= target_epsilon:
         return MIN_NOISE
@@ -163,7 +264,7 @@ def calibrate_noise(target_epsilon: float, releases: int, *, n: int, k: int, del
     with _quiet():
         return float(dpa.calibrate_dp_mechanism(
             lambda: _accountant(accountant, sampling),
-            lambda z: _event(z, releases, n, k, sampling), target_epsilon, delta,
+            lambda z: _event(z, releases, n, k, sampling, accountant), target_epsilon, delta,
             bracket_interval=bracket, tol=1e-3))
 
 
@@ -224,9 +325,13 @@ def check_config(cfg: Any) -> None:
         raise ConfigError("dp.noise_multiplier", 0, "> 0: no noise gives ε = ∞, no privacy "
                                                     "at all (for a clipping-only baseline "
                                                     "add -s dp.allow_no_noise=true)")
-    if dp.accountant == "pld" and dp.sampling == "fixed":
-        raise ConfigError("dp.accountant", "pld", "rdp with dp.sampling=fixed (PLD "
-                                                  "accounts Poisson sampling only)")
+    if dp.accountant == "pld" and dp.sampling == "fixed" and k < n:
+        raise ConfigError("dp.accountant", "pld", f"rdp or auto with dp.sampling=fixed and "
+                                                  f"{k} of {n} clients per release (PLD has "
+                                                  f"no sampling without replacement; it "
+                                                  f"accounts Poisson sampling, and releases "
+                                                  f"without sampling exactly)")
+    check_convention()
     if cfg.fleet.availability is not None:
         raise ConfigError("fleet.availability", cfg.fleet.availability,
                           "unset with dp.enabled (the accountant assumes uniform sampling)")
@@ -277,7 +382,7 @@ class CentralDP:
         dp = cfg.dp
         self.seed = cfg.seed
         self.n, self.k = _cohort(cfg)
-        self.delta = _delta(cfg)
+        self.delta, self.delta_set = _delta(cfg), dp.delta is not None
         self.z = noise_multiplier(cfg)
         self.count_noise = _count_noise(dp, self.k) if dp.adaptive_clip else None
         self.z_update = update_noise_multiplier(self.z, self.count_noise)
@@ -285,7 +390,8 @@ class CentralDP:
         self.clip = float(dp.clip_norm)
         self.adaptive = dp.adaptive_clip
         self.quantile, self.clip_lr = dp.target_quantile, dp.clip_lr
-        self.accountant, self.sampling = dp.accountant, dp.sampling
+        self.sampling = dp.sampling
+        self.accountant = resolve_accountant(dp.accountant, self.n, self.k, dp.sampling)
         self.to_delta, self.from_delta = to_delta, from_delta
         self.releases = 0
         self.template: dict[str, tuple[int, ...]] | None = None  # the update's tensors
@@ -349,6 +455,7 @@ class CentralDP:
         """What ``summary.json`` reports under ``dp``."""
         eps = self.epsilon()
         return {"epsilon": None if math.isinf(eps) else eps, "delta": self.delta,
+                "delta_rule": "dp.delta" if self.delta_set else "min(1/N^1.1, 1e-5)",
                 "noise_multiplier": self.z, "update_noise_multiplier": self.z_update,
                 "clip_norm": self.clip, "releases": self.releases,
                 "accountant": self.accountant, "sampling": self.sampling,

@@ -177,16 +177,44 @@ def structure_budget(rho: float, params: HeteroParams) -> float:
     return float(rho)
 
 
-def tier_ladder(cfg: Any, params: HeteroParams, shape=None):
-    """(arch, hw, {tier: Rung}, grid rungs) for the configured tiers."""
+@dataclass(frozen=True)
+class Ladder:
+    """The configured tiers solved once into sub-models of one network: each tier's rung,
+    the grid of nested rungs (Ordered Dropout's choices), the exit depths each tier's
+    sub-model carries, and FIARSE's keep fraction per tier (empty for other rules)."""
+
+    arch: Any
+    hw: tuple[int, int]
+    tiers: dict[str, Any]
+    grid: list
+    depths: dict[str, tuple[int, ...]]
+    keep: dict[str, float]
+
+    def param_ratio(self, tier: str) -> float:
+        """The share of the full model's parameters the tier's sub-model holds (a FIARSE
+        mask keeps ``keep`` of its conv/linear weights)."""
+        from fedray.models.sliceable import held_count
+
+        g = self.tiers[tier].geometry
+        total = held_count(self.arch, self.hw, g)
+        cut = (1.0 - self.keep.get(tier, 1.0)) * held_count(self.arch, self.hw, g, min_ndim=2)
+        return (total - cut) / held_count(self.arch, self.hw)
+
+
+def tier_ladder(cfg: Any, params: HeteroParams, shape=None) -> Ladder:
+    """The :class:`Ladder` of the configured tiers (capacities read once, here)."""
     input_shape, classes = shape or data_shape(cfg)
     arch, hw = arch_of(cfg, input_shape, classes)
-    caps = {t.name: structure_budget(float(t.capacity), params) for t in cfg.runtime.tiers}
+    rho = {t.name: float(t.capacity) for t in cfg.runtime.tiers}
+    caps = {name: structure_budget(r, params) for name, r in rho.items()}
     budgets = sorted(set(caps.values()) | set(params.grid or []), reverse=True)
     rungs = _ladder(arch, hw, tuple(budgets), params.axis, float(params.theta), params.match)
     tiers = {name: rungs[cap] for name, cap in caps.items()}
     grid = [rungs[float(b)] for b in sorted(params.grid or set(caps.values()))]
-    return arch, hw, tiers, grid
+    depths = {t: exit_depths(arch, r.geometry, grid, params) for t, r in tiers.items()}
+    keep = {t: fiarse_keep(arch, hw, r, rho[t], params) for t, r in tiers.items()} \
+        if params.rule == "fiarse" else {}
+    return Ladder(arch, hw, tiers, grid, depths, keep)
 
 
 def exit_depths(arch: Any, own: Any, grid: list, params: HeteroParams) -> tuple[int, ...]:
@@ -202,16 +230,15 @@ def fiarse_keep(arch: Any, hw: tuple[int, int], rung: Any, rho: float,
                 params: HeteroParams) -> float:
     """The fraction of the structural sub-model's conv/linear weights FIARSE's mask keeps so
     the sub-model holds ρ of the full model's parameters (ρ^share under ``match: flops``)."""
-    from fedray.models.sliceable import held
+    from fedray.models.sliceable import held_count
 
     if rho >= 1:
         return 1.0
     if params.match == "flops":
         return float(rho ** params.fiarse_share)
-    shapes = held(arch, hw, rung.geometry)
-    total = sum(int(np.prod(s)) for _, s in shapes)
-    maskable = sum(int(np.prod(s)) for _, s in shapes if len(s) >= 2)
-    full = sum(int(np.prod(s)) for _, s in held(arch, hw, arch.full()))
+    total = held_count(arch, hw, rung.geometry)
+    maskable = held_count(arch, hw, rung.geometry, min_ndim=2)
+    full = held_count(arch, hw)
     return float(np.clip((rho * full - (total - maskable)) / maskable, 1e-6, 1.0))
 
 
@@ -219,13 +246,10 @@ class Resident:
     """What an executor keeps: one built model per sub-model geometry it has run."""
 
     def __init__(self, cfg, params, input_shape, num_classes, device):
-        self.arch, self.hw, self.tiers, self.grid = tier_ladder(
-            cfg, params, (tuple(input_shape), num_classes))
-        self.depths = {t: exit_depths(self.arch, r.geometry, self.grid, params)
-                       for t, r in self.tiers.items()}
-        caps = {t.name: float(t.capacity) for t in cfg.runtime.tiers}
-        self.keep = {t: fiarse_keep(self.arch, self.hw, r, caps[t], params)
-                     for t, r in self.tiers.items()} if params.rule == "fiarse" else {}
+        self.ladder = tier_ladder(cfg, params, (tuple(input_shape), num_classes))
+        self.arch, self.hw = self.ladder.arch, self.ladder.hw
+        self.tiers, self.grid = self.ladder.tiers, self.ladder.grid
+        self.depths, self.keep = self.ladder.depths, self.ladder.keep
         self.device = device
         self.models: dict = {}
 
@@ -336,15 +360,14 @@ class Hetero(Algorithm):
         from fedray.models.sliceable import held
 
         p = self.params
-        arch, hw, tiers, grid = tier_ladder(self.cfg, p)
-        shapes = {t: held(arch, hw, r.geometry, exit_depths(arch, r.geometry, grid, p))
-                  for t, r in tiers.items()}
-        args = (arch, hw, {t: r.geometry for t, r in tiers.items()}, self.cfg.tier_of,
-                "rolling" if p.rule == "rolling" else "prefix", p.weighted, shapes)
+        lad = tier_ladder(self.cfg, p)
+        shapes = {t: held(lad.arch, lad.hw, r.geometry, lad.depths[t])
+                  for t, r in lad.tiers.items()}
+        args = (lad.arch, lad.hw, {t: r.geometry for t, r in lad.tiers.items()},
+                self.cfg.tier_of, "rolling" if p.rule == "rolling" else "prefix", p.weighted,
+                shapes)
         if p.rule == "fiarse":
-            caps = {t.name: float(t.capacity) for t in self.cfg.runtime.tiers}
-            keep = {t: fiarse_keep(arch, hw, r, caps[t], p) for t, r in tiers.items()}
-            return FiarsePolicy(*args, keep=keep)
+            return FiarsePolicy(*args, keep=lad.keep)
         return SliceMeanPolicy(*args)
 
     # ------------------------------------------------------------------ client
@@ -529,10 +552,9 @@ class Hetero(Algorithm):
         metrics = {"train_loss": total / n, "steps": float(len(steps)), "task": float(task),
                    "sub_param_ratio": sub_params / n}
         if masks:  # FIARSE: the share of the full model's parameters the masked model holds
-            from fedray.models.sliceable import held
+            from fedray.models.sliceable import held_count
 
-            full = sum(int(np.prod(v)) for _, v in held(model.arch, model.input_hw,
-                                                          model.arch.full()))
+            full = held_count(model.arch, model.input_hw)
             kept = sum(int(m.sum()) - m.size for m in masks.values())
             metrics["sub_param_ratio"] = (sum(p.numel() for p in model.parameters())
                                           + kept) / full

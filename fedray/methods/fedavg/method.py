@@ -93,6 +93,13 @@ class FedAvg(Algorithm):
                 cls.check_dp_sgd(cfg, shape, classes)
 
     @classmethod
+    def check_data(cls, cfg: Any, data: Any) -> None:
+        """``algorithm.base`` has not seen any sample this run tests on."""
+        from fedray.models.pretrain import check_base_split
+
+        check_base_split(cfg.algorithm.get("base"), cfg, data)
+
+    @classmethod
     def check_dp_sgd(cls, cfg: Any, input_shape: tuple[int, ...], num_classes: int) -> None:
         """Local DP-SGD needs a model Opacus can wrap (no BatchNorm) and no kept optimizer
         state (its optimizer is Opacus' own, rebuilt every round)."""

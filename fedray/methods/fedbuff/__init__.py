@@ -11,6 +11,11 @@ delta): buffer ``K`` uploads, then
 
     θ ← θ + η_g · (1/K) Σ_i s(τ_i) Δ_i,    s(τ) = 1 / √(1 + τ).
 
+That divides by K whatever the staleness: a stale buffer moves θ less. FLSim (the FedBuff
+authors' library) defaults instead to the staleness-weighted average Σ_i s(τ_i) Δ_i / Σ_i s(τ_i),
+a step 1/mean(s) larger; ``algorithm.reducer=weighted`` runs that one (default ``buffer``,
+the paper's Algorithm 1).
+
 FedAsync (Xie et al., eq. 2 with the polynomial staleness function; the clients run plain
 local SGD, i.e. without the paper's optional proximal term ρ): every upload is applied at
 once as
@@ -24,7 +29,7 @@ the same whatever the executor count.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -61,17 +66,31 @@ def _check(cfg: Any, name: str, concurrency: int) -> None:
                                           f"report minimums are rules of synchronous rounds")
 
 
-class FedBuffPolicy(AggregationPolicy):
-    """The buffer's staleness-weighted mean Σ_k s(τ_k) Δ_k / K is the pseudo-gradient of the
-    server step, applied by the run's server optimizer (η_g Δ with ``sgd``, the paper's)."""
+def fedbuff_coefficients(staleness: list[int] | np.ndarray, reducer: str = "buffer"
+                         ) -> np.ndarray:
+    """Each buffered update's coefficient in the pseudo-gradient: s(τ_k)/K (``buffer``: the
+    paper's Algorithm 1) or s(τ_k)/Σ_j s(τ_j) (``weighted``: FLSim's default)."""
+    s = fedbuff_weight(staleness)
+    if reducer == "weighted":
+        return s / s.sum()
+    if reducer != "buffer":
+        raise ValueError(f"reducer must be 'buffer' or 'weighted', got {reducer!r}")
+    return s / len(s)
 
-    def __init__(self, concurrency: int, buffer_size: int, optimizer: Any = None):
-        self.concurrency, self.buffer_size = concurrency, buffer_size
+
+class FedBuffPolicy(AggregationPolicy):
+    """The buffer's staleness-weighted reduction (:func:`fedbuff_coefficients`) is the
+    pseudo-gradient of the server step, applied by the run's server optimizer (η_g Δ with
+    ``sgd``, the paper's)."""
+
+    def __init__(self, concurrency: int, buffer_size: int, optimizer: Any = None,
+                 reducer: str = "buffer"):
+        self.concurrency, self.buffer_size, self.reducer = concurrency, buffer_size, reducer
         self.optimizer = optimizer if optimizer is not None else SGD.of()
 
     def aggregate_async(self, global_state: State, updates: list[AsyncUpdate], step: int
                         ) -> tuple[State, dict[str, float]]:
-        w = fedbuff_weight([u.staleness for u in updates]) / len(updates)
+        w = fedbuff_coefficients([u.staleness for u in updates], self.reducer)
         delta = {}
         for k in updates[0].upload:
             acc = np.zeros(np.shape(global_state[k]), dtype=np.float64)
@@ -105,6 +124,11 @@ class FedAsyncPolicy(AggregationPolicy):
 class FedBuffParams:
     concurrency: int = spec(10, ge=1, help="clients training at once (C)")
     buffer_size: int = spec(5, ge=1, help="uploads per server step (K)")
+    reducer: Literal["buffer", "weighted"] = spec(
+        "buffer", help="buffer: Σ s(τ)Δ / K, the paper's Algorithm 1 (a stale buffer steps "
+                       "less); weighted: Σ s(τ)Δ / Σ s(τ), FLSim's default (a step "
+                       "1/mean(s) larger)")
+
     def validate(self, cfg: Any) -> None:
         _check(cfg, "fedbuff", self.concurrency)
         if cfg is not None and self.buffer_size > cfg.clients.num_clients:
@@ -141,7 +165,7 @@ class FedBuff(FedAvg):
 
     def make_policy(self) -> FedBuffPolicy:
         p = self.params
-        return FedBuffPolicy(p.concurrency, p.buffer_size, self.make_optimizer())
+        return FedBuffPolicy(p.concurrency, p.buffer_size, self.make_optimizer(), p.reducer)
 
 
 @register_method
