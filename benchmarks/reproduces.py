@@ -482,15 +482,36 @@ def evaluate() -> list[dict]:
     return rows
 
 
-def provenance() -> str:
-    """The commit the outputs were read at (``+ changes`` when the tree differs from it)."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
-                              check=False).stdout.strip()
+OUTPUTS = ("benchmarks/RESULTS.md", "benchmarks/results/reproduces.md",
+           "benchmarks/results/reproduces.json")
 
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                          check=False).stdout.strip()
+
+
+def provenance() -> str:
+    """The commit the outputs were read at (``+ uncommitted changes`` when the tree differs
+    from it, this script's own outputs aside)."""
     head = git("rev-parse", "--short=10", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--untracked-files=no")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                *[f":!{p}" for p in OUTPUTS])
     return head + (" + uncommitted changes" if dirty else "")
+
+
+def previous_verdicts() -> dict[str, str]:
+    """claim → verdict of the last committed generation (``reproduces.json`` at HEAD; the
+    file on disk when git has none), so that regenerating twice still shows what changed
+    since the tables last landed."""
+    text = git("show", "HEAD:benchmarks/results/reproduces.json")
+    record = RES / "reproduces.json"
+    if not text and record.exists():
+        text = record.read_text()
+    try:
+        return {r["claim"]: r["verdict"] for r in json.loads(text)["rows"]} if text else {}
+    except (ValueError, KeyError, TypeError):
+        return {}
 
 
 def tally(rows: list[dict], previous: dict[str, str], stamp: str) -> list[str]:
@@ -538,8 +559,7 @@ def main() -> None:
     import datetime
 
     record = RES / "reproduces.json"
-    previous = {r["claim"]: r["verdict"] for r in load_json(record)["rows"]} \
-        if record.exists() else {}
+    previous = previous_verdicts()
     rows = evaluate()
     stamp = f"{datetime.date.today().isoformat()}, commit {provenance()}"
     text = render(rows, previous, stamp)

@@ -175,10 +175,12 @@ def stage_overrides(args: argparse.Namespace, parser: argparse.ArgumentParser | 
 
 
 def federated_overrides(args: argparse.Namespace, base_dir: str) -> list[str]:
-    """The federated stage's own overrides: FLITE on the pretrained base."""
+    """The federated stage's own overrides: FLITE on the pretrained base, scored on the
+    global test set as the paper reports (the base was pretrained on the whole train split,
+    so the clients' local test splits hold nothing it has not seen)."""
     return ["algorithm.name=flite", f"algorithm.base={base_dir}", f"algorithm.d={args.d}",
             f"algorithm.r={args.r}", f"payload.upload={args.codec}",
-            f"local.epochs={args.local_epochs}"]
+            f"local.epochs={args.local_epochs}", "eval.clients=none"]
 
 
 def epoch_reporter(report, epochs: int):

@@ -36,7 +36,8 @@ TINY = ["rounds=2", "seed=5", "clients.num_clients=4", "clients.fraction=1.0",
 MLP = ["model.hidden=[16]"]
 HETERO = ["model.name=sliceable_resnet18", "model.width=4", "local.lr=0.05"]
 FLITE_PRE = ["model.name=cnn", "model.channels=[8,16]", "model.hidden=32",
-             "pretrain.epochs=1", "pretrain.batch_size=64", "pretrain.warmup_epochs=1"]
+             "pretrain.epochs=1", "pretrain.batch_size=64", "pretrain.warmup_epochs=1",
+             "data.split_seed=0", "pretrain.fraction=0.5"]
 
 
 def tiers(n: int, hetero: bool = False) -> str:

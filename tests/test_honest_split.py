@@ -130,35 +130,89 @@ def test_the_old_recipe_leaks_and_is_refused(flite_study, study_base):
     assert f"{leaked.size} of its" in str(e.value) and "data.split_seed=0" in str(e.value)
 
 
-def test_local_test_splits_count_when_they_are_scored(study_base, flite_study):
-    """Clients' local test splits come from the train split the base was pretrained on: a run
-    that scores them is refused; with eval.clients=none the same run passes."""
+def test_local_test_splits_are_scored_on_unseen_samples_only(study_base, flite_study):
+    """The clients' shards come from the train split the base was partly pretrained on: the
+    method's data cuts every local test split to samples the base never saw (local training
+    splits stay as drawn), so a run scoring them passes; the same data built without the cut
+    (a prebuilt FederatedData) is refused."""
+    from fedray.data.population import build_client_data
+
     common = flite_study.SPLIT + flite_study.MODEL + ["algorithm.name=fedavg", "seed=0",
                                                       "clients.num_clients=8",
                                                       f"algorithm.base={study_base}"]
     cfg = load_config(None, common + ["eval.clients=all"])
     cls, data = client_data(cfg)
-    with pytest.raises(ConfigError, match="eval.clients=none"):
-        cls.check_data(cfg, data)
-    cfg = load_config(None, common + ["eval.clients=none"])
-    cls.check_data(cfg, client_data(cfg)[1])
+    raw = build_client_data(cfg)
+    seen = base_samples(study_base)
+    ids = np.asarray(data.train_ids)
+    for cut, full, tr, tr_raw in zip(data.test_idx, raw.test_idx, data.train_idx,
+                                     raw.train_idx, strict=True):
+        assert np.array_equal(tr, tr_raw)
+        assert np.intersect1d(ids[cut], seen).size == 0
+        assert np.array_equal(cut, full[~np.isin(ids[full], seen)])
+    assert sum(map(len, data.test_idx)) < sum(map(len, raw.test_idx))
+    cls.check_data(cfg, data)
+    with pytest.raises(ConfigError, match="algorithm.base"):
+        cls.check_data(cfg, raw)
 
 
-def test_a_base_without_its_sample_ids_is_refused_on_a_seeded_split(study_base, tmp_path,
-                                                                    flite_study):
+def test_a_base_from_before_samples_npz_is_checked_by_replaying_its_selection(
+        study_base, tmp_path, flite_study):
+    """A base written before samples.npz existed: its selection is replayed from base.json
+    (its seed, classes and fraction), to exactly the ids a new base records, and checked the
+    same way; a damaged samples.npz is a state-file error naming it."""
+    import json
     import shutil
+
+    from fedray.models.pretrain import seen_samples
 
     legacy = tmp_path / "legacy"
     shutil.copytree(study_base, legacy)
     (legacy / "samples.npz").unlink()
+    meta = json.loads((legacy / "base.json").read_text())
+    meta.pop("split_seed")
+    (legacy / "base.json").write_text(json.dumps(meta))
     assert base_samples(str(legacy)) is None
-    cfg = load_config(None, flite_study.BASE + flite_study.MODEL + [
-        "algorithm.name=fedavg", "clients.num_clients=8", f"algorithm.base={legacy}"])
-    with pytest.raises(ConfigError, match="samples.npz"):
+    run = flite_study.MODEL + ["data.dataset=digits", "algorithm.name=fedavg", "seed=1",
+                               "clients.num_clients=8", "eval.clients=none",
+                               f"algorithm.base={legacy}"]
+    cfg = load_config(None, run)
+    assert np.array_equal(seen_samples(str(legacy), meta, cfg), base_samples(study_base))
+    with pytest.raises(ConfigError, match="global test set"):
         check_base_split(str(legacy), cfg, client_data(cfg)[1])
+    cfg = load_config(None, run + ["data.split_seed=0"])
+    check_base_split(str(legacy), cfg, client_data(cfg)[1])
     (legacy / "samples.npz").write_bytes(b"not an npz")
     with pytest.raises(Exception, match="samples.npz"):
         base_samples(str(legacy))
+
+
+def test_a_run_whose_local_tests_the_cut_empties_is_refused(tmp_path, flite_study):
+    """pretrain.fraction = 1: the base saw every train sample, so every local test split is
+    cut to nothing; scoring them is refused (naming eval.clients), not reported as NaN."""
+    out = str(tmp_path / "all")
+    pretrain(load_config(None, ["data.dataset=digits", "model.name=mlp", "model.hidden=[8]",
+                                "pretrain.epochs=1", "pretrain.warmup_epochs=0"]), out,
+             progress=False)
+    run = ["data.dataset=digits", "model.name=mlp", "model.hidden=[8]", "seed=0",
+           "algorithm.name=fedavg", "clients.num_clients=4", f"algorithm.base={out}"]
+    cfg = load_config(None, run)
+    cls, data = client_data(cfg)
+    assert not any(len(t) for t in data.test_idx)
+    with pytest.raises(ConfigError, match="eval.clients"):
+        cls.check_data(cfg, data)
+    cfg = load_config(None, run + ["eval.clients=none"])
+    cls.check_data(cfg, client_data(cfg)[1])
+
+
+def test_synthetic_ids_name_seed_and_index():
+    from fedray.data.datasets import make_synthetic
+
+    a, b = make_synthetic(200, 8, seed=0), make_synthetic(200, 8, seed=1)
+    assert np.intersect1d(np.concatenate([a.train_ids, a.test_ids]),
+                          np.concatenate([b.train_ids, b.test_ids])).size == 0
+    assert np.array_equal(np.sort(np.concatenate([b.train_ids, b.test_ids])) - (1 << 32),
+                          np.arange(200))
 
 
 @pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])

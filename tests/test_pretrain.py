@@ -67,7 +67,8 @@ def test_finetune_from_base_counts_base_once_and_skips_frozen_head(ray_session, 
     pcfg = load_config(None, BASE + ["pretrain.epochs=2"])
     pretrain(pcfg, str(tmp_path / "base"), progress=False)
     cfg = tiny_cfg(**{"model.name": "cnn", "model.channels": "[8,16]", "model.hidden": 32,
-                      "algorithm.base": str(tmp_path / "base"), "rounds": 2})
+                      "algorithm.base": str(tmp_path / "base"), "rounds": 2,
+                      "data.split_seed": 0})
     run_experiment(cfg, str(tmp_path / "run"), progress=False)
     clients = pq.read_table(tmp_path / "run" / "clients.parquet").to_pandas()
     base, _ = load_base(str(tmp_path / "base"))

@@ -83,10 +83,11 @@ class DataConfig:
                          ", this many per client (memory and setup independent of "
                          "clients.num_clients); default: one pooled synthetic set, split")
     split_seed: int | None = spec(
-        None, help="seed of an array dataset's train/test split (digits; synthetic: also its "
-                   "draw); default: the run's seed. Fix it to keep one test set across "
-                   "seeds, e.g. to share one pretrained base (a base must never have seen "
-                   "the run's test samples: checked before Ray starts)")
+        None, ge=0, help="seed of an array dataset's train/test split (digits; the pooled "
+                         "synthetic set: also its draw); default: the run's seed. Fix it "
+                         "to keep one test set across seeds, e.g. to share one pretrained "
+                         "base (a base must never have seen the run's test samples: "
+                         "checked before Ray starts)")
     download: bool = spec(False, help="let torchvision download cifar* into root")
     image_size: int | None = spec(None, ge=8, help="upsample digits to this square size")
     channels: int = spec(1, ge=1, le=3, help="digits channels (3 replicates the grey image)")

@@ -22,11 +22,12 @@ from fedray.core.spec import ConfigError
 class Dataset:
     """Train and test arrays of one dataset; ``input_shape`` is the shape of one sample.
 
-    ``train_ids`` / ``test_ids`` name each row by its sample in the dataset's own numbering
-    (digits and synthetic: the index before the split), so that a base pretrained on some
-    samples can be checked against a run's test split (:func:`fedray.models.pretrain.
-    check_base_split`). A dataset whose split is fixed by its files (CIFAR's train and test
-    batches) numbers the test rows after the train rows."""
+    ``train_ids`` / ``test_ids`` name each row by its sample, so that a base pretrained on
+    some samples can be checked against a run's test split (:func:`fedray.models.pretrain.
+    check_base_split`): digits number a sample by its index in scikit-learn's array (the
+    same sample whatever the split seed); synthetic by (seed, index) as ``seed·2³² + index``
+    (another seed draws other samples); CIFAR its train rows 0…N−1 and test rows after them
+    (a split fixed by the files). None: the loader does not say (nothing can be checked)."""
 
     name: str
     x_train: np.ndarray
@@ -37,13 +38,6 @@ class Dataset:
     input_shape: tuple[int, ...]
     train_ids: np.ndarray | None = None
     test_ids: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        n = len(self.y_train)
-        if self.train_ids is None:
-            self.train_ids = np.arange(n, dtype=np.int64)
-        if self.test_ids is None:
-            self.test_ids = np.arange(n, n + len(self.y_test), dtype=np.int64)
 
 
 def stratified_split(labels: np.ndarray, test_fraction: float,
@@ -126,8 +120,9 @@ def make_synthetic(num_samples: int = 6000, num_features: int = 784, num_classes
     std = x[train].std(axis=0) + np.float32(1e-6)
     x -= mean
     x /= std
+    ids = (np.int64(seed) << np.int64(32)) + np.arange(num_samples, dtype=np.int64)
     return Dataset("synthetic", x[train], y[train], x[test], y[test], num_classes,
-                   (num_features,), train.astype(np.int64), test.astype(np.int64))
+                   (num_features,), ids[train], ids[test])
 
 
 _CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
@@ -173,7 +168,9 @@ def load_cifar(root: str, name: Literal["cifar10", "cifar100"],
     x_test -= mean
     x_test /= std
     num_classes = 10 if name == "cifar10" else 100
-    return Dataset(name, x_train, y_train, x_test, y_test, num_classes, tuple(x_train.shape[1:]))
+    n = len(y_train)
+    return Dataset(name, x_train, y_train, x_test, y_test, num_classes, tuple(x_train.shape[1:]),
+                   np.arange(n, dtype=np.int64), np.arange(n, n + len(y_test), dtype=np.int64))
 
 
 def load_dataset(cfg: DataConfig, seed: int) -> Dataset:

@@ -64,11 +64,19 @@ def machine_memory() -> tuple[int, int] | None:
 def pooled(samples: int, features: int, num_clients: int, knob: str,
            temporaries: float = 1.0) -> Estimate:
     """A pooled in-memory dataset split among the clients (:class:`fedray.data.federated.
-    FederatedData`): float32 inputs, int64 labels, one int64 index per sample and the
-    per-client overhead; building it holds ``temporaries`` extra copies of the inputs."""
+    FederatedData`): float32 inputs, int64 labels, one int64 index and one int64 sample id
+    per sample (:class:`fedray.data.datasets.Dataset`) and the per-client overhead;
+    building it holds ``temporaries`` extra copies of the inputs."""
     x = samples * features * FLOAT32
-    held = x + samples * 2 * INT64 + num_clients * PER_CLIENT_BYTES
+    held = x + samples * 3 * INT64 + num_clients * PER_CLIENT_BYTES
     return Estimate(held, int(held + temporaries * x), knob)
+
+
+def remote_ray(ray_address: str | None) -> bool:
+    """Whether the run joins a Ray elsewhere (``runtime.ray_address`` or ``RAY_ADDRESS``,
+    other than ``local``): this machine's memory then does not bound it."""
+    address = ray_address or os.environ.get("RAY_ADDRESS")
+    return bool(address) and address != "local"
 
 
 def require(field: str, value: object, estimate: Estimate,
@@ -90,8 +98,7 @@ def require(field: str, value: object, estimate: Estimate,
             f"the driver builds it, then the {estimate.held / GB:.1f} GB it holds copied "
             f"once into Ray's object store) and this machine has {available / GB:.1f} GB "
             f"available; {estimate.knob}"))
-    remote = ray_address or os.environ.get("RAY_ADDRESS")
-    if estimate.held > store and not (remote and remote not in ("local", "")):
+    if estimate.held > store and not remote_ray(ray_address):
         raise ConfigError(field, value, (
             f"data that fits in Ray's object store: this configuration holds about "
             f"{estimate.held / GB:.1f} GB, ray.put once, and the object store gets "

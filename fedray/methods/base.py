@@ -379,14 +379,12 @@ def cohort_size(cfg: Any, method: Any, input_shape: tuple[int, ...] | None,
 def _check_cohort_memory(cfg: Any, fit: CohortFit) -> None:
     """On a local Ray, ``cohort_size`` clients in every CPU executor at once must fit this
     machine's available memory (GPU memory is the device's, checked when it trains)."""
-    import os
-
     from fedray.core.spec import ConfigError
-    from fedray.data.memory import machine_memory
+    from fedray.data.memory import machine_memory, remote_ray
 
     rt = cfg.runtime
     have = machine_memory()
-    if rt.ray_address or os.environ.get("RAY_ADDRESS") or have is None:
+    if remote_ray(rt.ray_address) or have is None:
         return
     # executors that may train on the CPU: GPU tiers too unless the run insists on CUDA
     # (runtime.device=auto on a machine without a GPU runs them on the CPU)

@@ -148,13 +148,10 @@ def pretrain(cfg: ExperimentConfig, out: str, *, resume: bool = False,
                 "history": history}, keep=3)
             if on_epoch is not None:
                 on_epoch(history[-1])
-    state = get_state(model)
-    buf = io.BytesIO()
-    np.savez(buf, **state)
-    storage.write_bytes("base.npz", buf.getvalue())
-    buf = io.BytesIO()
-    np.savez(buf, train=np.asarray(data.train_ids[tr], np.int64))
-    storage.write_bytes("samples.npz", buf.getvalue())
+    if data.train_ids is not None:  # the samples it saw, for check_base_split
+        buf = io.BytesIO()
+        np.savez(buf, train=np.asarray(data.train_ids[tr], np.int64))
+        storage.write_bytes("samples.npz", buf.getvalue())
     split_seed = cfg.seed if cfg.data.split_seed is None else cfg.data.split_seed
     meta = {"model": cfg.model, "num_classes": data.num_classes,
             "input_shape": list(data.input_shape), "dataset": cfg.data.dataset,
@@ -164,6 +161,9 @@ def pretrain(cfg: ExperimentConfig, out: str, *, resume: bool = False,
             "test_accuracy": history[-1]["test_accuracy"] if history else None,
             "history": history}
     storage.write_bytes("base.json", json_text(meta, indent=2).encode())
+    buf = io.BytesIO()
+    np.savez(buf, **get_state(model))
+    storage.write_bytes("base.npz", buf.getvalue())  # last: a base.npz means a whole base
     return meta
 
 
@@ -211,61 +211,134 @@ def base_samples(path: str) -> np.ndarray | None:
     return ids.astype(np.int64)
 
 
-def evaluated_ids(cfg: ExperimentConfig, data: Any) -> np.ndarray | None:
-    """The dataset ids of every sample a run reports a test score on: the global test set
-    (``eval.global_test``) and the clients' local test splits where they are scored
-    (``eval.clients`` not none, ``eval.local_before_after``, ``eval.finetune_epochs``).
-    None where the data does not number its samples (a population read by natural id)."""
+def evaluated_ids(cfg: ExperimentConfig, data: Any, part: str = "all") -> np.ndarray | None:
+    """The dataset ids of the samples a run reports a test score on: the global test set
+    (``eval.global_test``; ``part="global"``) and the clients' local test splits where they
+    are scored (``eval.clients`` not none, ``eval.local_before_after``,
+    ``eval.finetune_epochs``; ``part="local"``). None where the data does not number its
+    samples (a population read by natural id, a loader without ids)."""
     test_ids = getattr(data, "test_ids", None)
     train_ids = getattr(data, "train_ids", None)
     if test_ids is None or train_ids is None:
         return None
-    parts = [np.asarray(test_ids)] if cfg.eval.global_test else []
-    e = cfg.eval
-    if e.clients != "none" or e.local_before_after or e.finetune_epochs:
+    parts = [np.asarray(test_ids)] if cfg.eval.global_test and part != "local" else []
+    if part != "global" and local_scored(cfg):
         local = [np.asarray(t) for t in data.test_idx if len(t)]
         if local:
             parts.append(np.asarray(train_ids)[np.concatenate(local)])
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
-def check_base_split(base: str | None, cfg: ExperimentConfig, data: Any) -> None:
-    """Refuse, before Ray starts, a run that would score a base on samples it was pretrained
-    on: the base's recorded sample ids (:func:`base_samples`) must be disjoint from every id
-    :func:`evaluated_ids` lists. A base pretrained on another dataset passes; a base that does
-    not record its samples is refused on a dataset whose split follows the seed.
+def local_scored(cfg: ExperimentConfig) -> bool:
+    e = cfg.eval
+    return e.clients != "none" or e.local_before_after or bool(e.finetune_epochs)
 
-    Why: the FLITE and DP studies once pretrained on the seed-0 split while each run's test
-    split followed its own seed, so seeds 1 and 2 were tested partly on training images."""
-    if base is None:
-        return
+
+def _base_meta(base: str) -> dict:
     storage = Storage(base)
     try:
         meta = json.loads(storage.read_bytes("base.json").decode())
     except (OSError, ValueError) as e:
         raise StateFileError(storage.path("base.json"), f"the JSON `fedray pretrain` wrote "
                                                         f"({type(e).__name__})") from None
-    if not isinstance(meta, dict) or meta.get("dataset") != cfg.data.dataset:
+    if not isinstance(meta, dict):
+        raise StateFileError(storage.path("base.json"), "a JSON object")
+    return meta
+
+
+def seen_samples(base: str, meta: dict, cfg: ExperimentConfig) -> np.ndarray | None:
+    """The ids the base was pretrained on: its ``samples.npz``, or, for a base written before
+    it was recorded, the same selection replayed from ``base.json`` (split seed = its seed,
+    then ``pretrain.classes`` / ``fraction`` drawn from that seed, as :func:`pretrain` does).
+    None when the dataset does not number its samples."""
+    seen = base_samples(base)
+    if seen is not None:
+        return seen
+    import dataclasses
+
+    from fedray.data import load_dataset
+
+    try:
+        seed, fraction = int(meta["seed"]), float(meta.get("fraction", 1.0))
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError("algorithm.base", base,
+                          "a base whose base.json records its seed (run `fedray pretrain` "
+                          "again)") from None
+    ds = load_dataset(dataclasses.replace(cfg.data, split_seed=seed), seed)
+    if ds.train_ids is None:
+        return None
+    return ds.train_ids[select(ds.y_train, meta.get("classes"), fraction, seed,
+                               "pretrain-subset")]
+
+
+def unseen_local_tests(base: str | None, cfg: ExperimentConfig, data: Any) -> Any:
+    """``data`` with every client's local test split cut to the samples the base was not
+    pretrained on (a client left without any is not scored). The clients' shards come from
+    the train split, part of which pretrained the base; their local *training* splits are
+    kept as drawn (training on pretraining data is fine), only what is scored changes; the
+    cut sizes are ``test_sizes`` of the run's data summary."""
+    import dataclasses
+
+    if base is None or getattr(data, "train_ids", None) is None or \
+            not hasattr(data, "test_idx"):
+        return data
+    try:
+        meta = _base_meta(base)
+    except (StateFileError, OSError):
+        return data  # check_base / check_base_split name the problem
+    if meta.get("dataset") != cfg.data.dataset:
+        return data
+    seen = seen_samples(base, meta, cfg)
+    if seen is None:
+        return data
+    ids = np.asarray(data.train_ids)
+    tests = [np.asarray(t)[~np.isin(ids[np.asarray(t, np.int64)], seen)]
+             for t in data.test_idx]
+    return dataclasses.replace(data, test_idx=tests)
+
+
+def check_base_split(base: str | None, cfg: ExperimentConfig, data: Any) -> None:
+    """Refuse, before Ray starts, a run that would score a base on samples it was pretrained
+    on: the base's training ids (:func:`seen_samples`) must be disjoint from every id
+    :func:`evaluated_ids` lists. The method's data already cuts the local test splits to
+    unseen samples (:func:`unseen_local_tests`), so the global test set decides, unless data
+    built another way is passed in; a run that scores local splits the cut left empty is
+    refused too. A base pretrained on another dataset passes.
+
+    Why: the FLITE and DP studies once pretrained on the seed-0 split while each run's test
+    split followed its own seed, so seeds 1 and 2 were tested partly on training images."""
+    if base is None:
+        return
+    meta = _base_meta(base)
+    if meta.get("dataset") != cfg.data.dataset:
         return
     tested = evaluated_ids(cfg, data)
-    if tested is None or not len(tested):
+    if tested is None:
         return
-    seen = base_samples(base)
-    split = cfg.seed if cfg.data.split_seed is None else cfg.data.split_seed
+    seen = seen_samples(base, meta, cfg)
     if seen is None:
-        if cfg.data.dataset in ("digits", "synthetic"):
-            raise ConfigError("algorithm.base", base,
-                              "a base that records its training samples (samples.npz; this "
-                              "one predates it: run `fedray pretrain` again)")
         return
-    leaked = np.intersect1d(seen, tested)
+    split = cfg.seed if cfg.data.split_seed is None else cfg.data.split_seed
+    was = meta.get("split_seed", meta.get("seed"))
+    leaked = np.intersect1d(seen, evaluated_ids(cfg, data, "global"))
     if len(leaked):
-        was = meta.get("split_seed", meta.get("seed"))
         raise ConfigError(
             "algorithm.base", base,
             f"a base pretrained on none of the samples this run tests on: {len(leaked)} of "
-            f"its {len(seen)} training samples are among the run's {len(np.unique(tested))} "
-            f"test samples (base split seed {was}, this run's {split}); pretrain with the "
-            f"run's seed, or set data.split_seed={was} here"
-            + ("" if cfg.eval.clients == "none" else
-               ", or eval.clients=none if only the clients' local test splits overlap"))
+            f"its {len(seen)} training samples are in the run's global test set (base split "
+            f"seed {was}, this run's {split}); pretrain with the run's seed, or set "
+            f"data.split_seed={was} here")
+    leaked = np.intersect1d(seen, evaluated_ids(cfg, data, "local"))
+    if len(leaked):
+        raise ConfigError(
+            "algorithm.base", base,
+            f"a base pretrained on none of the samples this run tests on: {len(leaked)} of "
+            f"its {len(seen)} training samples are in the clients' local test splits (data "
+            f"built without the method's build_data, which cuts them)")
+    if local_scored(cfg) and hasattr(data, "test_idx") and \
+            not any(len(t) for t in data.test_idx):
+        raise ConfigError(
+            "eval.clients", cfg.eval.clients,
+            "none, scoring the global test set only (or pretrain on part of the train split, "
+            "pretrain.fraction < 1): the base was pretrained on every sample of the clients' "
+            "local test splits, so none is left to score them on")

@@ -74,9 +74,11 @@ def _scores(evaluation: Evaluation, per_tier: dict[str, float]) -> dict[str, flo
     """Personalized and global scores of the round; each tier's scores go to
     ``per_tier``. The global score of a fleet is the unweighted mean over tiers of each
     tier's own model."""
-    accs = np.array([e.accuracy for e in evaluation.clients.values()])
-    ft = np.array([e.finetuned.accuracy for e in evaluation.clients.values()
-                   if e.finetuned is not None])
+    # a client without local test samples (all cut, fedray.models.pretrain) is not scored
+    scored = [e for e in evaluation.clients.values() if e.n > 0]
+    accs = np.array([e.accuracy for e in scored])
+    ft = np.array([e.finetuned.accuracy for e in scored
+                   if e.finetuned is not None and e.finetuned.n > 0])
     scores = evaluation.tiers
     g = {}
     if scores:

@@ -45,19 +45,20 @@ noise std over the sensitivity of the released sum:
   FedAsync: each server step releases the noisy sum of one buffer, which fills with whoever
   finishes first — no uniform sampling, so no amplification; :meth:`Algorithm.dp_cohort`
   says the cohort: (B, B) for a buffer of B): a plain Gaussian of multiplier z/2 per
-  release, composed. ``dp.accountant=auto`` (the default) accounts it with PLD, which is
-  exact here (the composition of T Gaussians is μ-GDP with μ = 2√T/z, Balle & Wang's closed
-  form, :func:`gaussian_epsilon`); RDP is a valid but looser bound (z = 4, 100 releases:
-  35.08 against the exact 33.10). Elsewhere ``auto`` is RDP.
+  release, composed. ``dp.accountant=auto`` (the default) accounts it with its exact privacy
+  loss distribution (PLD): T composed Gaussians are one Gaussian, μ-GDP with μ = 2√T/z,
+  whose PLD has Balle & Wang's closed form (:func:`gaussian_epsilon`), evaluated directly —
+  dp-accounting's discretized PLD meets it within 0.1 % (tested) but costs seconds per ε.
+  RDP is a valid but looser bound (z = 4, 100 releases: 35.08 against the exact 33.10).
+  Elsewhere ``auto`` is RDP.
 
 dp-accounting 0.6 is not consistent across its accountants under replace-one: its RDP
 accountant reads a Gaussian event's multiplier as std over the sensitivity and leaves the
-factor 2 to the caller (google/differential-privacy#378), while its PLD accountant applies
-the factor itself. fedray passes z/2 to RDP and z to PLD (:data:`REPLACE_ONE_FACTOR`), and
-:func:`check_convention` verifies both against independent references before the first ε
-is computed in a process, so a library upgrade that moves the factor (the open
-google/differential-privacy#464 would, for RDP) stops with an error instead of silently
-changing ε.
+factor 2 to the caller (google/differential-privacy#378; fedray passes z/2), while its PLD
+accountant applies the factor itself. :func:`check_convention` verifies the RDP convention
+against a reference that does not depend on it before the first replace-one ε of a process,
+so a library upgrade that moves the factor (the open google/differential-privacy#464 would)
+stops with an error instead of silently changing ε.
 
 ε is reported at δ (default min(1/N^1.1, 1e-5)) after every release. The accountant
 assumes who contributes is decided by data-independent randomness, so DP refuses fleet
@@ -100,12 +101,6 @@ def default_delta(num_clients: int) -> float:
     return min(1.0 / float(num_clients) ** 1.1, 1e-5)
 
 
-# The multiplier fedray hands dp-accounting under replace-one, as a factor of z (noise std
-# over the clip C): the library's RDP takes std/sensitivity (sensitivity 2C: z/2), its PLD
-# applies the factor 2 itself (z). Checked against the library by check_convention.
-REPLACE_ONE_FACTOR = {"rdp": 0.5, "pld": 1.0}
-
-
 def resolve_accountant(accountant: str, n: int, k: int, sampling: str) -> str:
     """``dp.accountant`` as run: ``auto`` is PLD where it is exact — a release without
     sampling (K = N under fixed sampling, an asynchronous buffer) — and RDP elsewhere
@@ -116,19 +111,24 @@ def resolve_accountant(accountant: str, n: int, k: int, sampling: str) -> str:
     return "pld" if sampling == "fixed" and k >= n else "rdp"
 
 
-def _event(z: float, releases: int, n: int, k: int, sampling: str,
-           accountant: str = "rdp") -> Any:
+def _event(z: float, releases: int, n: int, k: int, sampling: str) -> Any:
     """``releases`` rounds of noise z·C on a sum of clipped updates, as dp-accounting events
-    for ``accountant`` (sensitivity C under add/remove, 2C under replace-one, the factor
-    passed as :data:`REPLACE_ONE_FACTOR` says)."""
+    for its RDP accountant (whose multiplier is std over sensitivity: C under add/remove, 2C
+    under replace-one — the caller's factor, :func:`check_convention`) or, under Poisson
+    sampling, its PLD accountant."""
     import dp_accounting as dpa
 
     if sampling == "poisson":
         one = dpa.PoissonSampledDpEvent(k / n, dpa.GaussianDpEvent(z))
+    elif k < n:
+        one = dpa.SampledWithoutReplacementDpEvent(n, k, dpa.GaussianDpEvent(z / 2))
     else:
-        gauss = dpa.GaussianDpEvent(z * REPLACE_ONE_FACTOR[accountant])
-        one = dpa.SampledWithoutReplacementDpEvent(n, k, gauss) if k < n else gauss
+        one = dpa.GaussianDpEvent(z / 2)
     return dpa.SelfComposedDpEvent(one, releases)
+
+
+def _unsampled(sampling: str, n: int, k: int) -> bool:
+    return sampling == "fixed" and k >= n
 
 
 def _accountant(kind: str, sampling: str) -> Any:
@@ -177,13 +177,12 @@ def _library_version() -> str:
 
 @functools.lru_cache(maxsize=1)
 def check_convention() -> None:
-    """Stop, with one line, when the installed dp-accounting does not read replace-one
-    Gaussians the way :data:`REPLACE_ONE_FACTOR` assumes. The known case: z = 2, 10 releases
-    to everyone (sensitivity 2C, so a Gaussian of multiplier 1 per release), at δ = 1e-5,
-    computed both ways — through fedray's events under replace-one, and from references that
-    owe nothing to that convention: RDP under add/remove-one of multiplier z/2 (sensitivity C:
-    unambiguous), and the exact closed form (:func:`gaussian_epsilon`, μ = 2√T/z) that PLD,
-    pessimistic on a grid of :data:`PLD_GRID`, must meet within 1 %."""
+    """Stop, with one line, when the installed dp-accounting's RDP accountant does not read
+    replace-one Gaussians as std over the sensitivity (fedray passes z/2 for the sum's
+    sensitivity 2C). The known case: z = 2, 10 releases, δ = 1e-5, computed both ways —
+    through fedray's replace-one events (everyone released, plainly and as a fully sampled
+    draw without replacement, which #464 would rescale too) and from add/remove-one RDP of
+    multiplier z/2 (sensitivity C: a reading that does not depend on the convention)."""
     import dp_accounting as dpa
 
     z, releases, n, delta = 2.0, 10, 5, 1e-5
@@ -191,22 +190,30 @@ def check_convention() -> None:
     with _quiet():
         ref = _library_accountant("rdp", relation.ADD_OR_REMOVE_ONE)
         ref.compose(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z / 2), releases))
-        want = {"rdp": float(ref.get_epsilon(delta)),
-                "pld": gaussian_epsilon(2 * math.sqrt(releases) / z, delta)}
-        for kind, tol in (("rdp", 1e-9), ("pld", 1e-2)):
-            acc = _library_accountant(kind, relation.REPLACE_ONE)
-            acc.compose(_event(z, releases, n, n, "fixed", kind))
+        want = float(ref.get_epsilon(delta))
+        cases = {"everyone released": _event(z, releases, n, n, "fixed"),
+                 "a fully sampled draw without replacement": dpa.SelfComposedDpEvent(
+                     dpa.SampledWithoutReplacementDpEvent(n, n, dpa.GaussianDpEvent(z / 2)),
+                     releases)}
+        for what, event in cases.items():
+            acc = _library_accountant("rdp", relation.REPLACE_ONE)
+            acc.compose(event)
             got = float(acc.get_epsilon(delta))
-            if not want[kind] * (1 - 1e-6) <= got <= want[kind] * (1 + tol):
+            if abs(got - want) > 1e-9 * want:
                 raise ConfigError(
-                    "dp.accountant", kind,
-                    f"a dp-accounting whose {kind.upper()} accountant reads a replace-one "
-                    f"Gaussian's multiplier as fedray assumes (factor "
-                    f"{REPLACE_ONE_FACTOR[kind]:g} of z): dp-accounting {_library_version()} "
-                    f"gives ε = {got:.4f} where that convention gives {want[kind]:.4f} (z = 2, "
-                    f"10 releases, δ = 1e-5), so it moved the replace-one factor and fedray "
-                    f"would mis-account; install dp-accounting 0.6 or a fedray that knows "
-                    f"this version")
+                    "dp.accountant", "rdp",
+                    f"a dp-accounting whose RDP accountant reads a replace-one Gaussian's "
+                    f"multiplier as std over the sensitivity (fedray passes z/2): "
+                    f"dp-accounting {_library_version()} gives ε = {got:.4f} where that "
+                    f"reading gives {want:.4f} ({what}, z = 2, 10 releases, δ = 1e-5), so "
+                    f"it moved the replace-one factor and fedray would mis-account; install "
+                    f"dp-accounting 0.6 or a fedray that knows this version (Poisson "
+                    f"sampling, which is add/remove-one, is unaffected)")
+
+
+def _exact_unsampled(z: float, releases: int, delta: float) -> float:
+    """ε of ``releases`` Gaussians of multiplier z/2 (replace-one, everyone released)."""
+    return gaussian_epsilon(2.0 * math.sqrt(releases) / z, delta)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -219,11 +226,14 @@ def epsilon(z: float, releases: int, *, n: int, k: int, delta: float,
         return 0.0
     if z <= 0:
         return math.inf
-    check_convention()
     accountant = resolve_accountant(accountant, n, k, sampling)
+    if accountant == "pld" and _unsampled(sampling, n, k):
+        return _exact_unsampled(float(z), int(releases), delta)
+    if sampling == "fixed":
+        check_convention()
     acc = _accountant(accountant, sampling)
     with _quiet():
-        acc.compose(_event(float(z), int(releases), n, k, sampling, accountant))
+        acc.compose(_event(float(z), int(releases), n, k, sampling))
         return float(acc.get_epsilon(delta))
 
 
@@ -248,11 +258,15 @@ def _quiet():
 def calibrate_noise(target_epsilon: float, releases: int, *, n: int, k: int, delta: float,
                     accountant: str = "rdp", sampling: str = "fixed") -> float:
     """The smallest multiplier z whose ε after ``releases`` rounds is at most
-    ``target_epsilon`` (dp-accounting's bisection, tolerance 1e-3 on z)."""
+    ``target_epsilon`` (dp-accounting's bisection, tolerance 1e-3 on z; without sampling
+    under PLD the closed form is solved for μ instead)."""
     import dp_accounting as dpa
 
-    check_convention()
     accountant = resolve_accountant(accountant, n, k, sampling)
+    if accountant == "pld" and _unsampled(sampling, n, k):
+        return max(MIN_NOISE, _solve_unsampled(target_epsilon, releases, delta))
+    if sampling == "fixed":
+        check_convention()
     if epsilon(MIN_NOISE, releases, n=n, k=k, delta=delta, accountant=accountant,
                sampling=sampling) <= target_epsilon:
         return MIN_NOISE
@@ -264,8 +278,24 @@ def calibrate_noise(target_epsilon: float, releases: int, *, n: int, k: int, del
     with _quiet():
         return float(dpa.calibrate_dp_mechanism(
             lambda: _accountant(accountant, sampling),
-            lambda z: _event(z, releases, n, k, sampling, accountant), target_epsilon, delta,
+            lambda z: _event(z, releases, n, k, sampling), target_epsilon, delta,
             bracket_interval=bracket, tol=1e-3))
+
+
+def _solve_unsampled(target_epsilon: float, releases: int, delta: float) -> float:
+    """The z whose exact ε (:func:`_exact_unsampled`) is ``target_epsilon``, rounded up so
+    that it never exceeds it."""
+    from scipy.optimize import brentq
+
+    lo, hi = 1e-6, 1.0
+    while gaussian_epsilon(hi, delta) < target_epsilon:
+        hi *= 2
+    mu = brentq(lambda m: gaussian_epsilon(m, delta) - target_epsilon, lo, hi,
+                xtol=1e-12, rtol=1e-12)
+    z = 2.0 * math.sqrt(releases) / mu
+    while _exact_unsampled(z, releases, delta) > target_epsilon:
+        z *= 1 + 1e-9
+    return z
 
 
 def _count_noise(dp: Any, k: int) -> float:
@@ -331,7 +361,8 @@ def check_config(cfg: Any) -> None:
                                                   f"no sampling without replacement; it "
                                                   f"accounts Poisson sampling, and releases "
                                                   f"without sampling exactly)")
-    check_convention()
+    if dp.sampling == "fixed" and resolve_accountant(dp.accountant, n, k, "fixed") == "rdp":
+        check_convention()
     if cfg.fleet.availability is not None:
         raise ConfigError("fleet.availability", cfg.fleet.availability,
                           "unset with dp.enabled (the accountant assumes uniform sampling)")

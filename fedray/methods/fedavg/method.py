@@ -93,6 +93,15 @@ class FedAvg(Algorithm):
                 cls.check_dp_sgd(cfg, shape, classes)
 
     @classmethod
+    def build_data(cls, cfg: Any, dataset: Any = None) -> Any:
+        """The default client data, with the clients' local test splits cut to samples
+        ``algorithm.base`` was not pretrained on."""
+        from fedray.models.pretrain import unseen_local_tests
+
+        return unseen_local_tests(cfg.algorithm.get("base"), cfg,
+                                  super().build_data(cfg, dataset))
+
+    @classmethod
     def check_data(cls, cfg: Any, data: Any) -> None:
         """``algorithm.base`` has not seen any sample this run tests on."""
         from fedray.models.pretrain import check_base_split
