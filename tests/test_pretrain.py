@@ -97,3 +97,23 @@ def test_cli_pretrain_before_the_base_exists(tmp_path):
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["epochs"] == 1
     assert load_config(cfg).algorithm["d"] == 8  # now the federated config validates
+
+
+def test_pretrain_threads_are_recorded_and_restored(tmp_path):
+    """pretrain.threads pins torch's intra-op threads for the pretraining (a base's bits
+    depend on the order of float sums); base.json records the count; the process gets its
+    own count back."""
+    import torch
+
+    before = torch.get_num_threads()
+    cfg = load_config(None, ["model.name=mlp", "model.hidden=[8]", "pretrain.epochs=1",
+                             "pretrain.warmup_epochs=0", "pretrain.threads=1"])
+    a = pretrain(cfg, str(tmp_path / "a"), progress=False)
+    b = pretrain(cfg, str(tmp_path / "b"), progress=False)
+    assert a["threads"] == 1 and torch.get_num_threads() == before
+    sa, sb = load_base(str(tmp_path / "a"))[0], load_base(str(tmp_path / "b"))[0]
+    assert all(np.array_equal(sa[k], sb[k]) for k in sa)
+    default = pretrain(load_config(None, ["model.name=mlp", "model.hidden=[8]",
+                                          "pretrain.epochs=1", "pretrain.warmup_epochs=0"]),
+                       str(tmp_path / "c"), progress=False)
+    assert default["threads"] == before

@@ -396,6 +396,11 @@ class PretrainConfig:
         "orthogonal", help="classifier head: frozen orthogonal (FLITE), frozen Kaiming, trainable")
     classes: list[int] | None = spec(None, help="pretrain on these classes only (default all)")
     fraction: float = spec(1.0, gt=0, le=1, help="share of the (selected) train set used")
+    threads: int | None = spec(
+        None, ge=1, help="torch intra-op threads while pretraining on the CPU (default: "
+                         "torch's, the cores); a base's bits depend on it (the order of "
+                         "float sums), so fix it to reproduce a base on another machine "
+                         "(base.json records it)")
     augment: bool = spec(False, help="random crop (zero pad 4) + horizontal flip of each "
                                      "image, drawn from (seed, epoch): FLITE App. 0.C's "
                                      "'standard crop+flip' (images only)")

@@ -78,7 +78,22 @@ def pretrain(cfg: ExperimentConfig, out: str, *, resume: bool = False,
     called after each epoch's checkpoint is written (progress reporting, e.g. to Tune);
     ``progress`` shows the epochs as one stage of :mod:`fedray.observe.progress` on stderr.
     ``out`` must be new or empty unless ``resume`` (continue its checkpoints) or
-    ``overwrite`` (its base and checkpoints are replaced; nothing else there is touched)."""
+    ``overwrite`` (its base and checkpoints are replaced; nothing else there is touched).
+    Runs with ``pretrain.threads`` torch threads (default torch's own), restored after."""
+    import torch
+
+    previous = torch.get_num_threads()
+    threads = int(cfg.pretrain.threads) if cfg.pretrain.threads is not None else \
+        max(1, previous)
+    torch.set_num_threads(threads)
+    try:
+        return _pretrain(cfg, out, resume, progress, overwrite, on_epoch, threads)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _pretrain(cfg: ExperimentConfig, out: str, resume: bool, progress: bool, overwrite: bool,
+              on_epoch: Callable[[dict], None] | None, threads: int) -> dict[str, Any]:
     import torch
 
     from fedray.data import load_dataset
@@ -106,7 +121,6 @@ def pretrain(cfg: ExperimentConfig, out: str, *, resume: bool = False,
         raise ConfigError("pretrain.augment", True, f"false for {cfg.data.dataset} (crop+flip "
                                                     f"needs images, got shape {x.shape[1:]})")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     model = build_base_model(cfg, data.input_shape, data.num_classes).to(device)
     params = [q for q in model.parameters() if q.requires_grad]
     opt = SGD(params, lr=p.lr, momentum=p.momentum, weight_decay=p.weight_decay)
@@ -158,6 +172,7 @@ def pretrain(cfg: ExperimentConfig, out: str, *, resume: bool = False,
             "split_seed": int(split_seed),
             "head": p.head, "classes": p.classes, "fraction": p.fraction,
             "epochs": p.epochs, "seed": cfg.seed, "train_samples": int(len(x)),
+            "threads": threads,
             "test_accuracy": history[-1]["test_accuracy"] if history else None,
             "history": history}
     storage.write_bytes("base.json", json_text(meta, indent=2).encode())
