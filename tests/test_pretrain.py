@@ -109,7 +109,7 @@ def test_pretrain_threads_are_recorded_and_restored(tmp_path):
     cfg = load_config(None, ["model.name=mlp", "model.hidden=[8]", "pretrain.epochs=1",
                              "pretrain.warmup_epochs=0", "pretrain.threads=1"])
     a = pretrain(cfg, str(tmp_path / "a"), progress=False)
-    b = pretrain(cfg, str(tmp_path / "b"), progress=False)
+    pretrain(cfg, str(tmp_path / "b"), progress=False)
     assert a["threads"] == 1 and torch.get_num_threads() == before
     sa, sb = load_base(str(tmp_path / "a"))[0], load_base(str(tmp_path / "b"))[0]
     assert all(np.array_equal(sa[k], sb[k]) for k in sa)
