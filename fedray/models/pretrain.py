@@ -189,20 +189,29 @@ def load_base(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     if not storage.exists("base.npz"):
         raise ConfigError("algorithm.base", path,
                           "a directory written by `fedray pretrain` (holding base.npz)")
-    data = storage.read_bytes("base.npz")
+    state = _read_npz(storage, "base.npz", "a base `fedray pretrain` wrote")
     try:
-        check_npz(data, storage.path("base.npz"))
-        with np.load(io.BytesIO(data), allow_pickle=False) as f:
-            state = {k: f[k] for k in f.files}
         meta = json.loads(storage.read_bytes("base.json").decode())
-    except (ValueError, OSError, KeyError, RecursionError, zipfile.BadZipFile) as e:
-        if isinstance(e, StateFileError):
-            raise
+    except (ValueError, OSError, RecursionError) as e:
         raise StateFileError(storage.path("base.npz"), f"a base `fedray pretrain` wrote "
                                                        f"({type(e).__name__})") from None
     if not isinstance(meta, dict):
         raise StateFileError(storage.path("base.json"), "a JSON object")
     return state, meta
+
+
+def _read_npz(storage: Storage, name: str, what: str) -> dict[str, np.ndarray]:
+    """The arrays of ``name`` in ``storage`` (no pickle), or a :class:`StateFileError`
+    saying it is not ``what``."""
+    data = storage.read_bytes(name)
+    try:
+        check_npz(data, storage.path(name))
+        with np.load(io.BytesIO(data), allow_pickle=False) as f:
+            return {k: f[k] for k in f.files}
+    except (ValueError, OSError, KeyError, RecursionError, zipfile.BadZipFile) as e:
+        if isinstance(e, StateFileError):
+            raise
+        raise StateFileError(storage.path(name), f"{what} ({type(e).__name__})") from None
 
 
 def base_samples(path: str) -> np.ndarray | None:
@@ -211,16 +220,10 @@ def base_samples(path: str) -> np.ndarray | None:
     storage = Storage(path)
     if not storage.exists("samples.npz"):
         return None
-    data = storage.read_bytes("samples.npz")
-    try:
-        check_npz(data, storage.path("samples.npz"))
-        with np.load(io.BytesIO(data), allow_pickle=False) as f:
-            ids = np.asarray(f["train"])
-    except (ValueError, OSError, KeyError, RecursionError, zipfile.BadZipFile) as e:
-        if isinstance(e, StateFileError):
-            raise
-        raise StateFileError(storage.path("samples.npz"), f"the sample ids `fedray pretrain` "
-                                                          f"wrote ({type(e).__name__})") from None
+    arrays = _read_npz(storage, "samples.npz", "the sample ids `fedray pretrain` wrote")
+    if "train" not in arrays:
+        raise StateFileError(storage.path("samples.npz"), "a 1-D integer array 'train'")
+    ids = np.asarray(arrays["train"])
     if ids.ndim != 1 or ids.dtype.kind not in "iu":
         raise StateFileError(storage.path("samples.npz"), "a 1-D integer array 'train'")
     return ids.astype(np.int64)
@@ -286,6 +289,16 @@ def seen_samples(base: str, meta: dict, cfg: ExperimentConfig) -> np.ndarray | N
                                "pretrain-subset")]
 
 
+def _seen_by_base(base: str, cfg: ExperimentConfig) -> tuple[dict, np.ndarray] | None:
+    """(base.json, the ids the base trained on) when the base was pretrained on this run's
+    dataset and its samples are numbered; None otherwise (nothing to compare)."""
+    meta = _base_meta(base)
+    if meta.get("dataset") != cfg.data.dataset:
+        return None
+    seen = seen_samples(base, meta, cfg)
+    return None if seen is None else (meta, seen)
+
+
 def unseen_local_tests(base: str | None, cfg: ExperimentConfig, data: Any) -> Any:
     """``data`` with every client's local test split cut to the samples the base was not
     pretrained on (a client left without any is not scored). The clients' shards come from
@@ -298,14 +311,12 @@ def unseen_local_tests(base: str | None, cfg: ExperimentConfig, data: Any) -> An
             not hasattr(data, "test_idx"):
         return data
     try:
-        meta = _base_meta(base)
+        found = _seen_by_base(base, cfg)
     except (StateFileError, OSError):
         return data  # check_base / check_base_split name the problem
-    if meta.get("dataset") != cfg.data.dataset:
+    if found is None:
         return data
-    seen = seen_samples(base, meta, cfg)
-    if seen is None:
-        return data
+    seen = found[1]
     ids = np.asarray(data.train_ids)
     tests = [np.asarray(t)[~np.isin(ids[np.asarray(t, np.int64)], seen)]
              for t in data.test_idx]
@@ -322,34 +333,27 @@ def check_base_split(base: str | None, cfg: ExperimentConfig, data: Any) -> None
 
     Why: the FLITE and DP studies once pretrained on the seed-0 split while each run's test
     split followed its own seed, so seeds 1 and 2 were tested partly on training images."""
-    if base is None:
+    if base is None or getattr(data, "test_ids", None) is None or \
+            getattr(data, "train_ids", None) is None:
         return
-    meta = _base_meta(base)
-    if meta.get("dataset") != cfg.data.dataset:
+    found = _seen_by_base(base, cfg)
+    if found is None:
         return
-    tested = evaluated_ids(cfg, data)
-    if tested is None:
-        return
-    seen = seen_samples(base, meta, cfg)
-    if seen is None:
-        return
+    meta, seen = found
     split = cfg.seed if cfg.data.split_seed is None else cfg.data.split_seed
     was = meta.get("split_seed", meta.get("seed"))
-    leaked = np.intersect1d(seen, evaluated_ids(cfg, data, "global"))
-    if len(leaked):
-        raise ConfigError(
-            "algorithm.base", base,
-            f"a base pretrained on none of the samples this run tests on: {len(leaked)} of "
-            f"its {len(seen)} training samples are in the run's global test set (base split "
-            f"seed {was}, this run's {split}); pretrain with the run's seed, or set "
-            f"data.split_seed={was} here")
-    leaked = np.intersect1d(seen, evaluated_ids(cfg, data, "local"))
-    if len(leaked):
-        raise ConfigError(
-            "algorithm.base", base,
-            f"a base pretrained on none of the samples this run tests on: {len(leaked)} of "
-            f"its {len(seen)} training samples are in the clients' local test splits (data "
-            f"built without the method's build_data, which cuts them)")
+    where = {"global": f"the run's global test set (base split seed {was}, this run's "
+                       f"{split}); pretrain with the run's seed, or set data.split_seed={was} "
+                       f"here",
+             "local": "the clients' local test splits (data built without the method's "
+                      "build_data, which cuts them)"}
+    for part, text in where.items():
+        leaked = np.intersect1d(seen, evaluated_ids(cfg, data, part))
+        if len(leaked):
+            raise ConfigError(
+                "algorithm.base", base,
+                f"a base pretrained on none of the samples this run tests on: {len(leaked)} "
+                f"of its {len(seen)} training samples are in {text}")
     if local_scored(cfg) and hasattr(data, "test_idx") and \
             not any(len(t) for t in data.test_idx):
         raise ConfigError(
