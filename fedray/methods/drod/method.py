@@ -181,14 +181,23 @@ def structure_budget(rho: float, params: HeteroParams) -> float:
 class Ladder:
     """The configured tiers solved once into sub-models of one network: each tier's rung,
     the grid of nested rungs (Ordered Dropout's choices), the exit depths each tier's
-    sub-model carries, and FIARSE's keep fraction per tier (empty for other rules)."""
+    sub-model carries, and FIARSE's keep fraction per tier (empty for other rules; counted
+    from the built sub-models, so only when asked: a config check stays torch-free)."""
 
     arch: Any
     hw: tuple[int, int]
     tiers: dict[str, Any]
     grid: list
     depths: dict[str, tuple[int, ...]]
-    keep: dict[str, float]
+    capacity: dict[str, float]  # each tier's budget ρ (runtime.tiers[].capacity)
+    params: Any
+
+    @functools.cached_property
+    def keep(self) -> dict[str, float]:
+        if self.params.rule != "fiarse":
+            return {}
+        return {t: fiarse_keep(self.arch, self.hw, r, self.capacity[t], self.params)
+                for t, r in self.tiers.items()}
 
     def param_ratio(self, tier: str) -> float:
         """The share of the full model's parameters the tier's sub-model holds (a FIARSE
@@ -212,9 +221,7 @@ def tier_ladder(cfg: Any, params: HeteroParams, shape=None) -> Ladder:
     tiers = {name: rungs[cap] for name, cap in caps.items()}
     grid = [rungs[float(b)] for b in sorted(params.grid or set(caps.values()))]
     depths = {t: exit_depths(arch, r.geometry, grid, params) for t, r in tiers.items()}
-    keep = {t: fiarse_keep(arch, hw, r, rho[t], params) for t, r in tiers.items()} \
-        if params.rule == "fiarse" else {}
-    return Ladder(arch, hw, tiers, grid, depths, keep)
+    return Ladder(arch, hw, tiers, grid, depths, rho, params)
 
 
 def exit_depths(arch: Any, own: Any, grid: list, params: HeteroParams) -> tuple[int, ...]:
