@@ -276,7 +276,7 @@ def test_the_estimate_follows_the_arrays():
     from fedray.data import memory
 
     est = memory.pooled(1000, 10, 5, "k", temporaries=2)
-    assert est.held == 1000 * 10 * 4 + 1000 * 16 + 5 * memory.PER_CLIENT_BYTES
+    assert est.held == 1000 * 10 * 4 + 1000 * 24 + 5 * memory.PER_CLIENT_BYTES  # label, index, id
     assert est.peak == est.held + 2 * 1000 * 10 * 4
     available, total = memory.machine_memory()
     assert 0 < available <= total
