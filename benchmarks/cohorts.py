@@ -24,6 +24,23 @@ own generator, as fedray's populations do):
   process whose peak RSS is reported (one executor holding the base once, whatever the
   number of authors).
 
+* ``flite`` / ``flite_regen``: FLITE's local Adam on the latents in the FLITE digits study's
+  setting (``benchmarks/flite_study.py``): the width-8 GroupNorm ResNet-18 on 8×8×1 inputs,
+  10 classes, frozen orthogonal head, all 20 conv weights mapped at d = 64, r = 32 (factors
+  stored, or regenerated from the seed on every pass), Adam lr 1e-2, weight decay 1e-4,
+  clip 1.0, batch 16, ``--flite-clients`` clients (default 8) of 100–185 samples — one
+  after another as :meth:`Flite.client_update <fedray.methods.flite.method.Flite.
+  client_update>` trains them against one cohort of all of them
+  (:func:`fedray.methods.flite.cohort.train_latents`); ``--flite-net``, ``--flite-width``
+  and ``--flite-input`` pick another network (the other points of FLITE's ``auto`` rule,
+  :meth:`Flite.cohort_fit <fedray.methods.flite.method.Flite.cohort_fit>`). Each side
+  runs in a fresh process whose peak RSS and CPU seconds are reported too (on a CPU shared
+  with other work, CPU seconds are the steadier measure); the difference is ‖zv − zs‖ /
+  ‖zs‖ of the trained latents (worst and median). Random labels on a random network are
+  chaotic here too: a latent component whose gradient hovers at 0 takes Adam's ±lr step
+  either way, and a 1e-8 perturbation of z̄ moves one client's sequential latent itself
+  by 1e-2 relative.
+
 For each: seconds for the round both ways (median of ``--repeats``, after one warm-up
 cohort: the first ``vmap`` call of a process imports ``torch._dynamo``, ≈ 2 s), their
 ratio, the rule's ``work`` and the worst relative difference of a client's delta
@@ -32,6 +49,8 @@ random labels, and a 1e-7 relative perturbation of its start moves the sequentia
 themselves by up to 9% — the two paths differ by what float rounding amplifies to.
 
     .venv/bin/python benchmarks/cohorts.py [--workloads scale femnist] [--cohort-size 256]
+    .venv/bin/python benchmarks/cohorts.py --workloads flite flite_regen [--flite-clients 16]
+        [--flite-net resnet18 --flite-width 8 --flite-input 3 32 32]
 """
 
 from __future__ import annotations
@@ -45,8 +64,10 @@ import numpy as np
 import torch
 
 from fedray.methods.base import AUTO_WORK
+from fedray.methods.flite.cohort import AUTO_SHARE
+from fedray.methods.flite.factors import mapped_layers
 from fedray.models import build_model
-from fedray.models.cohort import train_cohort
+from fedray.models.cohort import forward_macs, train_cohort
 from fedray.models.training import get_state, set_state, train_local
 
 WORKLOADS: dict[str, dict] = {
@@ -168,22 +189,131 @@ def measure_favor(threads: int) -> dict:
             "vectorized_peak_rss_mb": side["batched"]["peak_rss_mb"]}
 
 
+SIDES = ("sequential", "vectorized")
+
+
+def flite_workload(clients: int = 8, net: str = "resnet18", width: int = 8,
+                   shape: tuple[int, ...] = (1, 8, 8)) -> dict:
+    """The ``flite`` workloads' setting (default: the FLITE digits study's); ``net`` is
+    ``resnet18`` (``width``) or ``cnn`` (channels ``width``, 2 ``width``; hidden 32)."""
+    kwargs = {"width": width} if net == "resnet18" else {"channels": [width, 2 * width],
+                                                         "hidden": 32}
+    return dict(model=net, width=width, shape=tuple(shape), classes=10, kwargs=kwargs,
+                clients=clients, samples=(100, 185), batch=16, d=64, r=32)
+
+
+def flite_side(mode: str, factors: str, w: dict, repeats: int = 3) -> dict:
+    """One side of ``flite`` in this process: median seconds (wall and process CPU) of the
+    round's local training, the trained latents and the process's peak RSS."""
+    import resource
+
+    from fedray.methods.flite.cohort import train_latents
+    from fedray.methods.flite.mapping import LatentMapping
+    from fedray.models.heads import configure_head
+    from fedray.models.training import Adam
+
+    torch.manual_seed(0)
+    model = configure_head(build_model(w["model"], w["shape"], w["classes"], **w["kwargs"]),
+                           "orthogonal", 0)
+    mapping = LatentMapping(model, d=w["d"], r=w["r"], seed=0, mode=factors)
+    data = data_of(w)
+    z0 = np.zeros(mapping.D, np.float32)
+    kw = dict(epochs=1, batch_size=w["batch"], lr=1e-2, seed=0, round=1)
+
+    def sequential(part):
+        out = []
+        for c, (x, y) in enumerate(part):
+            mapping.set_latent_vector(z0)
+            opt = Adam(mapping.latent_parameters(), lr=1e-2, weight_decay=1e-4, clip=1.0)
+            train_local(mapping, x, y, client=c, optimizer=opt, **kw)
+            out.append(mapping.latent_vector().numpy().copy())
+        return out
+
+    def vectorized(part):
+        return [z for z, _ in train_latents(mapping, z0, part, list(range(len(part))),
+                                            weight_decay=1e-4, clip=1.0, **kw)]
+
+    run = sequential if mode == "sequential" else vectorized
+    run(data[:2])  # warm-up (the first vmap imports torch._dynamo)
+    times, cpu, latents = [], [], []
+    for _ in range(repeats):
+        t, c = time.perf_counter(), time.process_time()
+        latents = run(data)
+        times.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    return {"seconds": statistics.median(times), "cpu_seconds": statistics.median(cpu),
+            "latents": [z.tolist() for z in latents],
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def measure_flite(factors: str, w: dict, threads: int, repeats: int) -> dict:
+    """Both sides of ``flite`` (``factors``: stored or regenerated) on workload ``w``, each
+    in a fresh process (its own peak RSS)."""
+    import subprocess
+    import sys
+
+    side = {}
+    for mode in SIDES:
+        out = subprocess.run([sys.executable, __file__, "--flite-side", mode, "--flite-factors",
+                              factors, "--flite-clients", str(w["clients"]), "--flite-net",
+                              w["model"], "--flite-width", str(w["width"]),
+                              "--flite-input", *map(str, w["shape"]), "--threads",
+                              str(threads), "--repeats", str(repeats)],
+                             capture_output=True, text=True, check=True)
+        side[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+    rels = [float(np.linalg.norm(np.subtract(b, a)) / np.linalg.norm(a))
+            for a, b in zip(side["sequential"]["latents"], side["vectorized"]["latents"],
+                            strict=True)]
+    s, v = side["sequential"]["seconds"], side["vectorized"]["seconds"]
+    name = "flite" if factors == "stored" else "flite_regen"
+    model = build_model(w["model"], w["shape"], w["classes"], **w["kwargs"])
+    sizes = dict(model.named_parameters())
+    network = 3 * w["batch"] * forward_macs(model, w["shape"])
+    products = 2 * w["r"] * sum(sizes[n].numel() for n in mapped_layers(model))
+    return {"workload": name, "clients": w["clients"], "params": products // (2 * w["r"]),
+            "work": network + products, "auto": products >= AUTO_SHARE * network,
+            "share": products / network, "sequential_s": s, "vectorized_s": v,
+            "ratio": v / s, "worst_rel_delta": max(rels),
+            "sequential_cpu_s": side["sequential"]["cpu_seconds"],
+            "vectorized_cpu_s": side["vectorized"]["cpu_seconds"],
+            "median_rel_delta": statistics.median(rels),
+            "sequential_peak_rss_mb": side["sequential"]["peak_rss_mb"],
+            "vectorized_peak_rss_mb": side["vectorized"]["peak_rss_mb"]}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workloads", nargs="+", default=[*WORKLOADS, "favor"],
-                   choices=[*WORKLOADS, "favor"])
+    extra = ["favor", "flite", "flite_regen"]
+    p.add_argument("--workloads", nargs="+", default=[*WORKLOADS, *extra],
+                   choices=[*WORKLOADS, *extra])
     p.add_argument("--cohort-size", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default=None, help="also write the rows to this file")
+    p.add_argument("--flite-clients", type=int, default=8,
+                   help="clients of the flite workloads (one cohort)")
+    p.add_argument("--flite-net", choices=["resnet18", "cnn"], default="resnet18",
+                   help="the flite workloads' network (default: the study's ResNet-18)")
+    p.add_argument("--flite-width", type=int, default=8, help="its width (cnn: channels)")
+    p.add_argument("--flite-input", type=int, nargs=3, default=[1, 8, 8],
+                   metavar=("C", "H", "W"), help="its input shape (default digits' 1 8 8)")
     p.add_argument("--favor-side", choices=["sequential", "batched"], help=argparse.SUPPRESS)
+    p.add_argument("--flite-side", choices=SIDES, help=argparse.SUPPRESS)
+    p.add_argument("--flite-factors", choices=["stored", "regenerated"], default="stored",
+                   help=argparse.SUPPRESS)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     if a.favor_side:
         print(json.dumps(favor_side(a.favor_side)))
         return
-    rows = [measure_favor(a.threads) if n == "favor" else measure(n, a.cohort_size, a.repeats)
-            for n in a.workloads]
+    w = flite_workload(a.flite_clients, a.flite_net, a.flite_width, a.flite_input)
+    if a.flite_side:
+        print(json.dumps(flite_side(a.flite_side, a.flite_factors, w, a.repeats)))
+        return
+    factors = {"flite": "stored", "flite_regen": "regenerated"}
+    rows = [measure_favor(a.threads) if n == "favor"
+            else measure_flite(factors[n], w, a.threads, a.repeats)
+            if n in factors else measure(n, a.cohort_size, a.repeats) for n in a.workloads]
     print("| workload | clients | params | work (params × batch) | auto | sequential s | "
           "vectorized s | vectorized / sequential | worst ‖Δv−Δs‖/‖Δs‖ |")
     print("|---|---:|---:|---:|---|---:|---:|---:|---:|")
@@ -195,6 +325,19 @@ def main() -> None:
             print(f"\nfavor peak RSS of the one process: sequential "
                   f"{r['sequential_peak_rss_mb']:.0f} MB, batched "
                   f"{r['vectorized_peak_rss_mb']:.0f} MB")
+            continue
+        if r["workload"].startswith("flite"):
+            print(f"| {r['workload']} | {r['clients']} | {r['params']:,} mapped | "
+                  f"{r['work']:,} | {'on' if r['auto'] else 'off'} (factor share "
+                  f"{r['share']:.2f}) | {r['sequential_s']:.3f} | {r['vectorized_s']:.3f} | "
+                  f"{r['ratio']:.2f}× | {r['worst_rel_delta']:.1e} |")
+            print(f"\n{r['workload']} peak RSS of the one process: sequential "
+                  f"{r['sequential_peak_rss_mb']:.0f} MB, vectorized "
+                  f"{r['vectorized_peak_rss_mb']:.0f} MB; process CPU seconds (what a CPU "
+                  f"shared with other work does not inflate): sequential "
+                  f"{r['sequential_cpu_s']:.3f}, vectorized {r['vectorized_cpu_s']:.3f} "
+                  f"({r['vectorized_cpu_s'] / r['sequential_cpu_s']:.2f}×); median "
+                  f"‖zv−zs‖/‖zs‖ {r['median_rel_delta']:.1e}\n")
             continue
         print(f"| {r['workload']} | {r['clients']} | {r['params']:,} | {r['work']:,} | "
               f"{'on' if r['auto'] else 'off'} | {r['sequential_s']:.3f} | "

@@ -76,8 +76,10 @@ CONFIG_CASES = [
     (["algorithm.name=orders", "algorithm.weighting=linear"], "algorithm.weighting", "one of"),
     (["algorithm.name=flite", "algorithm.r=0"], "algorithm.r", ">= 1"),
     # runtime.vectorize=on where cohorts cannot run (tests/test_vectorize.py has the CLI's)
-    (["runtime.vectorize=on", "algorithm.name=drod", "model.name=sliceable_resnet18"],
-     "runtime.vectorize", "vectorizable"),
+    (["runtime.vectorize=on", "algorithm.name=drod", "model.name=sliceable_resnet18",
+      "continual.tasks=2", "continual.rounds_per_task=5", "continual.method=er"],
+     "runtime.vectorize",
+     "continual.method=er replays"),
     (["runtime.vectorize=on", "algorithm.name=fedbuff"], "runtime.vectorize", "vectorizable"),
     (["runtime.vectorize=on", "local.dp_noise_multiplier=1.0"], "runtime.vectorize",
      "DP-SGD"),

@@ -242,10 +242,12 @@ class RuntimeConfig:
                     "error where the method or model cannot); auto: where they can, the model "
                     "is dense (linear layers, activations) and one client's local step is at "
                     "most 1M multiply-adds (trainable parameters x local.batch_size), where "
-                    "batching measured faster on a CPU; off: one client at a "
-                    "time. Methods: the FedAvg family (FedAvg, FedProx, FedAvgM, FedOpt, "
-                    "ORDERS, top-k, PowerSGD) and FAVoR's favor, fedavg and fedprox "
-                    "variants (authors through one base LM)")
+                    "batching measured faster on a CPU (FLITE: where its factor products are "
+                    "at least 1/20 of its network's multiply-adds per step); off: one client "
+                    "at a time. Methods: the FedAvg family (FedAvg, FedProx, FedAvgM, FedOpt, "
+                    "ORDERS, top-k, PowerSGD), FAVoR's favor, fedavg and fedprox "
+                    "variants (authors through one base LM) and FLITE (stacked latents "
+                    "through one mapped base)")
     cohort_size: int = spec(256, ge=1, help="clients per cohort with runtime.vectorize: each "
                                             "tier's sorted clients of a round are cut into "
                                             "runs of this many, one executor call each "

@@ -314,11 +314,13 @@ class CohortFit:
     can), ``work`` the multiply-adds of one client's local step (trainable parameters ×
     batch size: the ``auto`` rule's input) and ``client_bytes`` what each client of a
     cohort adds to its executor's memory (its parameters, gradients, momentum and
-    activations)."""
+    activations). ``pays`` is a method's own measured ``auto`` rule where the work rule
+    does not fit its kind of step (None: ``work`` ≤ :data:`AUTO_WORK` decides)."""
 
     problems: list[str]
     work: float = 0.0
     client_bytes: int = 0
+    pays: bool | None = None
 
 
 def _owner(cls: type, name: str) -> type:
@@ -350,8 +352,10 @@ def cohort_size(cfg: Any, method: Any, input_shape: tuple[int, ...] | None,
     LSTM cells measured slower) and one client's local step is small — at most
     :data:`AUTO_WORK` multiply-adds (trainable parameters × ``local.batch_size``), the size
     below which batching measured faster than one client after another on a CPU
-    (``benchmarks/cohorts.py``; ``benchmarks/RESULTS.md``, "Vectorized cohorts"). The
-    rule reads the config only, so every executor count and every resume decides alike.
+    (``benchmarks/cohorts.py``; ``benchmarks/RESULTS.md``, "Vectorized cohorts") — or
+    where the method's own measured rule says so (:attr:`CohortFit.pays`; FLITE's, whose
+    factor products a cohort shares: :meth:`fedray.methods.flite.method.Flite.cohort_fit`).
+    The rule reads the config only, so every executor count and every resume decides alike.
     Without the input shape (a table read at run time) the method's fit decides what it
     can without it (the FedAvg family: nothing yet; the run checks again with the data's
     shape before Ray starts)."""
@@ -368,7 +372,8 @@ def cohort_size(cfg: Any, method: Any, input_shape: tuple[int, ...] | None,
     shape = None if input_shape is None else tuple(input_shape)
     fit = CohortFit([why]) if why else method.cohort_fit(cfg, shape, num_classes)
     if mode == "auto":
-        return size if not fit.problems and fit.work <= AUTO_WORK else None
+        pays = fit.work <= AUTO_WORK if fit.pays is None else fit.pays
+        return size if not fit.problems and pays else None
     if fit.problems:
         raise ConfigError("runtime.vectorize", "on",
                           f"off for {cfg.algorithm['name']}: {fit.problems[0]}")

@@ -23,6 +23,10 @@ It is :func:`fedray.models.training.train_local` client by client, made batched:
   the stacked parameters unchanged: each stacked tensor is a leaf whose ``.grad`` holds the
   K clients' gradients, and the hook's broadcast anchor θ_t broadcasts over the client axis.
 
+:class:`StackedAdam` is :class:`fedray.models.training.Adam` written over such a stack (per
+client: its own step count, weight decay and gradient clip), for the methods whose clients
+train with Adam (FAVoR's authors, FLITE's latents).
+
 What is equal: every client's parameters after training agree with the sequential path's
 to float32 rounding (batched matmuls add in another order; the equivalence test holds
 them within 1e-5 relative). The result of one cohort does not depend on where, or next to
@@ -38,6 +42,7 @@ decayed), or an op without a batching rule.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,11 +76,7 @@ def cohort_problems(model: nn.Module, input_shape: Sequence[int], num_classes: i
     clients on one zero sample, on the CPU; its first ``vmap`` call imports
     ``torch._dynamo`` (≈ 2 s, ≈ 160 MB in a process), so ``runtime.vectorize=auto`` skips
     it (a cohort that raises is re-run client by client) and ``on`` runs it before Ray."""
-    problems = [f"{type(m).__name__} ({name or 'model'}) keeps running statistics written "
-                f"in the forward pass" for name, m in model.named_modules()
-                if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    problems += [f"{type(m).__name__} ({name}) draws randomness in training"
-                 for name, m in model.named_modules() if isinstance(m, _RANDOM)]
+    problems = forward_problems(model)
     if problems:
         return problems
     unused = _unused_parameters(model, input_shape)
@@ -90,6 +91,17 @@ def cohort_problems(model: nn.Module, input_shape: Sequence[int], num_classes: i
     except Exception as e:  # noqa: BLE001 — the reason is the answer
         return [f"a batched gradient fails: {type(e).__name__}: {str(e).splitlines()[0][:160]}"]
     return []
+
+
+def forward_problems(model: nn.Module) -> list[str]:
+    """Why one batched functional forward of ``model`` for many clients would not be each
+    client's own training-mode forward (empty: it would): BatchNorm (running statistics
+    written in the forward pass) and dropout (randomness drawn per client)."""
+    problems = [f"{type(m).__name__} ({name or 'model'}) keeps running statistics written "
+                f"in the forward pass" for name, m in model.named_modules()
+                if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    return problems + [f"{type(m).__name__} ({name}) draws randomness in training"
+                       for name, m in model.named_modules() if isinstance(m, _RANDOM)]
 
 
 _DENSE = (nn.Linear, nn.ReLU, nn.GELU, nn.Tanh, nn.Sigmoid, nn.SiLU, nn.LeakyReLU, nn.ELU,
@@ -132,6 +144,33 @@ def activation_numel(model: nn.Module, input_shape: Sequence[int]) -> int:
 
     leaves = [m for m in model.modules() if not list(m.children())]
     hooks = [m.register_forward_hook(count) for m in leaves]
+    training = model.training
+    model.eval()
+    try:
+        model(torch.zeros((1, *input_shape)))
+    finally:
+        model.train(training)
+        for h in hooks:
+            h.remove()
+    return total
+
+
+@torch.no_grad()
+def forward_macs(model: nn.Module, input_shape: Sequence[int]) -> int:
+    """Multiply-adds of the convolutions and linear layers of ``model``'s forward pass on
+    one sample (each output element: its kernel's inputs; measured with forward hooks on
+    one zero input)."""
+    total = 0
+
+    def count(m: nn.Module, _inp: Any, out: torch.Tensor) -> None:
+        nonlocal total
+        if isinstance(m, nn.modules.conv._ConvNd):
+            total += out.numel() * (m.in_channels // m.groups) * math.prod(m.kernel_size)
+        else:
+            total += out.numel() * m.in_features
+
+    hooks = [m.register_forward_hook(count) for m in model.modules()
+             if isinstance(m, (nn.modules.conv._ConvNd, nn.Linear))]
     training = model.training
     model.eval()
     try:
@@ -266,3 +305,64 @@ def _sgd_step(params: list[torch.Tensor], bufs: list[torch.Tensor], active: torc
             g = bufs[j]
         p.copy_(torch.where(on, p.add(g, alpha=-lr), p))
         p.grad = None
+
+
+class StackedAdam:
+    """:class:`fedray.models.training.Adam` over tensors stacked along a client axis (dim 0),
+    each client with its own step count; a step moves only the clients it is given.
+
+    Per client, as ``Adam.step`` does it for one: ``clip`` rescales the client's gradients
+    (its slices of all the tensors) to at most that total L2 norm (``clip_grad_norm_``'s
+    rule: norm in float64, factor min(1, clip / (norm + 1e-6))), then L2 weight decay
+    ``g += λθ``, the bias-corrected moments and ``θ -= lr m̂ / (√v̂ + ε)`` with the client's
+    own step count. A step is masked tensor ops over the whole stack (no loop over
+    clients): each client's float32 arithmetic is the sequential update's, operation for
+    operation (bit for bit without a clip, whose float64 norm adds in another order), and
+    a frozen client's parameters, moments and step count stay as they were.
+    """
+
+    def __init__(self, params: list[torch.Tensor], k: int, lr: float,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, clip: float | None = None):
+        self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
+        self.weight_decay, self.clip = weight_decay, clip
+        self.m = [torch.zeros_like(p) for p in params]
+        self.v = [torch.zeros_like(p) for p in params]
+        self.t = torch.zeros(k, dtype=torch.float64)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self, active: torch.Tensor) -> None:
+        """One step of the clients where ``active`` (a (K,) bool tensor) is true."""
+        b1, b2 = self.betas
+        on = active.to("cpu", torch.bool)
+        self.t += on.double()
+        # per-client scalars in float64, as the sequential step's Python floats (a Python
+        # float over a tensor would multiply by its reciprocal: divide by tensors instead)
+        c2 = 1 - b2 ** self.t
+        scale = torch.full_like(self.t, -self.lr) / (1 - b1 ** self.t)
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        if self.clip is not None:
+            norm = torch.sqrt(sum((g.double() ** 2).flatten(1).sum(1) for g in grads))
+            factor = (torch.full_like(norm, self.clip) / (norm + 1e-6)).clamp(max=1.0)
+            grads = [g * _per_client(factor, g) for g in grads]
+        for p, g, m, v in zip(self.params, grads, self.m, self.v, strict=True):
+            if self.weight_decay:
+                g = g.add(p, alpha=self.weight_decay)
+            keep = _per_client(on, p)
+            m_new = m.mul(b1).add_(g, alpha=1 - b1)
+            v_new = v.mul(b2).addcmul_(g, g, value=1 - b2)
+            denom = (v_new / _per_client(c2, p)).sqrt_().add_(self.eps)
+            p.copy_(torch.where(keep, p + m_new * _per_client(scale, p) / denom, p))
+            m.copy_(torch.where(keep, m_new, m))
+            v.copy_(torch.where(keep, v_new, v))
+
+
+def _per_client(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A (K,) tensor of per-client values in ``like``'s dtype (a bool mask stays bool) and
+    device, shaped to broadcast over ``like``'s (K, ...) stack."""
+    dtype = torch.bool if values.dtype == torch.bool else like.dtype
+    return values.to(like.device, dtype).view(-1, *[1] * (like.dim() - 1))

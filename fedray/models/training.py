@@ -83,7 +83,10 @@ def random_crop_flip(x: torch.Tensor, gen: torch.Generator, pad: int = 4) -> tor
     cols = torch.where(flip[:, None].to(x.device), cols.flip(1), cols)
     idx = torch.arange(n, device=x.device)[:, None, None]
     out = padded.permute(0, 2, 3, 1)[idx, rows[:, :, None], cols[:, None, :]]
-    return out.permute(0, 3, 1, 2).contiguous()
+    # plain NCHW strides, also for one channel: ``.contiguous()`` would keep the permuted
+    # (n·h·w, 1, w, 1) strides, which read as channels-last too, and oneDNN's channels-last
+    # convolution backward corrupts the heap on such batches (torch 2.14, seen here)
+    return out.permute(0, 3, 1, 2).clone(memory_format=torch.contiguous_format)
 
 
 def batches(n: int, batch_size: int, epochs: int, seed: int, round: int, client: int,

@@ -65,6 +65,7 @@ Evaluation scores each tier's own sub-model, per task.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -78,6 +79,7 @@ from fedray.methods.base import (
     Algorithm,
     ClientContext,
     ClientOutput,
+    CohortFit,
     ReportSection,
     State,
 )
@@ -291,7 +293,7 @@ class Hetero(Algorithm):
 
     name = "hetero"
     Params = HeteroParams
-    capabilities = frozenset({"continual", "client_state"})
+    capabilities = frozenset({"continual", "client_state", "vectorizable"})
 
     def compute_cost(self, tier: Any) -> float:
         """The tier's budget ρ (its sub-model's share of the full model's parameters or
@@ -386,7 +388,69 @@ class Hetero(Algorithm):
         return task_classes(num_classes, cl.tasks, cl.class_order) if cl.tasks else None
 
     def client_update(self, ctx: ClientContext, broadcast: State) -> ClientOutput:
-        from fedray.models.training import get_state, set_state
+        from fedray.models.training import get_state
+
+        model, grid, depths, masks = self._setup(ctx, broadcast)
+        metrics, state, bic = self._train(ctx, model, grid, broadcast, dict(ctx.state or {}),
+                                          depths, masks)
+        return self._output(ctx, get_state(model), broadcast, masks, bic, metrics, state)
+
+    @classmethod
+    def cohort_fit(cls, cfg: Any, input_shape: tuple[int, ...] | None,
+                   num_classes: int | None) -> CohortFit:
+        """A tier's clients train as one cohort (:mod:`fedray.methods.drod.cohort`) unless
+        the continual objective replays from per-client buffers. ``auto`` never takes them
+        (work is infinite): the sliceable ResNet is convolutional, and batched (grouped)
+        convolutions measured slower than one client after another on a CPU
+        (``benchmarks/cohorts.py``, workload ``drod``). Each client's bytes: the full
+        model's parameters, gradients and momentum plus its batch's activations forward and
+        backward (the full geometry bounds every tier's)."""
+        from fedray.methods.drod.cohort import cohort_refusal
+
+        why = cohort_refusal(cfg)
+        if why or input_shape is None or cfg.runtime.vectorize == "auto":
+            return CohortFit([why] if why else [], math.inf)  # auto: nothing to size
+        from fedray.models.cohort import activation_numel
+        from fedray.models.sliceable import SliceableResNet
+
+        arch, hw = arch_of(cfg, input_shape, num_classes)
+        model = SliceableResNet(arch, hw)
+        params = sum(p.numel() for p in model.parameters())
+        acts = 2 * cfg.local.batch_size * activation_numel(model, input_shape)
+        return CohortFit([], math.inf, 4 * (3 * params + acts))
+
+    def cohort_update(self, contexts: list[ClientContext], broadcast: State
+                      ) -> list[ClientOutput]:
+        """:meth:`client_update` of each client of one tier, trained as one batched
+        computation (:func:`fedray.methods.drod.cohort.train_tier_cohort`)."""
+        from fedray.methods.drod.cohort import train_tier_cohort
+
+        if len({c.tier for c in contexts}) != 1:
+            raise ValueError("a cohort holds the clients of one tier")
+        model, grid, depths, masks = self._setup(contexts[0], broadcast)
+        net = {k: np.asarray(v).copy() for k, v in broadcast.items() if not k.startswith("bic.")}
+        buffers = {k: np.asarray(v, np.float32) for k, v in model.state_dict().items()}
+        trained = train_tier_cohort(self, contexts, model, grid, depths, masks, net)
+        return [self._output(ctx, {**buffers, **tr.params}, broadcast, masks, {}, tr.metrics,
+                             tr.state) for ctx, tr in zip(contexts, trained, strict=True)]
+
+    def _output(self, ctx: ClientContext, local: State, broadcast: State, masks: dict,
+                bic: State, metrics: dict, state: dict) -> ClientOutput:
+        """The upload: the trained sub-model minus the broadcast (FIARSE: its kept entries
+        only), BiC's tensors minus theirs; the client state where the method keeps one."""
+        upload = {k: local[k] - np.asarray(broadcast[k], np.float32) for k in local}
+        for k, m in masks.items():  # FIARSE: only the kept entries travel
+            upload[k] = upload[k][m]
+        for k, v in bic.items():
+            upload[k] = v - np.asarray(broadcast[k], np.float32)
+        return ClientOutput(upload, len(ctx.x_train), metrics,
+                            state if self.uses_client_state else None)
+
+    def _setup(self, ctx: ClientContext, broadcast: State) -> tuple[Any, list, tuple, dict]:
+        """The tier's model holding the broadcast sub-model, the rungs a step may sample
+        (Ordered Dropout: every ladder rung nested in the tier's; else the tier's own), the
+        exit depths its model carries and FIARSE's masks (empty for other rules)."""
+        from fedray.models.training import set_state
 
         res: Resident = ctx.resident
         rung = res.tiers[ctx.tier]
@@ -397,16 +461,7 @@ class Hetero(Algorithm):
         grid = [r for r in res.grid if r.geometry.within(rung.geometry)] \
             if self.params.rule == "od" else [rung]
         masks = fiarse_masks(net, res.keep[ctx.tier]) if res.keep else {}
-        metrics, state, bic = self._train(ctx, model, grid, broadcast, dict(ctx.state or {}),
-                                          depths, masks)
-        local = get_state(model)
-        upload = {k: local[k] - np.asarray(net[k], np.float32) for k in local}
-        for k, m in masks.items():  # FIARSE: only the kept entries travel
-            upload[k] = upload[k][m]
-        for k, v in bic.items():
-            upload[k] = v - np.asarray(broadcast[k], np.float32)
-        return ClientOutput(upload, len(ctx.x_train), metrics,
-                            state if self.uses_client_state else None)
+        return model, grid, depths, masks
 
     def _train(self, ctx, model, grid, broadcast, state, depths=(), masks=None):
         """Local SGD with Ordered Dropout (and its self-distillation), ScaleFL's exits, FIARSE's
@@ -421,7 +476,6 @@ class Hetero(Algorithm):
         from fedray.methods.drod.continual.objectives import (
             bic_distill,
             ewc_penalty,
-            fisher_diagonal,
             fit_bias,
             old_classes,
         )
@@ -443,9 +497,10 @@ class Hetero(Algorithm):
         scale = torch.as_tensor(np.asarray(broadcast.get("bic.scale", [])), dtype=torch.float32)
         shift = torch.as_tensor(np.asarray(broadcast.get("bic.shift", [])), dtype=torch.float32)
         net = {k: np.asarray(v).copy() for k, v in broadcast.items() if not k.startswith("bic.")}
-        if method in ("bic", "ewc") and task > 0 and state.get("anchor_task") != task:
-            # the model that finished the previous task: BiC's teacher, EWC's anchor θ*
-            state["anchor"], state["anchor_task"] = net, task
+        x = torch.from_numpy(ctx.x_train).to(dev)
+        y = torch.from_numpy(ctx.y_train).to(dev)
+        fisher, anchor = continual_state(ctx, model, state, net, masks, method, task, last,
+                                         cl.ewc_samples, cl.ewc_gamma)
         teacher = None
         if method == "bic" and task > 0:
             from fedray.models.sliceable import SliceableResNet
@@ -455,10 +510,6 @@ class Hetero(Algorithm):
             teacher.load_state_dict({k: torch.from_numpy(v) for k, v in
                                      state["anchor"].items()})
             teacher.eval()
-        anchor = fisher = None
-        if method == "ewc" and task > 0 and "fisher" in state:
-            fisher = {k: torch.from_numpy(v).to(dev) for k, v in state["fisher"].items()}
-            anchor = {k: torch.from_numpy(v).to(dev) for k, v in state["anchor"].items()}
 
         def corrected(out, which):
             """BiC: the frozen corrections of the old classes' logits (stage 1)."""
@@ -468,18 +519,6 @@ class Hetero(Algorithm):
             a[which], b[which] = scale[which], shift[which]
             return out * a.to(out.device) + b.to(out.device)
 
-        x = torch.from_numpy(ctx.x_train).to(dev)
-        y = torch.from_numpy(ctx.y_train).to(dev)
-        if method == "ewc" and last:  # this task's Fisher at the broadcast (global) weights
-            n_f = min(cl.ewc_samples, len(x))
-            pick = torch.from_numpy(rng(ctx.seed, ctx.round, ctx.client_id, "fisher")
-                                    .choice(len(x), n_f, replace=False))
-            new = fisher_diagonal(model, x[pick], y[pick], lambda t: model(t))
-            for k, m in (masks or {}).items():  # FIARSE: no pull on entries outside the mask
-                new[k] = new[k] * torch.from_numpy(m).to(new[k].device)
-            prev = state.get("fisher")
-            state["fisher"] = {k: (cl.ewc_gamma * prev[k] if prev else 0) + v.cpu().numpy()
-                               for k, v in new.items()}
         aug = (lambda t: augment(t, tgen)) if self.params.augment and x.dim() == 4 else \
             (lambda t: t)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -624,6 +663,42 @@ class Hetero(Algorithm):
         if classes is not None:
             res.update(task_accuracies(out, y, classes))
         return res
+
+
+def continual_state(ctx: ClientContext, model: Any, state: dict, net: State,
+                    masks: dict | None, method: str, task: int, last: bool, samples: int,
+                    gamma: float) -> tuple[dict | None, dict | None]:
+    """The client's continual state for this round, updated in place, and EWC's (Fisher,
+    anchor θ*) for its penalty (None, None: no penalty this round). At a new task's first
+    round the broadcast is kept as the anchor (BiC's teacher, EWC's θ*); at a task's last
+    round EWC's Fisher is estimated at the broadcast weights (``model`` holds them) on
+    ``samples`` of the client's samples and added to γ × the previous one — after the
+    penalty's own Fisher was read, so this round is pulled towards the earlier tasks only."""
+    import torch
+
+    from fedray.core.seeding import rng
+    from fedray.methods.drod.continual.objectives import fisher_diagonal
+
+    if method in ("bic", "ewc") and task > 0 and state.get("anchor_task") != task:
+        # the model that finished the previous task: BiC's teacher, EWC's anchor θ*
+        state["anchor"], state["anchor_task"] = net, task
+    dev = ctx.device
+    fisher = anchor = None
+    if method == "ewc" and task > 0 and "fisher" in state:
+        fisher = {k: torch.from_numpy(v).to(dev) for k, v in state["fisher"].items()}
+        anchor = {k: torch.from_numpy(v).to(dev) for k, v in state["anchor"].items()}
+    if method == "ewc" and last:  # this task's Fisher at the broadcast (global) weights
+        x = torch.from_numpy(ctx.x_train).to(dev)
+        y = torch.from_numpy(ctx.y_train).to(dev)
+        pick = torch.from_numpy(rng(ctx.seed, ctx.round, ctx.client_id, "fisher")
+                                .choice(len(x), min(samples, len(x)), replace=False))
+        new = fisher_diagonal(model, x[pick], y[pick], lambda t: model(t))
+        for k, m in (masks or {}).items():  # FIARSE: no pull on entries outside the mask
+            new[k] = new[k] * torch.from_numpy(m).to(new[k].device)
+        prev = state.get("fisher")
+        state["fisher"] = {k: (gamma * prev[k] if prev else 0) + v.cpu().numpy()
+                           for k, v in new.items()}
+    return fisher, anchor
 
 
 def od_choices(seed: int, round: int, client: int, steps: int, options: int) -> np.ndarray:

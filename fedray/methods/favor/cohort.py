@@ -14,10 +14,11 @@ projection head P_ψ drawn from (seed, round, client) and its own κ_t), so the 
 the sum with respect to author k's factors is author k's gradient alone. Each author keeps
 its own schedule (:func:`fedray.methods.favor.train._micro_batches`: its permutations, its
 accumulation, its number of steps; an author whose steps have ended is frozen) and its own
-Adam (:class:`StackedAdam`: the update of :class:`fedray.models.training.Adam` per author,
-with its own step count). LoRA dropout draws each author's masks from that author's own
-generator, seeded as :func:`fedray.methods.favor.train.training` seeds the one it trains
-with, in the order the sequential forward draws them (on the CPU ``nn.Dropout`` draws
+Adam (:class:`fedray.models.cohort.StackedAdam`: the update of
+:class:`fedray.models.training.Adam` per author, with its own step count). LoRA dropout
+draws each author's masks from that author's own generator, seeded as
+:func:`fedray.methods.favor.train.training` seeds the one it trains with, in the order
+the sequential forward draws them (on the CPU ``nn.Dropout`` draws
 ``bernoulli_(1 − p)`` of the input's shape: the same masks, bit for bit). Under gradient
 checkpointing (4-bit training on CUDA), whose backward re-runs the forward, each mask is
 drawn instead from a generator seeded per (author, step, micro-batch, layer), so the re-run
@@ -52,6 +53,7 @@ from fedray.methods.favor.train import (
     causal_lm,
     kappa,
 )
+from fedray.models.cohort import StackedAdam
 
 VARIANTS = ("favor", "fedavg", "fedprox")
 
@@ -185,37 +187,6 @@ def _author_losses(model: nn.Module, ids: torch.Tensor, rows: _Rows, k: int
     counts = torch.zeros(k, device=ids.device).index_add(
         0, owner, (y != IGNORE).float())
     return sums / counts.clamp_min(1), h
-
-
-class StackedAdam:
-    """:class:`fedray.models.training.Adam` (no weight decay, no clipping: FAVoR's stages)
-    over tensors stacked along an author axis, each author with its own step count; a step
-    moves only the authors it is given."""
-
-    def __init__(self, params: list[torch.Tensor], k: int, lr: float,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
-        self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
-        self.m = [torch.zeros_like(p) for p in params]
-        self.v = [torch.zeros_like(p) for p in params]
-        self.t = torch.zeros(k, dtype=torch.float64)
-
-    def zero_grad(self) -> None:
-        for p in self.params:
-            p.grad = None
-
-    @torch.no_grad()
-    def step(self, active: torch.Tensor) -> None:
-        b1, b2 = self.betas
-        self.t += active.double()
-        c1 = (1 - b1 ** self.t).tolist()
-        c2 = (1 - b2 ** self.t).tolist()
-        for p, m, v in zip(self.params, self.m, self.v, strict=True):
-            g = p.grad if p.grad is not None else torch.zeros_like(p)
-            for i in torch.nonzero(active).flatten().tolist():
-                m[i].mul_(b1).add_(g[i], alpha=1 - b1)
-                v[i].mul_(b2).addcmul_(g[i], g[i], value=1 - b2)
-                denom = (v[i] / c2[i]).sqrt_().add_(self.eps)
-                p[i].addcdiv_(m[i], denom, value=-self.lr / c1[i])
 
 
 def _stack(adapters: Sequence[Adapter]) -> Adapter:

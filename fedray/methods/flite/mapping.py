@@ -20,6 +20,10 @@ Two ways to hold U_l (identical results up to float32 round-off):
   backward pass regenerates it again, so the working memory is about one chunk.
 
 The P_l×d_l projection U_l V_lᵀ is never formed in either mode.
+
+A cohort of clients (:mod:`fedray.methods.flite.cohort`) gets its mapped weights from its
+stacked latents with :meth:`LatentMapping.stacked_weights`: per layer one product of rank r
+for all K clients (U_l read, or G_l regenerated, once for the cohort).
 """
 
 from __future__ import annotations
@@ -45,14 +49,16 @@ class _StreamedGaussianProduct(torch.autograd.Function):
     forward:  δ[rows of chunk c] = G_c a
     backward: ∂L/∂a = Σ_c G_cᵀ ∂L/∂δ[rows of chunk c]   (accumulated in float64)
 
-    Nothing but the :class:`LayerFactors` recipe is saved between the passes, so G_l is
-    never whole in memory; each pass costs one regeneration of G_l.
+    ``a`` is one client's (r,) or a cohort's (r, K), one column per client (δ then (P, K)):
+    one regeneration of G_l serves every column. Nothing but the :class:`LayerFactors`
+    recipe is saved between the passes, so G_l is never whole in memory; each pass costs
+    one regeneration of G_l.
     """
 
     @staticmethod
     def forward(ctx: Any, a: torch.Tensor, factors: LayerFactors) -> torch.Tensor:
         ctx.factors = factors
-        out = a.new_empty(factors.P)
+        out = a.new_empty((factors.P, *a.shape[1:]))
         for start, g in factors.g_chunks():
             g_c = torch.from_numpy(g).to(a.device)
             out[start:start + len(g_c)] = g_c @ a
@@ -62,10 +68,14 @@ class _StreamedGaussianProduct(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, None]:
         factors: LayerFactors = ctx.factors
-        acc = torch.zeros(factors.r, dtype=torch.float64, device=grad_out.device)
+        acc = torch.zeros((factors.r, *grad_out.shape[1:]), dtype=torch.float64,
+                          device=grad_out.device)
         for start, g in factors.g_chunks():
             g_c = torch.from_numpy(g).to(grad_out.device)
-            acc += (g_c.T @ grad_out[start:start + len(g_c)]).double()
+            part = grad_out[start:start + len(g_c)]
+            # a cohort's (rows, K) gradient is the transpose of a contiguous (K, P) one:
+            # (partᵀ G_c)ᵀ reads both operands in their own layout (several times faster)
+            acc += (g_c.T @ part if part.dim() == 1 else (part.T @ g_c).T).double()
         return acc.to(grad_out.dtype), None
 
 
@@ -105,6 +115,24 @@ class _MappedLayer(nn.Module):
     def weight(self, z: torch.Tensor) -> torch.Tensor:
         """θ = θ^pre + U Vᵀ z in the layer's shape (Eq. 3)."""
         return (self.pre + self.delta(z).to(self.pre.dtype)).view(self.shape)
+
+    def deltas(self, z: torch.Tensor) -> torch.Tensor:
+        """U (Vᵀ Zᵀ) for a cohort's stacked latents ``z`` (K, d), laid out (K, P): one
+        product of rank r for all K clients (stored: U read once, not K times;
+        regenerated: G regenerated once per pass, forward and backward), never the P×d
+        projection. Stored, it is computed as its transpose (Z V) Uᵀ, whose operands and
+        gradient are all read in their own layout (measured several times faster on the
+        CPU than U (Vᵀ Zᵀ) and its transposed backward)."""
+        with torch.autocast(device_type=z.device.type, enabled=False):
+            if self.mode == "stored":
+                return (z.float() @ self.V) @ self.U.T
+            w = self.V.T @ z.float().T  # (r, K)
+            a = torch.linalg.solve_triangular(self.R, w.double(), upper=True)
+            return _StreamedGaussianProduct.apply(a.to(w.dtype), self.factors).T
+
+    def weights(self, z: torch.Tensor) -> torch.Tensor:
+        """θ_k = θ^pre + U Vᵀ z_k for each row of ``z`` (K, d): (K, *the layer's shape)."""
+        return (self.pre + self.deltas(z).to(self.pre.dtype)).reshape(-1, *self.shape)
 
 
 class LatentMapping(nn.Module):
@@ -146,6 +174,13 @@ class LatentMapping(nn.Module):
 
     def _weights(self, latents: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         return {m.name: m.weight(z) for m, z in zip(self.maps, latents, strict=True)}
+
+    def stacked_weights(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
+        """{name: (K, *shape)}: every mapped layer's weights for each row of a cohort's
+        stacked flat latents ``z`` (K, D), differentiable in ``z`` (each layer one batched
+        product, :meth:`_MappedLayer.deltas`)."""
+        parts = z.split([m.factors.d for m in self.maps], dim=1)
+        return {m.name: m.weights(part) for m, part in zip(self.maps, parts, strict=True)}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The wrapped model on ``x`` with the generated mapped weights (other params and

@@ -29,8 +29,14 @@ from typing import Any, Literal
 import numpy as np
 
 from fedray.core.registry import register_method
-from fedray.core.spec import ConfigError, spec
-from fedray.methods.base import BASE_HELP, WEIGHTED_HELP, ClientContext, ClientOutput
+from fedray.core.spec import ConfigError, build_dataclass, spec
+from fedray.methods.base import (
+    BASE_HELP,
+    WEIGHTED_HELP,
+    ClientContext,
+    ClientOutput,
+    CohortFit,
+)
 from fedray.methods.fedavg.method import FedAvg, apply_base, check_base
 from fedray.methods.fedavg.policy import FedAvgPolicy, weighted_mean
 
@@ -116,7 +122,7 @@ class Flite(FedAvg):
     # up absolute values, per-layer scopes rename it; its codec is payload.upload), no server
     # optimizer (the new latent is the mean, Eq. 2), not linear (the identity check needs
     # every latent); no local DP-SGD (Adam on the latents, through the mapping)
-    capabilities = frozenset({"dp", "client_state"})
+    capabilities = frozenset({"dp", "client_state", "vectorizable"})
     server_optimizer = None
 
     @classmethod
@@ -161,6 +167,89 @@ class Flite(FedAvg):
         else:
             upload = {f"z/{m.name}": m.z.detach().cpu().numpy() for m in mapping.maps}
         return ClientOutput(upload, len(ctx.x_train), metrics)
+
+    @classmethod
+    def cohort_fit(cls, cfg: Any, input_shape: tuple[int, ...] | None,
+                   num_classes: int | None) -> CohortFit:
+        """A cohort stacks its clients' latents and runs the one resident mapping for all of
+        them (:mod:`fedray.methods.flite.cohort`). Refused: ``local.bf16`` and a model whose
+        forward keeps batch statistics or draws randomness (BatchNorm, dropout); under
+        ``on``, also one whose batched gradient fails (a probe of two clients through a
+        d = r = 1 mapping of the configured model and mode, on the CPU).
+
+        ``work``: one client step's multiply-adds — the network's forward and backward on
+        its batch (3 × ``local.batch_size`` × the convolutions' and linear layers'
+        multiply-adds per sample) plus the factor products U (Vᵀ z) and their transpose
+        (2 r Σ_l P_l). ``auto`` (``pays``) takes FLITE where the factor products are at
+        least :data:`~fedray.methods.flite.cohort.AUTO_SHARE` (1/20) of the network's
+        part: a cohort reads each U_l (or regenerates each G_l) once for all its clients —
+        one matrix product instead of K memory-bound matrix-vector products — while its
+        batched (grouped) convolutions cost about what the clients' own do. Measured on a
+        CPU, one thread, d = 64, r = 32 (``benchmarks/cohorts.py --workloads flite
+        flite_regen``, cohort / sequential CPU time): the FLITE digits study's width-8
+        ResNet-18 on 8×8 inputs (factor share 0.43) 0.44× with 8 clients, 0.30× with 16,
+        regenerated 0.20×; the small CNN on 8×8 (0.064) 0.47×; widths 8–16 on 8×8–16×16
+        (0.1–0.4) 0.49–0.58×. At shares of 0.006–0.027 it does not pay: the width-8
+        ResNet-18 on 32×32 1.13× (and 1.5× the peak memory), widths 32–64 on 32×32 and a
+        FEMNIST-sized CNN 0.89–1.0×; ``auto`` leaves those one client at a time.
+
+        ``client_bytes``: each client's stacked latent, its gradient and Adam moments (4 D
+        floats), its mapped weights (θ and δ, each with its gradient: 4 Σ_l P_l floats; 5
+        regenerated, whose product is transposed once more) and its batch's activations
+        forward and backward (2 × batch × the model's activations per sample)."""
+        if cfg.local.bf16:
+            return CohortFit(["local.bf16 autocasts one client's mapped model at a time"])
+        if input_shape is None:  # a table read at run time: checked with its shape then
+            return CohortFit([])
+        from fedray.methods.flite.cohort import AUTO_SHARE, cohort_problems
+        from fedray.methods.flite.factors import mapped_layers
+        from fedray.models.cohort import activation_numel, forward_macs
+        from fedray.models.pretrain import build_base_model
+
+        p = build_dataclass(cls.Params, {k: v for k, v in cfg.algorithm.items()
+                                         if k != "name"}, "algorithm")
+        model = build_base_model(cfg, tuple(input_shape), num_classes, head="orthogonal")
+        problems = [f"model {cfg.model['name']}: {why}" for why in cohort_problems(
+            model, input_shape, p.mode, p.layers, probe=cfg.runtime.vectorize == "on")]
+        if problems:
+            return CohortFit(problems)
+        sizes = dict(model.named_parameters())
+        names = mapped_layers(model, p.layers)
+        mapped = sum(sizes[n].numel() for n in names)
+        batch = cfg.local.batch_size
+        network = 3 * batch * forward_macs(model, input_shape)
+        products = 2 * p.r * mapped
+        pays = products >= AUTO_SHARE * network
+        if cfg.runtime.vectorize == "auto" and not pays:
+            return CohortFit([], float(network + products), pays=False)  # no memory to size
+        copies = 4 + (p.mode == "regenerated")
+        acts = 2 * batch * activation_numel(model, input_shape)
+        return CohortFit([], float(network + products),
+                         4 * (4 * p.d * len(names) + copies * mapped + acts), pays)
+
+    def cohort_update(self, contexts: list[ClientContext], broadcast) -> list[ClientOutput]:
+        """:meth:`client_update` of each context, the latents of all of them trained as one
+        batched computation (:func:`fedray.methods.flite.cohort.train_latents`)."""
+        from fedray.methods.flite.cohort import train_latents
+
+        first, p, loc = contexts[0], self.params, self.cfg.local
+        mapping = first.resident
+        trained = train_latents(
+            mapping, broadcast["z"], [(c.x_train, c.y_train) for c in contexts],
+            [c.client_id for c in contexts], epochs=loc.epochs, batch_size=loc.batch_size,
+            lr=p.lr, weight_decay=p.weight_decay, clip=p.clip, seed=first.seed,
+            round=first.round, max_steps=loc.max_steps, device=first.device)
+        layout = mapping.latent_layout()
+        out = []
+        for ctx, (z, metrics) in zip(contexts, trained, strict=True):
+            if p.quant_scope == "vector":
+                upload = {"z": z}
+            else:
+                parts = np.split(z, np.cumsum([d for _, d in layout])[:-1])
+                upload = {f"z/{name}": part.copy()
+                          for (name, _), part in zip(layout, parts, strict=True)}
+            out.append(ClientOutput(upload, len(ctx.x_train), metrics))
+        return out
 
     def to_delta(self, global_state, upload):
         """DP clips in latent space: the client's latent minus the broadcast latent z̄ (the

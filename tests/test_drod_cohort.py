@@ -1,0 +1,204 @@
+"""The sub-model methods' cohorts (``runtime.vectorize``): one tier's clients trained as one
+batched computation equal the clients trained one at a time (uploads, metrics, client
+state), for every rule and the objectives that run as cohorts; the replaying ones are
+refused in one line."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from conftest import full_and_resumed
+from test_drod import TIERS, context, drod_cfg
+from test_runtime import assert_same_outputs, final_state, run_outputs
+
+from fedray.core.config import ConfigError
+from fedray.core.registry import build_method
+from fedray.data import build_data
+from fedray.runtime import run_experiment
+
+# A batched (grouped) convolution adds in another order than the per-client one: one step
+# of these ResNets differs by ≈ 2e-5 of a tensor's largest entry, a few steps by ≈ 5e-5.
+TOL = 1e-4
+# one tier of everything: the cohort is that tier's clients
+TIER = "[{name: t100, executors: 1, num_cpus: 0.25, capacity: 1.0}]"
+SMALL = ("[{name: t100, executors: 1, num_cpus: 0.25, capacity: 1.0},"
+         " {name: t025, executors: 1, num_cpus: 0.25, capacity: 0.251}]")
+
+
+def rel(a, b) -> float:
+    """The largest difference over the tensor's largest entry, less one float32 rounding of
+    a small entry (1e-7: a few 1e-4 deltas differ in their last bits)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if not a.size:
+        return 0.0
+    return float(max(np.abs(a - b).max() - 1e-7, 0.0) / max(np.abs(b).max(), 1e-12))
+
+
+def setup(**extra):
+    cfg = drod_cfg(**{"continual.method": "none", "runtime.tiers": TIER,
+                      "local.momentum": 0.5, "local.weight_decay": 1e-3, "local.batch_size": 32,
+                      "clients.num_clients": 24, "continual.ewc_samples": 16, **extra})
+    data = build_data(cfg)
+    alg = build_method(cfg)
+    res = alg.build_resident(data.input_shape, data.num_classes, "cpu")
+    return cfg, data, alg, res
+
+
+def assert_same(cohort, one_by_one):
+    for got, want in zip(cohort, one_by_one, strict=True):
+        assert got.num_samples == want.num_samples
+        assert list(got.metrics) == list(want.metrics)
+        for k, v in want.metrics.items():
+            assert got.metrics[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
+        assert got.upload.keys() == want.upload.keys()
+        for k, v in want.upload.items():
+            assert got.upload[k].shape == v.shape, k
+            assert rel(got.upload[k], v) <= TOL, k
+
+
+def compare(cfg, data, alg, res, clients, round=1, states=None):
+    g = alg.init_global_state(res, cfg.seed)
+    sent = alg.make_policy().broadcast(g, round, cfg.tier_of(clients[0]))
+    states = states or {}
+    ctxs = [context(cfg, data, alg, c, round, res, states.get(c)) for c in clients]
+    cohort = alg.cohort_update(ctxs, sent)
+    ctxs = [context(cfg, data, alg, c, round, res, states.get(c)) for c in clients]
+    assert_same(cohort, [alg.client_update(c, sent) for c in ctxs])
+    return cohort
+
+
+@pytest.mark.parametrize("algorithm, extra", [
+    ("drod", {"algorithm.kd": "true"}),  # od over (s, b) with FjORD's self-distillation
+    ("heterofl", {}),
+    ("fiarse", {}),
+    ("scalefl", {"model.exits": "true"}),
+    ("depth_fjord", {"model.exits": "true"}),
+], ids=["drod-kd", "heterofl", "fiarse", "scalefl", "depth_fjord"])
+def test_a_tiers_cohort_equals_its_clients_one_at_a_time(algorithm, extra):
+    """Every rule, momentum and weight decay on, clients of unequal sizes (each with a last
+    short batch), Ordered Dropout drawing several rungs in one step."""
+    tiers = SMALL if algorithm != "scalefl" else TIER.replace("1.0}", "0.5}")
+    cfg, data, alg, res = setup(**{"algorithm.name": algorithm, "runtime.tiers": tiers,
+                                   "local.batch_size": 32, **extra})
+    tier = cfg.tier_of(0)
+    clients = [c for c in range(cfg.clients.num_clients) if cfg.tier_of(c) == tier][:5]
+    assert len(clients) >= 3
+    sizes = {len(data.client_arrays(c, 1)[0]) for c in clients}
+    assert len(sizes) > 1  # unequal: padding and masks
+    compare(cfg, data, alg, res, clients)
+
+
+def test_augmented_cohorts_draw_each_clients_own_crops(monkeypatch):
+    """``augment``: every client's crops and flips are its sequential ones (its generator,
+    its order, its unpadded batch). Crops of 8×8 digits padded by 4 leave near-empty images
+    whose GroupNorm amplifies float rounding: a 1e-7 relative change of the start moves the
+    sequential Δ itself by > 100 % in 3 steps and by ≈ 1e-3 in one, so the Δ are held to
+    1e-2 after one step, the inputs bitwise."""
+    import fedray.models.training as training
+
+    seen: list = []
+    real = training.random_crop_flip
+
+    def spy(x, gen, pad=4):
+        out = real(x, gen, pad)
+        seen.append(out.clone())
+        return out
+
+    monkeypatch.setattr(training, "random_crop_flip", spy)
+    cfg, data, alg, res = setup(**{"runtime.tiers": SMALL, "algorithm.augment": "true",
+                                   "local.max_steps": 2})
+    clients = [c for c in range(cfg.clients.num_clients) if cfg.tier_of(c) == "t100"][:4]
+    g = alg.init_global_state(res, cfg.seed)
+    sent = alg.make_policy().broadcast(g, 1, "t100")
+    cohort = alg.cohort_update([context(cfg, data, alg, c, 1, res) for c in clients], sent)
+    batched, seen[:] = list(seen), []
+    one = [alg.client_update(context(cfg, data, alg, c, 1, res), sent) for c in clients]
+    # the cohort draws step by step (by drawn rung within a step), the sequential path
+    # client by client: the same batches, bit for bit, in another order
+    assert len(batched) == len(seen) == sum(int(o.metrics["steps"]) for o in one) > 4
+    assert Counter(t.numpy().tobytes() for t in batched) == \
+        Counter(t.numpy().tobytes() for t in seen)
+    for got, want in zip(cohort, one, strict=True):
+        for k, v in want.upload.items():
+            assert rel(got.upload[k], v) <= 1e-2, k
+
+
+def test_max_steps_and_a_smaller_tier():
+    cfg, data, alg, res = setup(**{"runtime.tiers": SMALL, "local.max_steps": 3,
+                                   "local.batch_size": 4})
+    small = [c for c in range(cfg.clients.num_clients) if cfg.tier_of(c) == "t025"][:4]
+    out = compare(cfg, data, alg, res, small)
+    steps = [-(-len(data.client_arrays(c, 1)[0]) // 4) for c in small]
+    assert [o.metrics["steps"] for o in out] == [min(3, n) for n in steps]
+    assert max(steps) > 3  # the cap cut a client's schedule
+
+
+def test_ewc_cohorts_keep_each_clients_fisher_and_anchor():
+    """EWC: the Fisher of a task's last round and the penalty of the next task's rounds
+    (a client without a Fisher yet beside ones with) as one cohort."""
+    cfg, data, alg, res = setup(**{"continual.method": "ewc", "continual.ewc_lambda": 50.0})
+    clients = list(range(6))
+    g = alg.init_global_state(res, cfg.seed)
+    sent = alg.make_policy().broadcast(g, 2, "t100")
+    # round 2 ends task 0: the Fisher is estimated (clients 0-2 only: 3-5 have none)
+    first = alg.cohort_update([context(cfg, data, alg, c, 2, res) for c in clients[:3]], sent)
+    seq = [alg.client_update(context(cfg, data, alg, c, 2, res), sent) for c in clients[:3]]
+    assert_same(first, seq)
+    for got, want in zip(first, seq, strict=True):
+        for k, v in want.state["fisher"].items():
+            assert rel(got.state["fisher"][k], v) <= TOL, k
+    states = {c: o.state for c, o in zip(clients[:3], first, strict=True)}
+    out = compare(cfg, data, alg, res, clients, round=3, states=states)
+    assert all(o.state["anchor_task"] == 1 for o in out)
+
+
+@pytest.mark.parametrize("method", ["er", "derpp", "bic"])
+def test_replaying_objectives_are_refused_in_one_line(method):
+    with pytest.raises(ConfigError) as e:
+        drod_cfg(**{"continual.method": method, "runtime.vectorize": "on"})
+    assert e.value.path == "runtime.vectorize"
+    assert f"continual.method={method}" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_auto_never_takes_the_convolutional_sliceable_resnet():
+    from fedray.methods.base import cohort_size
+
+    cfg = drod_cfg(**{"continual.method": "none", "runtime.vectorize": "auto"})
+    alg = build_method(cfg)
+    assert cohort_size(cfg, type(alg), (1, 8, 8), 10) is None
+    on = drod_cfg(**{"continual.method": "none", "runtime.vectorize": "on"})
+    assert cohort_size(on, type(alg), (1, 8, 8), 10) == on.runtime.cohort_size
+
+
+@pytest.mark.ray
+def test_vectorized_tiers_are_bitwise_across_executor_counts_and_resume(ray_session, tmp_path):
+    """DROD with EWC over two tasks, three tiers, cohorts of 2: the same bits with one or
+    two executors on the full tier and after a resume (the cohort hook equals the client
+    hook above, so the sequential run is not repeated here)."""
+    vec = {"continual.method": "ewc", "runtime.vectorize": "on", "runtime.cohort_size": 2,
+           "local.batch_size": 32, "rounds": 3, "eval.every": 1}
+    cfg = drod_cfg(**vec)
+    two = drod_cfg(**vec, **{"runtime.tiers": TIERS.replace(
+        "executors: 1, num_cpus: 0.25, capacity: 1.0",
+        "executors: 2, num_cpus: 0.25, capacity: 1.0")})
+    full_and_resumed(cfg, tmp_path, stop_after=2)
+    run_experiment(two, str(tmp_path / "two"), progress=False)
+    a, b, c = (final_state(tmp_path / d) for d in ("full", "cut", "two"))
+    for k in a:
+        assert np.array_equal(a[k], b[k]) and np.array_equal(a[k], c[k]), k
+    assert_same_outputs(run_outputs(tmp_path / "full"), run_outputs(tmp_path / "two"))
+    clients = run_outputs(tmp_path / "full")["clients"]
+    assert (clients["status"] == "ok").all() and clients["upload_bytes"].gt(0).all()
+
+
+def test_augmented_one_channel_batches_have_plain_strides():
+    """A crop-and-flip batch of one-channel images is plain NCHW, not the permuted strides
+    that also read as channels-last (oneDNN's channels-last convolution backward corrupted
+    the heap on those: DROD with ``augment`` on digits crashed)."""
+    from fedray.models.training import random_crop_flip
+
+    out = random_crop_flip(torch.randn(5, 1, 8, 8), torch.Generator().manual_seed(0))
+    assert out.stride() == (64, 64, 8, 1)
