@@ -41,6 +41,14 @@ own generator, as fedray's populations do):
   either way, and a 1e-8 perturbation of z̄ moves one client's sequential latent itself
   by 1e-2 relative.
 
+* ``drod``: DROD's clients (dual-axis Ordered Dropout, three tiers ρ = 1 / 0.251 / 0.064) in
+  the DROD digits study's setting (``benchmarks/drod_study.py``: the width-16 GroupNorm
+  ResNet-18 on 16×16×1 digits, batch 32, lr 0.1, one epoch; ``--drod-clients`` clients
+  (default 48), one cohort per tier) — :meth:`Hetero.client_update
+  <fedray.methods.drod.method.Hetero.client_update>` client after client against one
+  :meth:`~fedray.methods.drod.method.Hetero.cohort_update` per tier, each side in a fresh
+  process; the difference is the worst ‖Δv − Δs‖ / ‖Δs‖ over the uploads.
+
 For each: seconds for the round both ways (median of ``--repeats``, after one warm-up
 cohort: the first ``vmap`` call of a process imports ``torch._dynamo``, ≈ 2 s), their
 ratio, the rule's ``work`` and the worst relative difference of a client's delta
@@ -281,9 +289,87 @@ def measure_flite(factors: str, w: dict, threads: int, repeats: int) -> dict:
             "vectorized_peak_rss_mb": side["vectorized"]["peak_rss_mb"]}
 
 
+def drod_workload(clients: int = 48) -> dict:
+    """The ``drod`` workload's config (the DROD study's setting) as overrides."""
+    tiers = ("[{name: t100, executors: 1, num_cpus: 0.5, capacity: 1.0},"
+             " {name: t025, executors: 1, num_cpus: 0.5, capacity: 0.251},"
+             " {name: t006, executors: 1, num_cpus: 0.5, capacity: 0.064}]")
+    return {"algorithm.name": "drod", "model.name": "sliceable_resnet18", "model.width": 16,
+            "data.dataset": "digits", "data.image_size": 16, "data.alpha": 0.5,
+            "clients.num_clients": clients, "local.epochs": 1, "local.batch_size": 32,
+            "local.lr": 0.1, "runtime.tiers": tiers}
+
+
+def drod_side(mode: str, clients: int, repeats: int = 3) -> dict:
+    """One side of ``drod`` in this process: median seconds (wall and process CPU) of one
+    round's local training of every client, tier by tier, the uploads and the peak RSS."""
+    import resource
+
+    from fedray.core.config import load_config
+    from fedray.core.registry import build_method
+    from fedray.methods.base import ClientContext
+
+    cfg = load_config(None, [f"{k}={v}" for k, v in drod_workload(clients).items()])
+    alg = build_method(cfg)
+    data = alg.build_data(cfg)
+    res = alg.build_resident(data.input_shape, data.num_classes, "cpu")
+    pol, g = alg.make_policy(), alg.init_global_state(res, cfg.seed)
+    tiers = {t.name: [c for c in range(clients) if cfg.tier_of(c) == t.name]
+             for t in cfg.runtime.tiers}
+
+    def ctx(c: int) -> ClientContext:
+        return ClientContext(c, 1, cfg.seed, cfg.tier_of(c), *data.client_arrays(c, 1),
+                             *data.client_arrays(c, 1, "test"), res, "cpu")
+
+    def run(part: dict) -> list:
+        out = []
+        for tier, members in part.items():
+            sent = pol.broadcast(g, 1, tier)
+            out += ([alg.client_update(ctx(c), sent) for c in members]
+                    if mode == "sequential" else alg.cohort_update([ctx(c) for c in members],
+                                                                    sent))
+        return out
+
+    run({t: m[:2] for t, m in tiers.items()})  # warm-up (the first vmap imports dynamo)
+    times, cpu, outs = [], [], []
+    for _ in range(repeats):
+        t, c = time.perf_counter(), time.process_time()
+        outs = run(tiers)
+        times.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    return {"seconds": statistics.median(times), "cpu_seconds": statistics.median(cpu),
+            "deltas": [np.concatenate([np.ravel(v) for v in o.upload.values()]).tolist()
+                       for o in outs],
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def measure_drod(clients: int, threads: int, repeats: int) -> dict:
+    """Both sides of ``drod``, each in a fresh process (its own peak RSS)."""
+    import subprocess
+    import sys
+
+    side = {}
+    for mode in SIDES:
+        out = subprocess.run([sys.executable, __file__, "--drod-side", mode, "--drod-clients",
+                              str(clients), "--threads", str(threads), "--repeats",
+                              str(repeats)], capture_output=True, text=True, check=True)
+        side[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+    rels = [float(np.linalg.norm(np.subtract(b, a)) / np.linalg.norm(a))
+            for a, b in zip(side["sequential"]["deltas"], side["vectorized"]["deltas"],
+                            strict=True)]
+    s, v = side["sequential"]["seconds"], side["vectorized"]["seconds"]
+    return {"workload": "drod", "clients": clients, "sequential_s": s, "vectorized_s": v,
+            "ratio": v / s, "worst_rel_delta": max(rels),
+            "median_rel_delta": statistics.median(rels),
+            "sequential_cpu_s": side["sequential"]["cpu_seconds"],
+            "vectorized_cpu_s": side["vectorized"]["cpu_seconds"],
+            "sequential_peak_rss_mb": side["sequential"]["peak_rss_mb"],
+            "vectorized_peak_rss_mb": side["vectorized"]["peak_rss_mb"]}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    extra = ["favor", "flite", "flite_regen"]
+    extra = ["favor", "flite", "flite_regen", "drod"]
     p.add_argument("--workloads", nargs="+", default=[*WORKLOADS, *extra],
                    choices=[*WORKLOADS, *extra])
     p.add_argument("--cohort-size", type=int, default=256)
@@ -297,7 +383,10 @@ def main() -> None:
     p.add_argument("--flite-width", type=int, default=8, help="its width (cnn: channels)")
     p.add_argument("--flite-input", type=int, nargs=3, default=[1, 8, 8],
                    metavar=("C", "H", "W"), help="its input shape (default digits' 1 8 8)")
+    p.add_argument("--drod-clients", type=int, default=48,
+                   help="clients of the drod workload (one cohort per tier)")
     p.add_argument("--favor-side", choices=["sequential", "batched"], help=argparse.SUPPRESS)
+    p.add_argument("--drod-side", choices=SIDES, help=argparse.SUPPRESS)
     p.add_argument("--flite-side", choices=SIDES, help=argparse.SUPPRESS)
     p.add_argument("--flite-factors", choices=["stored", "regenerated"], default="stored",
                    help=argparse.SUPPRESS)
@@ -306,12 +395,16 @@ def main() -> None:
     if a.favor_side:
         print(json.dumps(favor_side(a.favor_side)))
         return
+    if a.drod_side:
+        print(json.dumps(drod_side(a.drod_side, a.drod_clients, a.repeats)))
+        return
     w = flite_workload(a.flite_clients, a.flite_net, a.flite_width, a.flite_input)
     if a.flite_side:
         print(json.dumps(flite_side(a.flite_side, a.flite_factors, w, a.repeats)))
         return
     factors = {"flite": "stored", "flite_regen": "regenerated"}
     rows = [measure_favor(a.threads) if n == "favor"
+            else measure_drod(a.drod_clients, a.threads, a.repeats) if n == "drod"
             else measure_flite(factors[n], w, a.threads, a.repeats)
             if n in factors else measure(n, a.cohort_size, a.repeats) for n in a.workloads]
     print("| workload | clients | params | work (params × batch) | auto | sequential s | "
@@ -325,6 +418,17 @@ def main() -> None:
             print(f"\nfavor peak RSS of the one process: sequential "
                   f"{r['sequential_peak_rss_mb']:.0f} MB, batched "
                   f"{r['vectorized_peak_rss_mb']:.0f} MB")
+            continue
+        if r["workload"] == "drod":
+            print(f"| drod | {r['clients']} (3 tiers) | sliceable ResNet-18 w16 | – | off | "
+                  f"{r['sequential_s']:.3f} | {r['vectorized_s']:.3f} | {r['ratio']:.2f}× | "
+                  f"{r['worst_rel_delta']:.1e} |")
+            print(f"\ndrod peak RSS of the one process: sequential "
+                  f"{r['sequential_peak_rss_mb']:.0f} MB, vectorized "
+                  f"{r['vectorized_peak_rss_mb']:.0f} MB; process CPU seconds: sequential "
+                  f"{r['sequential_cpu_s']:.3f}, vectorized {r['vectorized_cpu_s']:.3f} "
+                  f"({r['vectorized_cpu_s'] / r['sequential_cpu_s']:.2f}×); median "
+                  f"‖Δv−Δs‖/‖Δs‖ {r['median_rel_delta']:.1e}\n")
             continue
         if r["workload"].startswith("flite"):
             print(f"| {r['workload']} | {r['clients']} | {r['params']:,} mapped | "

@@ -17,6 +17,7 @@ from test_runtime import assert_same_outputs, final_state, run_outputs
 from fedray.core.config import ConfigError
 from fedray.core.registry import build_method
 from fedray.data import build_data
+from fedray.methods.drod.method import od_choices
 from fedray.runtime import run_experiment
 
 # A batched (grouped) convolution adds in another order than the per-client one: one step
@@ -59,6 +60,14 @@ def assert_same(cohort, one_by_one):
             assert rel(got.upload[k], v) <= TOL, k
 
 
+def drew_several_rungs(cfg, clients, outputs, round, rungs) -> bool:
+    """Whether some step of the cohort had its clients on different rungs."""
+    draws = [od_choices(cfg.seed, round, c, int(o.metrics["steps"]), rungs)
+             for c, o in zip(clients, outputs, strict=True)]
+    return any(len({int(d[t]) for d in draws if t < len(d)}) > 1
+               for t in range(max(len(d) for d in draws)))
+
+
 def compare(cfg, data, alg, res, clients, round=1, states=None):
     g = alg.init_global_state(res, cfg.seed)
     sent = alg.make_policy().broadcast(g, round, cfg.tier_of(clients[0]))
@@ -88,7 +97,10 @@ def test_a_tiers_cohort_equals_its_clients_one_at_a_time(algorithm, extra):
     assert len(clients) >= 3
     sizes = {len(data.client_arrays(c, 1)[0]) for c in clients}
     assert len(sizes) > 1  # unequal: padding and masks
-    compare(cfg, data, alg, res, clients)
+    out = compare(cfg, data, alg, res, clients)
+    if alg.params.rule == "od":
+        nested = [r for r in res.grid if r.geometry.within(res.tiers[tier].geometry)]
+        assert drew_several_rungs(cfg, clients, out, 1, len(nested))
 
 
 def test_augmented_cohorts_draw_each_clients_own_crops(monkeypatch):
@@ -139,8 +151,9 @@ def test_max_steps_and_a_smaller_tier():
 def test_ewc_cohorts_keep_each_clients_fisher_and_anchor():
     """EWC: the Fisher of a task's last round and the penalty of the next task's rounds
     (a client without a Fisher yet beside ones with) as one cohort."""
-    cfg, data, alg, res = setup(**{"continual.method": "ewc", "continual.ewc_lambda": 50.0})
-    clients = list(range(6))
+    cfg, data, alg, res = setup(**{"continual.method": "ewc", "continual.ewc_lambda": 50.0,
+                                   "runtime.tiers": SMALL})
+    clients = [c for c in range(cfg.clients.num_clients) if cfg.tier_of(c) == "t100"][:6]
     g = alg.init_global_state(res, cfg.seed)
     sent = alg.make_policy().broadcast(g, 2, "t100")
     # round 2 ends task 0: the Fisher is estimated (clients 0-2 only: 3-5 have none)
@@ -153,6 +166,9 @@ def test_ewc_cohorts_keep_each_clients_fisher_and_anchor():
     states = {c: o.state for c, o in zip(clients[:3], first, strict=True)}
     out = compare(cfg, data, alg, res, clients, round=3, states=states)
     assert all(o.state["anchor_task"] == 1 for o in out)
+    # the full tier draws its own model or the smaller rung: a pulled client moves the
+    # parameters the smaller rung does not reach, an unpulled one leaves them
+    assert drew_several_rungs(cfg, clients, out, 3, len(res.grid))
 
 
 @pytest.mark.parametrize("method", ["er", "derpp", "bic"])
@@ -175,16 +191,17 @@ def test_auto_never_takes_the_convolutional_sliceable_resnet():
 
 @pytest.mark.ray
 def test_vectorized_tiers_are_bitwise_across_executor_counts_and_resume(ray_session, tmp_path):
-    """DROD with EWC over two tasks, three tiers, cohorts of 2: the same bits with one or
-    two executors on the full tier and after a resume (the cohort hook equals the client
-    hook above, so the sequential run is not repeated here)."""
+    """DROD with EWC over two one-round tasks, three tiers, cohorts of 2: the same bits with one or
+    two executors on the full tier and after a resume; the sequential run within float32
+    rounding."""
     vec = {"continual.method": "ewc", "runtime.vectorize": "on", "runtime.cohort_size": 2,
-           "local.batch_size": 32, "rounds": 3, "eval.every": 1}
+           "local.batch_size": 32, "rounds": 2, "continual.rounds_per_task": 1,
+           "eval.every": 1}
     cfg = drod_cfg(**vec)
     two = drod_cfg(**vec, **{"runtime.tiers": TIERS.replace(
         "executors: 1, num_cpus: 0.25, capacity: 1.0",
         "executors: 2, num_cpus: 0.25, capacity: 1.0")})
-    full_and_resumed(cfg, tmp_path, stop_after=2)
+    full_and_resumed(cfg, tmp_path, stop_after=1)
     run_experiment(two, str(tmp_path / "two"), progress=False)
     a, b, c = (final_state(tmp_path / d) for d in ("full", "cut", "two"))
     for k in a:
@@ -192,6 +209,14 @@ def test_vectorized_tiers_are_bitwise_across_executor_counts_and_resume(ray_sess
     assert_same_outputs(run_outputs(tmp_path / "full"), run_outputs(tmp_path / "two"))
     clients = run_outputs(tmp_path / "full")["clients"]
     assert (clients["status"] == "ok").all() and clients["upload_bytes"].gt(0).all()
+    # the cohorts ran (a cohort that raises is re-run client by client, also bitwise): the
+    # sequential run differs in its last bits, within float32 rounding
+    run_experiment(drod_cfg(**{**vec, "runtime.vectorize": "off"}), str(tmp_path / "seq"),
+                   progress=False)
+    seq = final_state(tmp_path / "seq")
+    assert any(not np.array_equal(a[k], v) for k, v in seq.items())
+    for k, v in seq.items():
+        assert np.allclose(a[k], v, rtol=1e-3, atol=1e-5), k
 
 
 def test_augmented_one_channel_batches_have_plain_strides():

@@ -246,8 +246,10 @@ class RuntimeConfig:
                     "at least 1/20 of its network's multiply-adds per step); off: one client "
                     "at a time. Methods: the FedAvg family (FedAvg, FedProx, FedAvgM, FedOpt, "
                     "ORDERS, top-k, PowerSGD), FAVoR's favor, fedavg and fedprox "
-                    "variants (authors through one base LM) and FLITE (stacked latents "
-                    "through one mapped base)")
+                    "variants (authors through one base LM), FLITE (stacked latents "
+                    "through one mapped base) and DROD and its sub-model baselines (one "
+                    "tier's clients, grouped per step by the sub-model drawn; not with "
+                    "continual.method er, derpp, bic)")
     cohort_size: int = spec(256, ge=1, help="clients per cohort with runtime.vectorize: each "
                                             "tier's sorted clients of a round are cut into "
                                             "runs of this many, one executor call each "

@@ -211,6 +211,13 @@ def _concat_inputs(data: Sequence[tuple[np.ndarray, np.ndarray]], device: str
     return torch.from_numpy(xs).to(device), torch.from_numpy(ys).to(device)
 
 
+def masked_mean(per_row: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """The mean of ``per_row`` over a client's real rows (mask ``m`` 1; a padded slot 0):
+    the divisor is the batch size the client's sequential step had, as in
+    ``nn.CrossEntropyLoss``'s mean and ``batchmean``."""
+    return torch.where(m > 0, per_row, 0.0).sum() / m.sum().clamp(min=1.0)
+
+
 def _momentum_buffers(states: Sequence[dict | None] | None, params: list[torch.Tensor],
                       k: int) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Stacked momentum buffers (zero where a client has none yet) and which clients had
@@ -259,8 +266,7 @@ def train_cohort(model: nn.Module, data: Sequence[tuple[np.ndarray, np.ndarray]]
     def loss(flat: tuple[torch.Tensor, ...], x: torch.Tensor, y: torch.Tensor,
              m: torch.Tensor) -> torch.Tensor:
         out = functional_call(model, (dict(zip(names, flat, strict=True)), fixed), (x,))
-        ce = nn.functional.cross_entropy(out.float(), y, reduction="none")
-        return torch.where(m > 0, ce, 0.0).sum() / m.sum().clamp(min=1.0)
+        return masked_mean(nn.functional.cross_entropy(out.float(), y, reduction="none"), m)
 
     step = vmap(grad_and_value(loss))
     totals, counts = [0.0] * k, [0] * k

@@ -67,12 +67,6 @@ class TierTrained:
     state: dict = field(default_factory=dict)
 
 
-def _masked_mean(per_row: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """The mean over a client's real rows (``nn.CrossEntropyLoss``'s and ``batchmean``'s
-    divisor is the batch size the client's sequential step had)."""
-    return torch.where(m > 0, per_row, 0.0).sum() / m.sum().clamp(min=1.0)
-
-
 def _used(model: nn.Module, sub: Any, own: Any, exits: tuple[int, ...], kd: bool,
           shape: tuple[int, ...]) -> list[bool]:
     """Which of ``model``'s trainable parameters a step on sub-model ``sub`` gives a
@@ -100,7 +94,7 @@ def train_tier_cohort(method: Any, contexts: Sequence[Any], model: nn.Module, gr
     from fedray.methods.drod.continual.data import task_of_round
     from fedray.methods.drod.continual.objectives import ewc_penalty
     from fedray.methods.drod.method import continual_state, od_choices
-    from fedray.models.cohort import _concat_inputs, _schedules, _sgd_step
+    from fedray.models.cohort import _concat_inputs, _schedules, _sgd_step, masked_mean
     from fedray.models.training import random_crop_flip
 
     hp, loc, cl = method.params, method.cfg.local, method.cfg.continual
@@ -147,21 +141,21 @@ def train_tier_cohort(method: Any, contexts: Sequence[Any], model: nn.Module, gr
         t = hp.kd_temperature
         kl = F.kl_div(F.log_softmax(student / t, 1), F.softmax(teacher.detach() / t, 1),
                       reduction="none").sum(1)
-        return hp.kd_alpha * t * t * _masked_mean(kl, m)
+        return hp.kd_alpha * t * t * masked_mean(kl, m)
 
     def loss_of(sub: Any, kd: bool, pulled: bool):
         def loss(flat, x, y, m, *ewc_terms):
             p = {f"net.{n}": v for n, v in zip(names, flat, strict=True)}
             outs = [o.float() for o in functional_call(wrapped, (p, fixed), (x, sub, exits))]
             logits = outs[-1]
-            value = _masked_mean(F.cross_entropy(logits, y, reduction="none"), m)
+            value = masked_mean(F.cross_entropy(logits, y, reduction="none"), m)
             for early in outs[:-1]:  # ScaleFL: exits distilled from the final one
-                value = value + (1 - hp.kd_alpha) * _masked_mean(
+                value = value + (1 - hp.kd_alpha) * masked_mean(
                     F.cross_entropy(early, y, reduction="none"), m) + distill(early, logits, m)
             if kd:  # FjORD w/ KD: the tier's largest model teaches
                 t_logits = functional_call(wrapped, (p, fixed), (x, own, ()))[-1].float()
                 value = (1 - hp.kd_alpha) * value + distill(logits, t_logits, m) + \
-                    _masked_mean(F.cross_entropy(t_logits, y, reduction="none"), m)
+                    masked_mean(F.cross_entropy(t_logits, y, reduction="none"), m)
             if pulled:
                 f, a = ewc_terms
                 value = value + cl.ewc_lambda * ewc_penalty(

@@ -404,7 +404,8 @@ class Hetero(Algorithm):
         convolutions measured slower than one client after another on a CPU
         (``benchmarks/cohorts.py``, workload ``drod``). Each client's bytes: the full
         model's parameters, gradients and momentum plus its batch's activations forward and
-        backward (the full geometry bounds every tier's)."""
+        backward (the full geometry bounds every tier's); under EWC also its stacked Fisher
+        and anchor."""
         from fedray.methods.drod.cohort import cohort_refusal
 
         why = cohort_refusal(cfg)
@@ -417,19 +418,22 @@ class Hetero(Algorithm):
         model = SliceableResNet(arch, hw)
         params = sum(p.numel() for p in model.parameters())
         acts = 2 * cfg.local.batch_size * activation_numel(model, input_shape)
-        return CohortFit([], math.inf, 4 * (3 * params + acts))
+        # stacked parameters, momentum, the vmapped gradients and a rung's gathered copy
+        copies = 4 + 2 * (bool(cfg.continual.tasks) and cfg.continual.method == "ewc")
+        return CohortFit([], math.inf, 4 * (copies * params + acts))
 
     def cohort_update(self, contexts: list[ClientContext], broadcast: State
                       ) -> list[ClientOutput]:
         """:meth:`client_update` of each client of one tier, trained as one batched
         computation (:func:`fedray.methods.drod.cohort.train_tier_cohort`)."""
         from fedray.methods.drod.cohort import train_tier_cohort
+        from fedray.models.training import get_state
 
         if len({c.tier for c in contexts}) != 1:
             raise ValueError("a cohort holds the clients of one tier")
         model, grid, depths, masks = self._setup(contexts[0], broadcast)
         net = {k: np.asarray(v).copy() for k, v in broadcast.items() if not k.startswith("bic.")}
-        buffers = {k: np.asarray(v, np.float32) for k, v in model.state_dict().items()}
+        buffers = get_state(model)  # the tensors a cohort does not train (copies, any device)
         trained = train_tier_cohort(self, contexts, model, grid, depths, masks, net)
         return [self._output(ctx, {**buffers, **tr.params}, broadcast, masks, {}, tr.metrics,
                              tr.state) for ctx, tr in zip(contexts, trained, strict=True)]
@@ -681,7 +685,7 @@ def continual_state(ctx: ClientContext, model: Any, state: dict, net: State,
 
     if method in ("bic", "ewc") and task > 0 and state.get("anchor_task") != task:
         # the model that finished the previous task: BiC's teacher, EWC's anchor θ*
-        state["anchor"], state["anchor_task"] = net, task
+        state["anchor"], state["anchor_task"] = dict(net), task
     dev = ctx.device
     fisher = anchor = None
     if method == "ewc" and task > 0 and "fisher" in state:

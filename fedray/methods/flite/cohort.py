@@ -33,7 +33,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedray.models.cohort import StackedAdam, _concat_inputs, _schedules, forward_problems
+from fedray.models.cohort import (
+    StackedAdam,
+    _concat_inputs,
+    _schedules,
+    forward_problems,
+    masked_mean,
+)
 
 AUTO_SHARE = 1 / 20
 """``runtime.vectorize=auto`` takes FLITE where its factor products are at least this share
@@ -88,9 +94,8 @@ def train_latents(mapping: Any, start: np.ndarray, data: Sequence[tuple[np.ndarr
 
     def loss(weights: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
              m: torch.Tensor) -> torch.Tensor:
-        ce = F.cross_entropy(functional_call(model, weights, (x,)).float(), y,
-                             reduction="none")
-        return torch.where(m > 0, ce, 0.0).sum() / m.sum().clamp(min=1.0)
+        return masked_mean(F.cross_entropy(functional_call(model, weights, (x,)).float(), y,
+                                           reduction="none"), m)
 
     losses = vmap(loss)
     moving = torch.from_numpy(mask.sum(2) > 0)  # (steps, K): who steps when
