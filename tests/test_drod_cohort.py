@@ -190,6 +190,7 @@ def test_auto_never_takes_the_convolutional_sliceable_resnet():
 
 
 @pytest.mark.ray
+@pytest.mark.timeout(1500)  # five short runs; 11 min on this machine at load 35
 def test_vectorized_tiers_are_bitwise_across_executor_counts_and_resume(ray_session, tmp_path):
     """DROD with EWC over two one-round tasks, three tiers, cohorts of 2: the same bits with one or
     two executors on the full tier and after a resume; the sequential run within float32
