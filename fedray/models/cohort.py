@@ -142,8 +142,16 @@ def activation_numel(model: nn.Module, input_shape: Sequence[int]) -> int:
             if isinstance(t, torch.Tensor):
                 total += t.numel()
 
-    leaves = [m for m in model.modules() if not list(m.children())]
-    hooks = [m.register_forward_hook(count) for m in leaves]
+    _hooked_forward(model, input_shape, [m for m in model.modules() if not list(m.children())],
+                    count)
+    return total
+
+
+def _hooked_forward(model: nn.Module, input_shape: Sequence[int], modules: list[nn.Module],
+                    hook: Any) -> None:
+    """One eval-mode forward pass of a zero sample with ``hook`` on ``modules`` (removed
+    after, the training mode restored)."""
+    hooks = [m.register_forward_hook(hook) for m in modules]
     training = model.training
     model.eval()
     try:
@@ -152,7 +160,6 @@ def activation_numel(model: nn.Module, input_shape: Sequence[int]) -> int:
         model.train(training)
         for h in hooks:
             h.remove()
-    return total
 
 
 @torch.no_grad()
@@ -169,16 +176,9 @@ def forward_macs(model: nn.Module, input_shape: Sequence[int]) -> int:
         else:
             total += out.numel() * m.in_features
 
-    hooks = [m.register_forward_hook(count) for m in model.modules()
-             if isinstance(m, (nn.modules.conv._ConvNd, nn.Linear))]
-    training = model.training
-    model.eval()
-    try:
-        model(torch.zeros((1, *input_shape)))
-    finally:
-        model.train(training)
-        for h in hooks:
-            h.remove()
+    _hooked_forward(model, input_shape, [m for m in model.modules()
+                                         if isinstance(m, (nn.modules.conv._ConvNd, nn.Linear))],
+                    count)
     return total
 
 
