@@ -11,18 +11,25 @@ import numpy as np
 import pytest
 import torch
 from conftest import full_and_resumed
-from test_drod import TIERS, context, drod_cfg
+from test_drod import TIERS, drod_cfg
+from test_drod import context as context32
 from test_runtime import assert_same_outputs, final_state, run_outputs
 
 from fedray.core.config import ConfigError
 from fedray.core.registry import build_method
 from fedray.data import build_data
-from fedray.methods.drod.method import od_choices
+from fedray.methods.drod.selection import od_choices
 from fedray.runtime import run_experiment
 
-# A batched (grouped) convolution adds in another order than the per-client one: one step
-# of these ResNets differs by ≈ 2e-5 of a tensor's largest entry, a few steps by ≈ 5e-5.
-TOL = 1e-4
+# The comparisons run in float64. In float32 a batched (grouped) convolution adds in another
+# order than the per-client one (≈ 2e-5 of a tensor's largest entry after one step), and
+# these width-8 GroupNorm ResNets on 8×8 digits are chaotic: a 1e-5 relative change of the
+# parameters moves the next gradient by up to 4 % (a deep group with almost no variance
+# divides rounding noise by √eps), so after a few steps float32 cohorts and clients differ
+# by ≈ 3e-3 — and so does the sequential path from itself under such a change. In float64
+# the same code agrees to the float32 rounding of the uploads.
+TOL = 1e-6
+TOL32 = 1e-4  # one float32 step
 # one tier of everything: the cohort is that tier's clients
 TIER = "[{name: t100, executors: 1, num_cpus: 0.25, capacity: 1.0}]"
 SMALL = ("[{name: t100, executors: 1, num_cpus: 0.25, capacity: 1.0},"
@@ -38,6 +45,28 @@ def rel(a, b) -> float:
     return float(max(np.abs(a - b).max() - 1e-7, 0.0) / max(np.abs(b).max(), 1e-12))
 
 
+@pytest.fixture(autouse=True)
+def float64(request):
+    """Unit tests compute in float64 (see :data:`TOL`); the Ray test's executors in float32."""
+    if request.node.get_closest_marker("ray"):
+        yield
+        return
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def context(*args, **kwargs):
+    """:func:`test_drod.context` with the samples in the default dtype."""
+    ctx = context32(*args, **kwargs)
+    dtype = torch.tensor(0.0).numpy().dtype
+    ctx.x_train, ctx.x_test = ctx.x_train.astype(dtype), ctx.x_test.astype(dtype)
+    return ctx
+
+
 def setup(**extra):
     cfg = drod_cfg(**{"continual.method": "none", "runtime.tiers": TIER,
                       "local.momentum": 0.5, "local.weight_decay": 1e-3, "local.batch_size": 32,
@@ -48,16 +77,16 @@ def setup(**extra):
     return cfg, data, alg, res
 
 
-def assert_same(cohort, one_by_one):
+def assert_same(cohort, one_by_one, tol=None):
     for got, want in zip(cohort, one_by_one, strict=True):
         assert got.num_samples == want.num_samples
         assert list(got.metrics) == list(want.metrics)
         for k, v in want.metrics.items():
-            assert got.metrics[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
+            assert got.metrics[k] == pytest.approx(v, rel=1e-6, abs=1e-9), k
         assert got.upload.keys() == want.upload.keys()
         for k, v in want.upload.items():
             assert got.upload[k].shape == v.shape, k
-            assert rel(got.upload[k], v) <= TOL, k
+            assert rel(got.upload[k], v) <= (tol or TOL), k
 
 
 def drew_several_rungs(cfg, clients, outputs, round, rungs) -> bool:
@@ -105,10 +134,8 @@ def test_a_tiers_cohort_equals_its_clients_one_at_a_time(algorithm, extra):
 
 def test_augmented_cohorts_draw_each_clients_own_crops(monkeypatch):
     """``augment``: every client's crops and flips are its sequential ones (its generator,
-    its order, its unpadded batch). Crops of 8×8 digits padded by 4 leave near-empty images
-    whose GroupNorm amplifies float rounding: a 1e-7 relative change of the start moves the
-    sequential Δ itself by > 100 % in 3 steps and by ≈ 1e-3 in one, so the Δ are held to
-    1e-2 after one step, the inputs bitwise."""
+    its order, its unpadded batch): the inputs bitwise, the Δ within :data:`TOL` (crops of
+    8×8 digits padded by 4 leave near-empty images, the most chaotic case in float32)."""
     import fedray.models.training as training
 
     seen: list = []
@@ -133,9 +160,20 @@ def test_augmented_cohorts_draw_each_clients_own_crops(monkeypatch):
     assert len(batched) == len(seen) == sum(int(o.metrics["steps"]) for o in one) > 4
     assert Counter(t.numpy().tobytes() for t in batched) == \
         Counter(t.numpy().tobytes() for t in seen)
-    for got, want in zip(cohort, one, strict=True):
-        for k, v in want.upload.items():
-            assert rel(got.upload[k], v) <= 1e-2, k
+    assert_same(cohort, one)
+
+
+def test_float32_cohorts_equal_one_step_within_rounding():
+    """The executors' dtype: one step (before rounding compounds) within :data:`TOL32`."""
+    torch.set_default_dtype(torch.float32)  # the fixture restores it
+    cfg, data, alg, res = setup(**{"runtime.tiers": SMALL, "local.max_steps": 1})
+    clients = [c for c in range(cfg.clients.num_clients) if cfg.tier_of(c) == "t100"][:4]
+    g = alg.init_global_state(res, cfg.seed)
+    sent = alg.make_policy().broadcast(g, 1, "t100")
+    cohort = alg.cohort_update([context(cfg, data, alg, c, 1, res) for c in clients], sent)
+    assert cohort[0].upload["stem.conv.weight"].dtype == np.float32
+    assert_same(cohort, [alg.client_update(context(cfg, data, alg, c, 1, res), sent)
+                         for c in clients], TOL32)
 
 
 def test_max_steps_and_a_smaller_tier():
@@ -161,7 +199,7 @@ def test_ewc_cohorts_keep_each_clients_fisher_and_anchor():
     seq = [alg.client_update(context(cfg, data, alg, c, 2, res), sent) for c in clients[:3]]
     assert_same(first, seq)
     for got, want in zip(first, seq, strict=True):
-        for k, v in want.state["fisher"].items():
+        for k, v in want.state["fisher"].items():  # at the broadcast: no training before it
             assert rel(got.state["fisher"][k], v) <= TOL, k
     states = {c: o.state for c, o in zip(clients[:3], first, strict=True)}
     out = compare(cfg, data, alg, res, clients, round=3, states=states)
@@ -211,13 +249,19 @@ def test_vectorized_tiers_are_bitwise_across_executor_counts_and_resume(ray_sess
     clients = run_outputs(tmp_path / "full")["clients"]
     assert (clients["status"] == "ok").all() and clients["upload_bytes"].gt(0).all()
     # the cohorts ran (a cohort that raises is re-run client by client, also bitwise): the
-    # sequential run differs in its last bits, within float32 rounding
+    # sequential run differs in its last bits, which this chaotic float32 model (see TOL)
+    # amplifies (round 2's losses differ by up to 6 %), so what must agree is what each
+    # client did, and the first round's losses (from the same broadcast)
     run_experiment(drod_cfg(**{**vec, "runtime.vectorize": "off"}), str(tmp_path / "seq"),
                    progress=False)
     seq = final_state(tmp_path / "seq")
     assert any(not np.array_equal(a[k], v) for k, v in seq.items())
-    for k, v in seq.items():
-        assert np.allclose(a[k], v, rtol=1e-3, atol=1e-5), k
+    got, want = clients, run_outputs(tmp_path / "seq")["clients"]
+    exact = ["round", "client_id", "tier", "status", "num_samples", "upload_bytes",
+             "download_bytes", "steps", "task", "sub_param_ratio"]
+    assert got[exact].equals(want[exact])
+    first = got["round"] == 1
+    assert np.allclose(got["train_loss"][first], want["train_loss"][first], rtol=1e-3)
 
 
 def test_augmented_one_channel_batches_have_plain_strides():

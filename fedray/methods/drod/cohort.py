@@ -3,7 +3,7 @@
 A cohort is cut within one tier (:class:`fedray.runtime.dispatch.Dispatcher`), so its
 clients hold the same sub-model of the shared network and start from the same broadcast.
 Their parameters are stacked along a client axis. Under Ordered Dropout each client still
-draws its own nested sub-model at every step (:func:`~fedray.methods.drod.method.od_choices`
+draws its own nested sub-model at every step (:func:`~fedray.methods.drod.selection.od_choices`
 from (seed, round, client)), so a step groups the cohort's clients by the rung they drew and
 runs each group as one ``vmap(grad_and_value(loss))`` over ``functional_call`` of the tier's
 model at that rung's geometry: at most ``len(grid)`` batched calls a step (one under the
@@ -92,8 +92,8 @@ def train_tier_cohort(method: Any, contexts: Sequence[Any], model: nn.Module, gr
 
     from fedray.core.seeding import torch_generator
     from fedray.methods.drod.continual.data import task_of_round
-    from fedray.methods.drod.continual.objectives import ewc_penalty
-    from fedray.methods.drod.method import continual_state, od_choices
+    from fedray.methods.drod.continual.objectives import continual_state, ewc_penalty
+    from fedray.methods.drod.selection import od_choices
     from fedray.models.cohort import _concat_inputs, _schedules, _sgd_step, masked_mean
     from fedray.models.training import random_crop_flip
 

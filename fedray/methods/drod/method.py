@@ -83,7 +83,7 @@ from fedray.methods.base import (
     ReportSection,
     State,
 )
-from fedray.methods.drod.selection import fiarse_masks
+from fedray.methods.drod.selection import fiarse_masks, od_choices
 from fedray.models.geometry import RESNET_BLOCKS
 
 SLICEABLE = ("sliceable_resnet18", "sliceable_resnet34")
@@ -479,6 +479,7 @@ class Hetero(Algorithm):
         from fedray.methods.drod.continual.data import task_of_round
         from fedray.methods.drod.continual.objectives import (
             bic_distill,
+            continual_state,
             ewc_penalty,
             fit_bias,
             old_classes,
@@ -667,51 +668,6 @@ class Hetero(Algorithm):
         if classes is not None:
             res.update(task_accuracies(out, y, classes))
         return res
-
-
-def continual_state(ctx: ClientContext, model: Any, state: dict, net: State,
-                    masks: dict | None, method: str, task: int, last: bool, samples: int,
-                    gamma: float) -> tuple[dict | None, dict | None]:
-    """The client's continual state for this round, updated in place, and EWC's (Fisher,
-    anchor θ*) for its penalty (None, None: no penalty this round). At a new task's first
-    round the broadcast is kept as the anchor (BiC's teacher, EWC's θ*); at a task's last
-    round EWC's Fisher is estimated at the broadcast weights (``model`` holds them) on
-    ``samples`` of the client's samples and added to γ × the previous one — after the
-    penalty's own Fisher was read, so this round is pulled towards the earlier tasks only."""
-    import torch
-
-    from fedray.core.seeding import rng
-    from fedray.methods.drod.continual.objectives import fisher_diagonal
-
-    if method in ("bic", "ewc") and task > 0 and state.get("anchor_task") != task:
-        # the model that finished the previous task: BiC's teacher, EWC's anchor θ*
-        state["anchor"], state["anchor_task"] = dict(net), task
-    dev = ctx.device
-    fisher = anchor = None
-    if method == "ewc" and task > 0 and "fisher" in state:
-        fisher = {k: torch.from_numpy(v).to(dev) for k, v in state["fisher"].items()}
-        anchor = {k: torch.from_numpy(v).to(dev) for k, v in state["anchor"].items()}
-    if method == "ewc" and last:  # this task's Fisher at the broadcast (global) weights
-        x = torch.from_numpy(ctx.x_train).to(dev)
-        y = torch.from_numpy(ctx.y_train).to(dev)
-        pick = torch.from_numpy(rng(ctx.seed, ctx.round, ctx.client_id, "fisher")
-                                .choice(len(x), min(samples, len(x)), replace=False))
-        new = fisher_diagonal(model, x[pick], y[pick], lambda t: model(t))
-        for k, m in (masks or {}).items():  # FIARSE: no pull on entries outside the mask
-            new[k] = new[k] * torch.from_numpy(m).to(new[k].device)
-        prev = state.get("fisher")
-        state["fisher"] = {k: (gamma * prev[k] if prev else 0) + v.cpu().numpy()
-                           for k, v in new.items()}
-    return fisher, anchor
-
-
-def od_choices(seed: int, round: int, client: int, steps: int, options: int) -> np.ndarray:
-    """Ordered Dropout: the index of the sub-model each local step samples, uniform over the
-    ``options`` nested sub-models the client's tier contains; step t's draw is a function
-    of (seed, round, client, t) alone."""
-    from fedray.core.seeding import rng
-
-    return rng(seed, round, client, "ordered-dropout").integers(0, options, size=steps)
 
 
 def balanced_split(x_new: np.ndarray, y_new: np.ndarray, buffer: Any, old: np.ndarray,

@@ -15,6 +15,7 @@ from typing import Literal
 
 import numpy as np
 
+from fedray.core.seeding import rng
 from fedray.models.geometry import Arch, Geometry
 
 Selection = dict[str, np.ndarray]
@@ -125,3 +126,10 @@ def fiarse_masks(state: dict[str, np.ndarray], keep: float) -> dict[str, np.ndar
         m[order] = True
         out[k] = m.reshape(v.shape)
     return out
+
+
+def od_choices(seed: int, round: int, client: int, steps: int, options: int) -> np.ndarray:
+    """Ordered Dropout: the index of the sub-model each local step samples, uniform over the
+    ``options`` nested sub-models the client's tier contains; step t's draw is a function
+    of (seed, round, client, t) alone."""
+    return rng(seed, round, client, "ordered-dropout").integers(0, options, size=steps)

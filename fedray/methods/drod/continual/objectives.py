@@ -13,10 +13,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from fedray.core.seeding import rng
+
+if TYPE_CHECKING:
+    from fedray.methods.base import ClientContext
 
 
 def ewc_penalty(params: dict[str, torch.Tensor], fisher: dict[str, torch.Tensor],
@@ -75,3 +81,34 @@ def fit_bias(logits: torch.Tensor, y: torch.Tensor, new: torch.Tensor, alpha: fl
 def old_classes(classes: list[np.ndarray], task: int) -> np.ndarray:
     """The classes of the tasks before ``task``."""
     return np.concatenate(classes[:task]) if task else np.zeros(0, np.int64)
+
+
+def continual_state(ctx: ClientContext, model: Any, state: dict, net: dict,
+                    masks: dict | None, method: str, task: int, last: bool, samples: int,
+                    gamma: float) -> tuple[dict | None, dict | None]:
+    """The client's continual state for this round, updated in place, and EWC's (Fisher,
+    anchor θ*) for its penalty (None, None: no penalty this round). At a new task's first
+    round the broadcast is kept as the anchor (BiC's teacher, EWC's θ*); at a task's last
+    round EWC's Fisher is estimated at the broadcast weights (``model`` holds them) on
+    ``samples`` of the client's samples and added to γ × the previous one — after the
+    penalty's own Fisher was read, so this round is pulled towards the earlier tasks only."""
+    if method in ("bic", "ewc") and task > 0 and state.get("anchor_task") != task:
+        # the model that finished the previous task: BiC's teacher, EWC's anchor θ*
+        state["anchor"], state["anchor_task"] = dict(net), task
+    dev = ctx.device
+    fisher = anchor = None
+    if method == "ewc" and task > 0 and "fisher" in state:
+        fisher = {k: torch.from_numpy(v).to(dev) for k, v in state["fisher"].items()}
+        anchor = {k: torch.from_numpy(v).to(dev) for k, v in state["anchor"].items()}
+    if method == "ewc" and last:  # this task's Fisher at the broadcast (global) weights
+        x = torch.from_numpy(ctx.x_train).to(dev)
+        y = torch.from_numpy(ctx.y_train).to(dev)
+        pick = torch.from_numpy(rng(ctx.seed, ctx.round, ctx.client_id, "fisher")
+                                .choice(len(x), min(samples, len(x)), replace=False))
+        new = fisher_diagonal(model, x[pick], y[pick], lambda t: model(t))
+        for k, m in (masks or {}).items():  # FIARSE: no pull on entries outside the mask
+            new[k] = new[k] * torch.from_numpy(m).to(new[k].device)
+        prev = state.get("fisher")
+        state["fisher"] = {k: (gamma * prev[k] if prev else 0) + v.cpu().numpy()
+                           for k, v in new.items()}
+    return fisher, anchor
