@@ -146,7 +146,10 @@ def test_augmented_cohorts_draw_each_clients_own_crops(monkeypatch):
         seen.append(out.clone())
         return out
 
-    monkeypatch.setattr(training, "random_crop_flip", spy)
+    import fedray.methods.drod.cohort as cohort
+
+    monkeypatch.setattr(training, "random_crop_flip", spy)  # the sequential path's
+    monkeypatch.setattr(cohort, "random_crop_flip", spy)
     cfg, data, alg, res = setup(**{"runtime.tiers": SMALL, "algorithm.augment": "true",
                                    "local.max_steps": 2})
     clients = [c for c in range(cfg.clients.num_clients) if cfg.tier_of(c) == "t100"][:4]

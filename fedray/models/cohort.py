@@ -182,11 +182,11 @@ def forward_macs(model: nn.Module, input_shape: Sequence[int]) -> int:
     return total
 
 
-def _schedules(data: Sequence[tuple[np.ndarray, np.ndarray]], clients: Sequence[int], *,
-               epochs: int, batch_size: int, seed: int, round: int, max_steps: int | None,
-               purpose: str) -> tuple[np.ndarray, np.ndarray]:
+def schedules(data: Sequence[tuple[np.ndarray, np.ndarray]], clients: Sequence[int], *,
+              epochs: int, batch_size: int, seed: int, round: int, max_steps: int | None,
+              purpose: str) -> tuple[np.ndarray, np.ndarray]:
     """Every client's batches as (steps, K, B) rows of the clients' concatenated samples
-    (:func:`_concat_inputs`) and a mask; a padded slot points at the zero row at the end."""
+    (:func:`concat_inputs`) and a mask; a padded slot points at the zero row at the end."""
     sched = [list(batches(len(x), batch_size, epochs, seed, round, c, max_steps, purpose))
              for (x, _), c in zip(data, clients, strict=True)]
     offsets = np.cumsum([0] + [len(x) for x, _ in data])
@@ -201,8 +201,8 @@ def _schedules(data: Sequence[tuple[np.ndarray, np.ndarray]], clients: Sequence[
     return idx, mask
 
 
-def _concat_inputs(data: Sequence[tuple[np.ndarray, np.ndarray]], device: str
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def concat_inputs(data: Sequence[tuple[np.ndarray, np.ndarray]], device: str
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """The clients' samples end to end plus one zero row (what padded slots read): memory
     is the sum of the clients' sizes, not K times the largest."""
     x0 = data[0][0]
@@ -258,9 +258,9 @@ def train_cohort(model: nn.Module, data: Sequence[tuple[np.ndarray, np.ndarray]]
     fixed |= dict(model.named_buffers())
     params = [nn.Parameter(named[n].detach().unsqueeze(0).repeat(k, *[1] * named[n].dim()))
               for n in names]
-    idx, mask = _schedules(data, clients, epochs=epochs, batch_size=batch_size, seed=seed,
+    idx, mask = schedules(data, clients, epochs=epochs, batch_size=batch_size, seed=seed,
                            round=round, max_steps=max_steps, purpose=purpose)
-    xs, ys = _concat_inputs(data, device)
+    xs, ys = concat_inputs(data, device)
     bufs, had = _momentum_buffers(optimizer_states if momentum > 0 else None, params, k)
 
     def loss(flat: tuple[torch.Tensor, ...], x: torch.Tensor, y: torch.Tensor,
@@ -279,7 +279,7 @@ def train_cohort(model: nn.Module, data: Sequence[tuple[np.ndarray, np.ndarray]]
             p.grad = g
         if grad_hook is not None:
             grad_hook(params)
-        _sgd_step(params, bufs, torch.from_numpy(active).to(xs.device), lr, momentum,
+        sgd_step(params, bufs, torch.from_numpy(active).to(xs.device), lr, momentum,
                   weight_decay)
         for i, v in enumerate(values.tolist()):
             if active[i]:
@@ -300,8 +300,8 @@ def train_cohort(model: nn.Module, data: Sequence[tuple[np.ndarray, np.ndarray]]
 
 
 @torch.no_grad()
-def _sgd_step(params: list[torch.Tensor], bufs: list[torch.Tensor], active: torch.Tensor,
-              lr: float, momentum: float, weight_decay: float) -> None:
+def sgd_step(params: list[torch.Tensor], bufs: list[torch.Tensor], active: torch.Tensor,
+             lr: float, momentum: float, weight_decay: float) -> None:
     """:class:`~fedray.models.training.SGD`'s step over the stack, for the active clients."""
     for j, p in enumerate(params):
         on = active.view(-1, *[1] * (p.dim() - 1))

@@ -32,6 +32,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from fedray.core.seeding import torch_generator
+from fedray.methods.drod.continual.data import task_of_round
+from fedray.methods.drod.continual.objectives import continual_state, ewc_penalty
+from fedray.methods.drod.selection import od_choices
+from fedray.models.cohort import concat_inputs, masked_mean, schedules, sgd_step
+from fedray.models.training import random_crop_flip
 
 REPLAYING = ("er", "derpp", "bic")
 
@@ -81,6 +89,110 @@ def _used(model: nn.Module, sub: Any, own: Any, exits: tuple[int, ...], kd: bool
     return [g is not None for g in grads]
 
 
+@dataclass
+class _Stack:
+    """The cohort's trainable tensors stacked along a client axis (dim 0), SGD's momentum
+    buffers, and EWC's stacked Fisher and anchor (None without a penalty this round);
+    ``pulled``: which clients have a Fisher (F = 0 for the others: no term, no gradient)."""
+
+    names: list[str]
+    params: list[nn.Parameter]
+    bufs: list[torch.Tensor]
+    fisher: list[torch.Tensor] | None
+    anchor: list[torch.Tensor] | None
+    pulled: torch.Tensor | None
+
+    @classmethod
+    def of(cls, model: nn.Module, ewc: list[tuple[dict | None, dict | None]]) -> _Stack:
+        named = dict(model.named_parameters())
+        names = [n for n, p in named.items() if p.requires_grad]
+        k = len(ewc)
+        params = [nn.Parameter(named[n].detach().unsqueeze(0).repeat(k, *[1] * named[n].dim()))
+                  for n in names]
+        fisher = anchor = pulled = None
+        if any(f is not None for f, _ in ewc):
+            fisher = [torch.stack([f[n] if f is not None else torch.zeros_like(named[n])
+                                   for f, _ in ewc]) for n in names]
+            anchor = [torch.stack([a[n] if a is not None else torch.zeros_like(named[n])
+                                   for _, a in ewc]) for n in names]
+            pulled = torch.tensor([f is not None for f, _ in ewc], device=params[0].device)
+        return cls(names, params, [torch.zeros_like(p) for p in params], fisher, anchor, pulled)
+
+    def rows(self, members: list[int]) -> tuple[tuple[torch.Tensor, ...], tuple]:
+        """The members' parameters and, under EWC, their (Fisher, anchor) stacks."""
+        sub = tuple(p.detach()[members] for p in self.params)
+        if self.fisher is None:
+            return sub, ()
+        return sub, ([f[members] for f in self.fisher], [a[members] for a in self.anchor])
+
+    def step(self, members: list[int], sub: tuple[torch.Tensor, ...], grads: tuple,
+             used: list[bool], keep: dict[int, torch.Tensor], loc: Any) -> None:
+        """SGD on the members' rows, tensor by tensor: a tensor the drawn sub-model reaches
+        moves for every member, one it does not reach only for an EWC-pulled member (the
+        penalty gives every parameter a gradient); FIARSE's masked entries get none."""
+        dev = self.params[0].device
+        every = torch.ones(len(members), dtype=torch.bool, device=dev)
+        pulled = self.pulled[members] if self.pulled is not None else None
+        for j, (p, g) in enumerate(zip(self.params, grads, strict=True)):
+            active = every if used[j] else pulled
+            if active is None or not bool(active.any()):
+                continue
+            if j in keep:
+                g = g * keep[j]
+            moved = nn.Parameter(sub[j].clone())
+            moved.grad = g
+            kept = [self.bufs[j][members]]
+            sgd_step([moved], kept, active, loc.lr, loc.momentum, loc.weight_decay)
+            with torch.no_grad():
+                p[members] = moved.detach()
+            self.bufs[j][members] = kept[0]
+
+
+def distill(student: torch.Tensor, teacher: torch.Tensor, m: torch.Tensor, t: float,
+            alpha: float) -> torch.Tensor:
+    """FjORD's / ScaleFL's self-distillation ``α T² KL(σ(teacher/T) ‖ σ(student/T))``, the
+    teacher detached, averaged over the client's real rows (``m``)."""
+    kl = F.kl_div(F.log_softmax(student / t, 1), F.softmax(teacher.detach() / t, 1),
+                  reduction="none").sum(1)
+    return alpha * t * t * masked_mean(kl, m)
+
+
+def _stepper(method: Any, model: nn.Module, names: list[str], sub: Any, kd: bool,
+             exits: tuple[int, ...], pulled: bool):
+    """``vmap(grad_and_value(loss))`` of one client's step on sub-model ``sub``: the
+    sequential objective of :meth:`Hetero._train <fedray.methods.drod.method.Hetero._train>`
+    (cross-entropy; ScaleFL's exits; FjORD's KD from the tier's own model; EWC's penalty
+    when ``pulled``), averaged over the client's real rows."""
+    hp, cl = method.params, method.cfg.continual
+    wrapped, own = _Exits(model), model.geometry
+    named = dict(model.named_parameters())
+    fixed = {f"net.{n}": b for n, b in model.named_buffers()}
+    fixed |= {f"net.{n}": p.detach() for n, p in named.items() if not p.requires_grad}
+    t, alpha = hp.kd_temperature, hp.kd_alpha
+
+    def loss(flat, x, y, m, *ewc_terms):
+        p = {f"net.{n}": v for n, v in zip(names, flat, strict=True)}
+        outs = [o.float() for o in functional_call(wrapped, (p, fixed), (x, sub, exits))]
+        logits = outs[-1]
+        value = masked_mean(F.cross_entropy(logits, y, reduction="none"), m)
+        for early in outs[:-1]:  # ScaleFL: exits distilled from the final one
+            value = value + (1 - alpha) * masked_mean(
+                F.cross_entropy(early, y, reduction="none"), m) + distill(early, logits, m, t,
+                                                                         alpha)
+        if kd:  # FjORD w/ KD: the tier's largest model teaches
+            t_logits = functional_call(wrapped, (p, fixed), (x, own, ()))[-1].float()
+            value = (1 - alpha) * value + distill(logits, t_logits, m, t, alpha) + \
+                masked_mean(F.cross_entropy(t_logits, y, reduction="none"), m)
+        if pulled:
+            f, a = ewc_terms
+            value = value + cl.ewc_lambda * ewc_penalty(
+                dict(zip(names, flat, strict=True)), dict(zip(names, f, strict=True)),
+                dict(zip(names, a, strict=True)))
+        return value
+
+    return vmap(grad_and_value(loss))
+
+
 def train_tier_cohort(method: Any, contexts: Sequence[Any], model: nn.Module, grid: list,
                       depths: tuple[int, ...], masks: dict[str, np.ndarray],
                       net: dict[str, np.ndarray]) -> list[TierTrained]:
@@ -88,17 +200,8 @@ def train_tier_cohort(method: Any, contexts: Sequence[Any], model: nn.Module, gr
     ``model`` holds (``net``), all at once; one :class:`TierTrained` per client, in order.
     ``grid`` is the rungs a step may draw, ``depths`` the exit depths the tier's model
     carries, ``masks`` FIARSE's (empty otherwise)."""
-    from torch.func import functional_call, grad_and_value, vmap
-
-    from fedray.core.seeding import torch_generator
-    from fedray.methods.drod.continual.data import task_of_round
-    from fedray.methods.drod.continual.objectives import continual_state, ewc_penalty
-    from fedray.methods.drod.selection import od_choices
-    from fedray.models.cohort import _concat_inputs, _schedules, _sgd_step, masked_mean
-    from fedray.models.training import random_crop_flip
-
     hp, loc, cl = method.params, method.cfg.local, method.cfg.continual
-    first, k = contexts[0], len(contexts)
+    first = contexts[0]
     dev, seed, rnd = first.device, first.seed, first.round
     classes = method._tasks(model.arch.num_classes)
     kind = cl.method if classes is not None else "none"
@@ -107,113 +210,52 @@ def train_tier_cohort(method: Any, contexts: Sequence[Any], model: nn.Module, gr
     states = [dict(c.state or {}) for c in contexts]
     ewc = [continual_state(c, model, s, net, masks, kind, task, last, cl.ewc_samples,
                            cl.ewc_gamma) for c, s in zip(contexts, states, strict=True)]
-    own, scalefl = model.geometry, hp.axis == "scalefl"
-    exits = depths if scalefl else ()
-
-    named = dict(model.named_parameters())
-    names = [n for n, p in named.items() if p.requires_grad]
-    params = [nn.Parameter(named[n].detach().unsqueeze(0).repeat(k, *[1] * named[n].dim()))
-              for n in names]
-    bufs = [torch.zeros_like(p) for p in params]
-    keep = {names.index(n): torch.from_numpy(m).to(dev) for n, m in masks.items()}
-    has_ewc = any(f is not None for f, _ in ewc)
-    if has_ewc:  # a client without a Fisher yet is pulled by F = 0: no term, no gradient
-        fisher = [torch.stack([f[n] if f is not None else torch.zeros_like(named[n])
-                               for f, _ in ewc]) for n in names]
-        anchor = [torch.stack([a[n] if a is not None else torch.zeros_like(named[n])
-                               for _, a in ewc]) for n in names]
+    own = model.geometry
+    exits = depths if hp.axis == "scalefl" else ()
+    stack = _Stack.of(model, ewc)
+    keep = {stack.names.index(n): torch.from_numpy(m).to(dev) for n, m in masks.items()}
 
     data = [(c.x_train, c.y_train) for c in contexts]
     clients = [c.client_id for c in contexts]
-    idx, mask = _schedules(data, clients, epochs=loc.epochs, batch_size=loc.batch_size,
-                           seed=seed, round=rnd, max_steps=loc.max_steps, purpose="local")
-    xs, ys = _concat_inputs(data, dev)
-    nsteps = [int((mask[:, i].sum(1) > 0).sum()) for i in range(k)]
+    idx, mask = schedules(data, clients, epochs=loc.epochs, batch_size=loc.batch_size,
+                          seed=seed, round=rnd, max_steps=loc.max_steps, purpose="local")
+    xs, ys = concat_inputs(data, dev)
+    nsteps = [int((mask[:, i].sum(1) > 0).sum()) for i in range(len(contexts))]
     choice = [od_choices(seed, rnd, c, n, len(grid)) for c, n in zip(clients, nsteps,
                                                                       strict=True)]
     augment = hp.augment and xs.dim() == 4
     gens = [torch_generator(seed, rnd, c, "augment") for c in clients] if augment else []
-    wrapped = _Exits(model)
-    fixed = {f"net.{n}": b for n, b in model.named_buffers()}
-    fixed |= {f"net.{n}": p.detach() for n, p in named.items() if not p.requires_grad}
-
-    def distill(student: torch.Tensor, teacher: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        t = hp.kd_temperature
-        kl = F.kl_div(F.log_softmax(student / t, 1), F.softmax(teacher.detach() / t, 1),
-                      reduction="none").sum(1)
-        return hp.kd_alpha * t * t * masked_mean(kl, m)
-
-    def loss_of(sub: Any, kd: bool, pulled: bool):
-        def loss(flat, x, y, m, *ewc_terms):
-            p = {f"net.{n}": v for n, v in zip(names, flat, strict=True)}
-            outs = [o.float() for o in functional_call(wrapped, (p, fixed), (x, sub, exits))]
-            logits = outs[-1]
-            value = masked_mean(F.cross_entropy(logits, y, reduction="none"), m)
-            for early in outs[:-1]:  # ScaleFL: exits distilled from the final one
-                value = value + (1 - hp.kd_alpha) * masked_mean(
-                    F.cross_entropy(early, y, reduction="none"), m) + distill(early, logits, m)
-            if kd:  # FjORD w/ KD: the tier's largest model teaches
-                t_logits = functional_call(wrapped, (p, fixed), (x, own, ()))[-1].float()
-                value = (1 - hp.kd_alpha) * value + distill(logits, t_logits, m) + \
-                    masked_mean(F.cross_entropy(t_logits, y, reduction="none"), m)
-            if pulled:
-                f, a = ewc_terms
-                value = value + cl.ewc_lambda * ewc_penalty(
-                    dict(zip(names, flat, strict=True)), dict(zip(names, f, strict=True)),
-                    dict(zip(names, a, strict=True)))
-            return value
-        return vmap(grad_and_value(loss))
-
     steppers: dict = {}
-    used: dict = {}
-    totals, ratios = [0.0] * k, [0.0] * k
-    shape = tuple(xs.shape[1:])
+    totals, ratios = [0.0] * len(contexts), [0.0] * len(contexts)
     model.train()
     for t in range(len(idx)):
         groups: dict[int, list[int]] = {}
-        for i in range(k):
-            if t < nsteps[i]:
+        for i, n in enumerate(nsteps):
+            if t < n:
                 groups.setdefault(int(choice[i][t]), []).append(i)
-        for r, members in sorted(groups.items()):
+        for r, members in sorted(groups.items()):  # the clients that drew rung r
             sub = grid[r].geometry
             kd = hp.kd and sub != own
             if (r, kd) not in steppers:
-                steppers[r, kd] = (loss_of(sub, kd, False), loss_of(sub, kd, True))
-                used[r, kd] = _used(model, sub, own, exits, kd, shape)
-            rows = torch.as_tensor(members, device=dev)
+                steppers[r, kd] = (_stepper(method, model, stack.names, sub, kd, exits,
+                                            stack.fisher is not None),
+                                   _used(model, sub, own, exits, kd, tuple(xs.shape[1:])))
+            stepper, used = steppers[r, kd]
             it = torch.from_numpy(idx[t, members]).to(dev)
-            mt = torch.from_numpy(mask[t, members]).to(dev)
             x = xs[it]
             if augment:  # each client's own draws on its own (unpadded) batch
                 x = torch.stack([torch.cat([random_crop_flip(x[j, :n], gens[i]), x[j, n:]])
                                  for j, (i, n) in enumerate(
                                      (i, int(mask[t, i].sum())) for i in members)])
-            sub_params = [p.detach()[rows] for p in params]
-            extra = ([f[rows] for f in fisher], [a[rows] for a in anchor]) if has_ewc else ()
-            grads, values = steppers[r, kd][bool(has_ewc)](tuple(sub_params), x, ys[it], mt,
-                                                            *extra)
-            on = list(used[r, kd])
-            if has_ewc:  # a Fisher-pulled client's every parameter has a gradient
-                pulled = torch.tensor([ewc[i][0] is not None for i in members], device=dev)
-            for j, (p, g) in enumerate(zip(params, grads, strict=True)):
-                active = torch.ones(len(members), dtype=torch.bool, device=dev) if on[j] \
-                    else (pulled if has_ewc else None)
-                if active is None or not bool(active.any()):
-                    continue
-                if j in keep:  # FIARSE: masked entries are not in the sub-model
-                    g = g * keep[j]
-                moved = nn.Parameter(sub_params[j].clone())
-                moved.grad = g
-                kept = [bufs[j][rows]]
-                _sgd_step([moved], kept, active, loc.lr, loc.momentum, loc.weight_decay)
-                with torch.no_grad():
-                    p[rows] = moved.detach()
-                bufs[j][rows] = kept[0]
+            sub_params, extra = stack.rows(members)
+            grads, values = stepper(sub_params, x, ys[it],
+                                    torch.from_numpy(mask[t, members]).to(dev), *extra)
+            stack.step(members, sub_params, grads, used, keep, loc)
             for j, i in enumerate(members):
                 totals[i] += float(values[j])
                 ratios[i] += grid[r].param_ratio
-    return _results(method, model, names, params, contexts, states, nsteps, totals, ratios,
-                    masks, task)
+    return _results(method, model, stack.names, stack.params, contexts, states, nsteps,
+                    totals, ratios, masks, task)
 
 
 def _results(method: Any, model: nn.Module, names: list[str], params: list[torch.Tensor],

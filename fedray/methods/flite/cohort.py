@@ -16,7 +16,7 @@ The latents are stacked (K, D) and each local step
 3. steps :class:`fedray.models.cohort.StackedAdam` with FLITE's weight decay and latent
    clip, per client (the clip over that client's whole latent).
 
-Each client takes exactly its sequential batches (:func:`fedray.models.cohort._schedules`:
+Each client takes exactly its sequential batches (:func:`fedray.models.cohort.schedules`:
 the permutations from (seed, round, client, purpose), ``max_steps``, the last short batch,
 padded and masked); a client whose schedule has ended (or never began) is frozen: no step,
 no moments, no weight decay. What is equal: each client's trained latent and metrics are
@@ -35,10 +35,10 @@ import torch.nn.functional as F
 
 from fedray.models.cohort import (
     StackedAdam,
-    _concat_inputs,
-    _schedules,
+    concat_inputs,
     forward_problems,
     masked_mean,
+    schedules,
 )
 
 AUTO_SHARE = 1 / 20
@@ -88,9 +88,9 @@ def train_latents(mapping: Any, start: np.ndarray, data: Sequence[tuple[np.ndarr
     z = torch.as_tensor(np.asarray(start, np.float32), device=device)
     z = z.unsqueeze(0).repeat(k, 1).requires_grad_(True)
     opt = StackedAdam([z], k, lr, weight_decay=weight_decay, clip=clip)
-    idx, mask = _schedules(data, clients, epochs=epochs, batch_size=batch_size, seed=seed,
+    idx, mask = schedules(data, clients, epochs=epochs, batch_size=batch_size, seed=seed,
                            round=round, max_steps=max_steps, purpose=purpose)
-    xs, ys = _concat_inputs(data, device)
+    xs, ys = concat_inputs(data, device)
 
     def loss(weights: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
              m: torch.Tensor) -> torch.Tensor:
