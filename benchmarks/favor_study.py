@@ -59,6 +59,35 @@ PAPER4 = {"global_asce": (0.161, 0.140, 0.818, 0.728), "ditto_asce": (0.318, 0.2
           "favor_no_asce": (0.377, 0.331, 0.814, 0.767), "favor": (0.403, 0.365, 0.815, 0.771)}
 
 
+def prep_fingerprint(cache: str | Path) -> str:
+    """What the rows of a run were computed on: the SHA-256 (first 16 hex) of the prepared
+    base LM's and ASCE's weight and tokenizer files under ``cache``. Two preparations of the
+    same key are bitwise equal on one machine (1 or 2 threads alike) but not across the
+    machines of different sessions: 600 steps of LM training amplify another CPU's kernel
+    rounding, and three preparations gave three LMs (global next-token accuracy 0.636 /
+    0.643, SemSim 0.37 / 0.47), so rows from different preparations must not be averaged."""
+    import hashlib
+
+    h = hashlib.sha256()
+    root = Path(cache)
+    for sub in ("base_lm", "asce"):
+        for f in sorted((root / sub).glob("*")):
+            if f.suffix in (".safetensors", ".pt") or f.name == "tokenizer.json":
+                h.update(f"{sub}/{f.name}".encode())
+                h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def one_preparation(rows: list[dict]) -> None:
+    """Refuse (one line) to aggregate rows that name different preparations; rows from
+    before the fingerprint was recorded (no ``prep``) are taken as they are."""
+    preps = sorted({r["prep"] for r in rows if r.get("prep")})
+    if len(preps) > 1:
+        raise SystemExit(f"rows from {len(preps)} different preparations ({', '.join(preps)})"
+                         f": the corpus/base LM/ASCE differ, so their seeds cannot be "
+                         f"averaged; re-run every row on one --run-root cache")
+
+
 def mean_sd(values: list[float]) -> str:
     v = np.asarray([x for x in values if x is not None and np.isfinite(x)], float)
     if not len(v):
@@ -67,6 +96,7 @@ def mean_sd(values: list[float]) -> str:
 
 
 def tables(rows: list[dict], methods: list[str], chance: float) -> str:
+    one_preparation(rows)
     by = {m: [r for r in rows if r["method"] == m] for m in methods}
 
     def col(m, key):
@@ -103,6 +133,7 @@ def lambda_table(rows: list[dict], lambdas: list[float], reference: list[str],
                  chance: float) -> str:
     """The λ_align sweep aggregated over seeds: one row per λ (FAVoR), then the reference
     methods; mean ± sample sd over the seeds that have the row."""
+    one_preparation(rows)
     keys = [("author_accuracy", "Author Acc. ↑"), ("macro_f1", "Macro-F1 ↑"),
             ("gen_gen_auc", "Verif. AUC ↑"), ("gen_gen_eer", "EER ↓"),
             ("stylo_gen_source_auc", "Stylometric gen→source AUC ↑"),
@@ -155,7 +186,8 @@ def lambda_sweep(args: argparse.Namespace) -> None:
         for r in result["rows"]:
             if method == "favor":  # authors that deploy the global adapter, never trained
                 r.setdefault("never_sampled", args.authors - r["personalized_clients"])
-            rows.append({**r, "seed": seed, "lambda_align": lam})
+            rows.append({**r, "seed": seed, "lambda_align": lam,
+                         "prep": prep_fingerprint(f"{args.run_root}/cache")})
         path.write_text(json.dumps({"args": vars(args), "seconds": seconds, "rows": rows},
                                    indent=1, default=str))
         out.with_suffix(".md").write_text(
@@ -205,7 +237,8 @@ def main() -> None:
             argv += ["--set", s]
         result = favor_blogtext.main(argv)
         seconds[seed] = round(time.time() - t0, 1)
-        rows += [{**r, "seed": seed} for r in result["rows"]]
+        prep = prep_fingerprint(f"{args.run_root}/cache")
+        rows += [{**r, "seed": seed, "prep": prep} for r in result["rows"]]
         out.with_suffix(".json").write_text(json.dumps(
             {"args": vars(args), "seconds": seconds, "rows": rows}, indent=1, default=str))
         print(f"seed {seed} done in {seconds[seed]:.0f}s", flush=True)

@@ -51,3 +51,32 @@ def test_lambda_table_aggregates_each_lambda_over_seeds_with_the_reference_last(
     assert body[1].endswith("| 18 / 20 | 10, 11 | 0, 1 |")
     assert body[2].split(" | ")[2] == "0.500" and body[2].endswith("| 12 | 0 |")
     assert body[3].split(" | ")[2] == "0.040 ± 0.014" and body[3].endswith("| – | 0, 1 |")
+
+
+def test_rows_of_two_preparations_are_not_averaged(tmp_path):
+    """A seed run on another preparation (other base LM or ASCE bits) is refused in one
+    line; rows without a fingerprint (older files) pass; the fingerprint reads the bits."""
+    import pytest
+    from favor_study import prep_fingerprint
+
+    for sub, name in (("base_lm", "model.safetensors"), ("asce", "asce.pt")):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / name).write_bytes(b"weights")
+    (tmp_path / "base_lm" / "config.json").write_text("{}")
+    a = prep_fingerprint(tmp_path)
+    (tmp_path / "base_lm" / "config.json").write_text('{"transformers_version": "x"}')
+    assert prep_fingerprint(tmp_path) == a  # configs are not the bits
+    (tmp_path / "asce" / "asce.pt").write_bytes(b"other weights")
+    b = prep_fingerprint(tmp_path)
+    assert b != a and len(a) == 16
+
+    def row(seed, prep):
+        return {"method": "favor", "seed": seed, "author_accuracy": 0.1, "kept": 9,
+                "generations": 10, "prep": prep}
+
+    assert "| FAVoR | 0.100 ± 0.000 |" in tables([row(0, a), row(1, a), row(2, None)],
+                                                ["favor"], 0.02)
+    with pytest.raises(SystemExit) as e:
+        tables([row(0, a), row(1, b)], ["favor"], 0.02)
+    assert "2 different preparations" in str(e.value) and "\n" not in str(e.value)
+
