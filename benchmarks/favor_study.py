@@ -63,9 +63,10 @@ def prep_fingerprint(cache: str | Path) -> str:
     """What the rows of a run were computed on: the SHA-256 (first 16 hex) of the prepared
     base LM's and ASCE's weight and tokenizer files under ``cache``. Two preparations of the
     same key are bitwise equal on one machine (1 or 2 threads alike) but not across the
-    machines of different sessions: 600 steps of LM training amplify another CPU's kernel
-    rounding, and three preparations gave three LMs (global next-token accuracy 0.636 /
-    0.643, SemSim 0.37 / 0.47), so rows from different preparations must not be averaged."""
+    machines of different sessions (most likely 600 steps of LM training amplifying another
+    CPU's kernel rounding), and three preparations gave three LMs (global next-token
+    accuracy 0.636 / 0.643, SemSim 0.37 / 0.47), so rows from different preparations must
+    not be averaged."""
     import hashlib
 
     h = hashlib.sha256()
