@@ -813,7 +813,7 @@ def resolve_server(server: Any, method: type) -> dict[str, Any]:
                           f"{own} for {method.name} (its server optimizer is fixed; "
                           f"algorithm.name=fedavg takes any: " + ", ".join(sorted(OPTIMIZERS))
                           + ")")
-    if chosen is not None and chosen not in OPTIMIZERS:
+    if chosen is not None and (not isinstance(chosen, str) or chosen not in OPTIMIZERS):
         raise ConfigError("server.optimizer", chosen, "one of " + ", ".join(sorted(OPTIMIZERS)))
     if rest and chosen is None and free:
         key = next(iter(rest))

@@ -174,6 +174,8 @@ CAPABILITIES = {
     "server_optimizer": "any server optimizer (server.optimizer: sgd, momentum, adam, yogi, "
                         "adagrad) applies its pseudo-gradient",
     "vectorizable": "a cohort of clients runs as one batched computation",
+    "robust": "a Byzantine-robust rule (robust.rule) aggregates its updates in place of the "
+              "weighted mean",
 }
 
 

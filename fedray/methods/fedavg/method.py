@@ -81,7 +81,7 @@ class FedAvg(Algorithm):
     name = "fedavg"
     Params = FedAvgParams
     capabilities = frozenset({"dp", "dp_sgd", "transforms", "linear", "client_state",
-                              "server_optimizer", "vectorizable"})
+                              "server_optimizer", "vectorizable", "robust"})
     server_optimizer = "sgd"
 
     @classmethod
@@ -287,4 +287,6 @@ class FedAvg(Algorithm):
         return evaluate(ctx.resident, ctx.x_test, ctx.y_test, ctx.device)
 
     def make_policy(self) -> AggregationPolicy:
-        return FedAvgPolicy(self.make_optimizer(), self.params.weighted)
+        from fedray.methods.robust import robust_rule
+
+        return FedAvgPolicy(self.make_optimizer(), self.params.weighted, robust_rule(self.cfg))

@@ -6,6 +6,8 @@ on which executor produced which update), handed to the run's server optimizer
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from fedray.methods.base import AggregationPolicy, State
@@ -32,18 +34,31 @@ class FedAvgPolicy(AggregationPolicy):
     and as deterministic (the executors' groups and their order do not depend on how many
     executors there are)."""
 
-    def __init__(self, optimizer: ServerOptimizer | None = None, weighted: bool = True):
+    def __init__(self, optimizer: ServerOptimizer | None = None, weighted: bool = True,
+                 robust: Any = None):
         self.optimizer = optimizer if optimizer is not None else SGD.of()
         self.weighted = weighted
+        self.robust = robust  # a RobustRule (robust.rule): its aggregate replaces the mean
 
     def weight(self, num_samples: int) -> float:
         return float(num_samples) if self.weighted else 1.0
 
     def aggregate(self, global_state, updates, round):
-        return self.step(global_state, weighted_mean(updates, self.weighted))
+        if self.robust is None:
+            return self.step(global_state, weighted_mean(updates, self.weighted))
+        mean, metrics = self.robust.combine(updates, self.weighted)
+        new, stepped = self.step(global_state, mean)
+        return new, {**stepped, **metrics}
 
     def aggregate_sum(self, global_state, total, weight, round):
         return self.step(global_state, {k: v / weight for k, v in total.items()})
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"robust": self.robust.state_dict()} if self.robust is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.robust is not None and "robust" in state:
+            self.robust.load_state_dict(state["robust"])
 
     def step(self, global_state: State, mean: State) -> tuple[State, dict[str, float]]:
         """The server optimizer's step from the pseudo-gradient ``mean``."""

@@ -153,7 +153,7 @@ class FedBuff(FedAvg):
 
     name = "fedbuff"
     Params = FedBuffParams
-    capabilities = frozenset(FedAvg.capabilities - {"linear", "vectorizable"}
+    capabilities = frozenset(FedAvg.capabilities - {"linear", "vectorizable", "robust"}
                              | {"asynchronous"})
 
     @classmethod
@@ -176,7 +176,8 @@ class FedAsync(FedAvg):
     Params = FedAsyncParams
     renamed_keys = {"alpha": "mixing"}
     # every upload is mixed in with its own staleness weight: no server optimizer
-    capabilities = frozenset(FedAvg.capabilities - {"linear", "server_optimizer", "vectorizable"}
+    capabilities = frozenset(FedAvg.capabilities - {"linear", "server_optimizer", "vectorizable",
+                                                     "robust"}
                              | {"asynchronous"})
     server_optimizer = None
 

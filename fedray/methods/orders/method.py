@@ -33,7 +33,7 @@ class Orders(FedAvg):
     Params = OrdersParams
     renamed_keys = {"alpha": "offset"}
     # every upload is ranked: not linear
-    capabilities = frozenset(FedAvg.capabilities - {"linear"})
+    capabilities = frozenset(FedAvg.capabilities - {"linear", "robust"})
 
     @classmethod
     def sweep_preset(cls, cfg: Any) -> dict[str, dict]:

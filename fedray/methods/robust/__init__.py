@@ -1,0 +1,21 @@
+"""Byzantine-robust aggregation for the FedAvg family (issue #30): the rules as free
+functions (:mod:`fedray.methods.robust.rules`), the ``robust`` config section and
+:class:`RobustRule`, which :class:`fedray.methods.fedavg.policy.FedAvgPolicy` applies in
+place of the weighted mean."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedray.methods.robust import rules
+from fedray.methods.robust.section import RobustConfig, RobustRule
+
+__all__ = ["RobustConfig", "RobustRule", "robust_rule", "rules"]
+
+
+def robust_rule(cfg: Any) -> RobustRule | None:
+    """The run's robust rule (None: the plain weighted mean)."""
+    section = getattr(cfg, "robust", None)
+    if section is None or section.rule == "none":
+        return None
+    return RobustRule(section)
