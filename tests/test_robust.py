@@ -97,6 +97,21 @@ def test_the_rule_object_keeps_tensor_shapes_and_reports_each_client():
     assert metrics["per_client"][3] == {"robust_kept": 1.0}
 
 
+def test_a_round_with_too_few_reporters_is_skipped_not_fudged():
+    """A fleet can leave fewer reporters than the rule needs: the model and the server
+    optimizer stay, the round says so, every reporter's weight is 0."""
+    from fedray.methods.fedavg.policy import FedAvgPolicy
+
+    policy = FedAvgPolicy(robust=RobustRule(RobustConfig(rule="krum", f=1)))
+    g = {"w": np.zeros(2, np.float32)}
+    ups = [(c, 5, {"w": np.full(2, c, np.float32)}) for c in range(4)]  # 4 <= 2f + 2
+    new, metrics = policy.aggregate(g, ups, 1)
+    assert new is g and metrics["robust_skipped"] == 1.0
+    assert metrics["per_client"] == {c: {"robust_kept": 0.0} for c in range(4)}
+    new, metrics = policy.aggregate(g, [*ups, (4, 5, {"w": np.full(2, 1.5, np.float32)})], 1)
+    assert metrics["robust_skipped"] == 0.0 and np.allclose(new["w"], 1.5)
+
+
 def cfg_of(*extra):
     return load_config(None, ["clients.num_clients=6", "clients.per_round=5", *extra])
 

@@ -47,6 +47,8 @@ class FedAvgPolicy(AggregationPolicy):
         if self.robust is None:
             return self.step(global_state, weighted_mean(updates, self.weighted))
         mean, metrics = self.robust.combine(updates, self.weighted)
+        if mean is None:  # too few reporters for the rule's assumption: the round is skipped
+            return global_state, metrics
         new, stepped = self.step(global_state, mean)
         return new, {**stepped, **metrics}
 

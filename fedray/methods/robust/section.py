@@ -73,12 +73,19 @@ class RobustRule:
         self.previous: np.ndarray | None = None
 
     def combine(self, updates: list[tuple[int, int, State]], weighted: bool
-                ) -> tuple[State, dict[str, Any]]:
+                ) -> tuple[State | None, dict[str, Any]]:
+        """(aggregate, metrics); (None, metrics) when fewer updates reported than the rule
+        needs (a fleet's dropouts, deadlines or availability): the round is skipped — the
+        model and the server optimizer stay as they are, ``robust_skipped`` says so and
+        every reporter's ``robust_kept`` is 0."""
+        c = self.cfg
+        if rules.requirement(c.rule, len(updates), c.f, c.trim, c.m):
+            return None, {"robust_skipped": 1.0, "robust_excluded": float(len(updates)),
+                          "per_client": {cid: {"robust_kept": 0.0} for cid, _, _ in updates}}
         names = list(updates[0][2])
         shapes = [np.shape(updates[0][2][k]) for k in names]
         x = np.stack([np.concatenate([np.asarray(d[k], np.float64).ravel() for k in names])
                       for _, _, d in updates])
-        c = self.cfg
         if c.rule == "median":
             out = rules.median(x)
         elif c.rule == "trimmed_mean":
@@ -102,7 +109,7 @@ class RobustRule:
             size = int(np.prod(shape))
             state[k] = out.aggregate[at:at + size].reshape(shape)
             at += size
-        metrics = {"robust_excluded": float((out.kept == 0).sum()),
+        metrics = {"robust_skipped": 0.0, "robust_excluded": float((out.kept == 0).sum()),
                    "robust_kept_mean": float(out.kept.mean()),
                    "per_client": {cid: {"robust_kept": float(k)}
                                   for (cid, _, _), k in zip(updates, out.kept, strict=True)}}
