@@ -73,14 +73,21 @@ def _check(rule: str, x: np.ndarray, f: int, trim: float = 0.0, m: int | None = 
         raise ValueError(f"robust.rule={rule} needs {why}")
 
 
-def krum_scores(x: np.ndarray, f: int) -> np.ndarray:
-    """Each row's sum of squared distances to its max(1, n − f − 2) nearest other rows (the
-    max only matters inside Bulyan, whose last Krum rounds see fewer rows: Flower's
-    convention)."""
+def distances(x: np.ndarray) -> np.ndarray:
+    """The rows' squared pairwise distances, the diagonal +inf (a row is not its own
+    neighbour)."""
     sq = (x * x).sum(1)
     dist = np.maximum(sq[:, None] + sq[None, :] - 2 * x @ x.T, 0.0)
     np.fill_diagonal(dist, np.inf)
-    k = max(1, len(x) - f - 2)
+    return dist
+
+
+def krum_scores(x: np.ndarray, f: int, dist: np.ndarray | None = None) -> np.ndarray:
+    """Each row's sum of squared distances to its max(1, n − f − 2) nearest other rows (the
+    max only matters inside Bulyan, whose last Krum rounds see fewer rows: Flower's
+    convention); ``dist``: the rows' :func:`distances`, when already computed."""
+    dist = distances(x) if dist is None else dist
+    k = max(1, len(dist) - f - 2)
     return np.sort(dist, axis=1)[:, :k].sum(1)
 
 
@@ -125,8 +132,11 @@ def bulyan(x: np.ndarray, f: int) -> Robust:
     n = len(x)
     left = list(range(n))
     chosen = []
+    dist = distances(x)  # once: Krum among those left reads its sub-matrix
     for _ in range(n - 2 * f):
-        best = left[int(np.argmin(krum_scores(x[left], f)))] if len(left) > 1 else left[0]
+        sub = dist[np.ix_(left, left)]
+        best = left[int(np.argmin(krum_scores(x, f, sub)))] if len(left) > 1 \
+            else left[0]
         chosen.append(best)
         left.remove(best)
     sel = x[sorted(chosen)]
