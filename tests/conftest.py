@@ -72,6 +72,21 @@ def full_and_resumed(cfg, tmp_path, stop_after: int = 2):
     return full, run_experiment(cfg, str(tmp_path / "cut"), resume=True, progress=False)
 
 
+def flower_process(python, script: str, *args: str, pythonpath: str | None = None):
+    """Run ``tests/SCRIPT ARGS`` with ``.venv-flower``'s ``python`` (Flower pins its own Ray):
+    never joining this session's Ray, fedray's sources on the path only when ``pythonpath``
+    says so, Flower's telemetry off. Returns the finished ``subprocess.CompletedProcess``."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
+    env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    return subprocess.run([str(python), os.path.join(root, "tests", script), *args], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
 def job_process(ray, script: str, *args: str, timeout: int = 600):
     """Run ``jobs/SCRIPT ARGS`` against the session's Ray (as a submitted job would join it);
     returns the finished ``subprocess.CompletedProcess`` (text stdout/stderr)."""

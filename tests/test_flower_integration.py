@@ -8,12 +8,11 @@ made by ``benchmarks/setup_flower_venv.sh`` when missing) as a subprocess runnin
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import flower_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,11 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.flower
 @pytest.mark.timeout(3600)
 def test_orders_strategy_in_flower_simulation(flower_python):
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env["PYTHONPATH"] = str(ROOT)
-    env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-    proc = subprocess.run([str(flower_python), str(ROOT / "tests" / "flower_orders_run.py")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = flower_process(flower_python, "flower_orders_run.py", pythonpath=str(ROOT))
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-8000:])
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]

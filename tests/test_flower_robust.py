@@ -11,16 +11,12 @@ ties: Flower's tie order is numpy's argsort/argpartition)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-from pathlib import Path
-
 import numpy as np
 import pytest
+from conftest import flower_process
 
 from fedray.methods.robust import rules
 
-ROOT = Path(__file__).resolve().parents[1]
 SHAPES = [(4, 3), (5,)]
 N, F, M, TRIM = 11, 2, 6, 0.2
 
@@ -39,11 +35,8 @@ def rows(data):
 
 def flower_run(flower_python, tmp_path, data) -> dict:
     np.savez(tmp_path / "in.npz", **data)
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")}
-    env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-    proc = subprocess.run([str(flower_python), str(ROOT / "tests" / "flower_robust_run.py"),
-                           str(tmp_path / "in.npz"), str(tmp_path / "out.npz")], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = flower_process(flower_python, "flower_robust_run.py", str(tmp_path / "in.npz"),
+                          str(tmp_path / "out.npz"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = np.load(tmp_path / "out.npz")
     return {rule: np.concatenate([out[f"{rule}/{i}"].ravel() for i in range(len(SHAPES))])

@@ -12,17 +12,13 @@ last assertion shows."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-from pathlib import Path
-
 import numpy as np
 import pytest
+from conftest import flower_process
 
 from fedray.methods.fedavg.policy import FedAvgPolicy
 from fedray.services.server_opt import SGD, Adagrad, Adam, Momentum, Yogi
 
-ROOT = Path(__file__).resolve().parents[1]
 SHAPES = [(4, 3), (3,), (2, 2, 2)]
 ROUNDS, CLIENTS = 6, 5
 
@@ -64,11 +60,8 @@ def fedray_run(data: dict[str, np.ndarray], make) -> list[dict[str, np.ndarray]]
 def test_server_optimizers_agree_with_flower(flower_python, tmp_path):
     data = inputs()
     np.savez(tmp_path / "in.npz", **data)
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")}
-    env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-    proc = subprocess.run([str(flower_python), str(ROOT / "tests" / "flower_server_opt_run.py"),
-                           str(tmp_path / "in.npz"), str(tmp_path / "out.npz")], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = flower_process(flower_python, "flower_server_opt_run.py", str(tmp_path / "in.npz"),
+                          str(tmp_path / "out.npz"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     flower = np.load(tmp_path / "out.npz")
     worst = {}
