@@ -32,6 +32,8 @@ from statistics import NormalDist
 
 import numpy as np
 
+from fedray.methods.robust.rules import squared_distances
+
 DIRECTIONS = ("unit", "std", "sign")
 
 
@@ -87,19 +89,14 @@ def _search(benign: np.ndarray, p: np.ndarray, fits) -> np.ndarray:
     return mu + best * p
 
 
-def _pairwise(benign: np.ndarray) -> np.ndarray:
-    sq = (benign * benign).sum(1)
-    return np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2 * benign @ benign.T, 0.0))
-
-
 def min_max(benign: np.ndarray, kind: str = "unit") -> np.ndarray:
-    limit = _pairwise(benign).max()
+    limit = np.sqrt(squared_distances(benign)).max()
     return _search(benign, direction(benign, kind),
                    lambda v: np.linalg.norm(benign - v, axis=1).max() <= limit)
 
 
 def min_sum(benign: np.ndarray, kind: str = "unit") -> np.ndarray:
-    limit = (_pairwise(benign) ** 2).sum(1).max()
+    limit = squared_distances(benign).sum(1).max()
     return _search(benign, direction(benign, kind),
                    lambda v: (np.linalg.norm(benign - v, axis=1) ** 2).sum() <= limit)
 

@@ -52,41 +52,40 @@ class Robust:
 
 
 def requirement(rule: str, n: int, f: int, trim: float = 0.0, m: int | None = None
-                ) -> str | None:
-    """What ``rule`` needs of n updates with f assumed malicious (None: it holds)."""
+                ) -> tuple[str, str] | None:
+    """What ``rule`` needs of n updates with f assumed malicious, as (the knob that breaks
+    it: ``f``, ``m`` or ``trim``; the rule in words), or None: it holds."""
     if rule in ("krum", "multi_krum") and not n > 2 * f + 2:
-        return f"n > 2f + 2 updates per round (n = {n}, f = {f})"
+        return "f", f"n > 2f + 2 updates per round (n = {n}, f = {f})"
     if rule == "multi_krum" and m is not None and not 1 <= m <= n - f:
-        return f"1 <= m <= n - f (m = {m}, n = {n}, f = {f})"
+        return "m", f"1 <= m <= n - f (m = {m}, n = {n}, f = {f})"
     if rule == "bulyan" and not n >= 4 * f + 3:
-        return f"n >= 4f + 3 updates per round (n = {n}, f = {f})"
+        return "f", f"n >= 4f + 3 updates per round (n = {n}, f = {f})"
     if rule == "trimmed_mean" and not 2 * int(np.floor(trim * n)) < n:
-        return f"2 floor(trim * n) < n (trim = {trim}, n = {n})"
+        return "trim", f"2 floor(trim * n) < n (trim = {trim}, n = {n})"
     if rule == "median" and n < 1:
-        return "at least one update"
+        return "f", "at least one update"
     return None
 
 
 def _check(rule: str, x: np.ndarray, f: int, trim: float = 0.0, m: int | None = None) -> None:
     why = requirement(rule, len(x), f, trim, m)
     if why:
-        raise ValueError(f"robust.rule={rule} needs {why}")
+        raise ValueError(f"robust.rule={rule} needs {why[1]}")
 
 
-def distances(x: np.ndarray) -> np.ndarray:
-    """The rows' squared pairwise distances, the diagonal +inf (a row is not its own
-    neighbour)."""
+def squared_distances(x: np.ndarray) -> np.ndarray:
+    """The rows' squared pairwise L2 distances (n × n, from the Gram matrix)."""
     sq = (x * x).sum(1)
-    dist = np.maximum(sq[:, None] + sq[None, :] - 2 * x @ x.T, 0.0)
-    np.fill_diagonal(dist, np.inf)
-    return dist
+    return np.maximum(sq[:, None] + sq[None, :] - 2 * x @ x.T, 0.0)
 
 
-def krum_scores(x: np.ndarray, f: int, dist: np.ndarray | None = None) -> np.ndarray:
-    """Each row's sum of squared distances to its max(1, n − f − 2) nearest other rows (the
-    max only matters inside Bulyan, whose last Krum rounds see fewer rows: Flower's
-    convention); ``dist``: the rows' :func:`distances`, when already computed."""
-    dist = distances(x) if dist is None else dist
+def krum_scores(dist: np.ndarray, f: int) -> np.ndarray:
+    """From the rows' :func:`squared_distances`, each row's sum of them to its
+    max(1, n − f − 2) nearest other rows (the max only matters inside Bulyan, whose last
+    Krum rounds see fewer rows: Flower's convention)."""
+    dist = dist.copy()
+    np.fill_diagonal(dist, np.inf)  # a row is not its own neighbour
     k = max(1, len(dist) - f - 2)
     return np.sort(dist, axis=1)[:, :k].sum(1)
 
@@ -95,7 +94,7 @@ def multi_krum(x: np.ndarray, f: int, m: int | None = None) -> Robust:
     """The mean of the m rows of lowest Krum score (m = 1: Krum; default n − f)."""
     m = len(x) - f if m is None else m
     _check("multi_krum", x, f, m=m)
-    chosen = np.argsort(krum_scores(x, f), kind="stable")[:m]
+    chosen = np.argsort(krum_scores(squared_distances(x), f), kind="stable")[:m]
     kept = np.zeros(len(x))
     kept[chosen] = len(x) / m
     return Robust(x[np.sort(chosen)].mean(0), np.minimum(kept, 1.0))
@@ -132,11 +131,10 @@ def bulyan(x: np.ndarray, f: int) -> Robust:
     n = len(x)
     left = list(range(n))
     chosen = []
-    dist = distances(x)  # once: Krum among those left reads its sub-matrix
+    dist = squared_distances(x)  # once: Krum among those left reads its sub-matrix
     for _ in range(n - 2 * f):
-        sub = dist[np.ix_(left, left)]
-        best = left[int(np.argmin(krum_scores(x, f, sub)))] if len(left) > 1 \
-            else left[0]
+        best = left[int(np.argmin(krum_scores(dist[np.ix_(left, left)], f)))] \
+            if len(left) > 1 else left[0]
         chosen.append(best)
         left.remove(best)
     sel = x[sorted(chosen)]

@@ -55,10 +55,9 @@ class RobustConfig:
         n = cfg.clients.sampled_count()
         why = rules.requirement(self.rule, n, self.f, self.trim, self.m)
         if why:
-            field = "robust.m" if "m =" in why else "robust.trim" if "trim" in why \
-                else "robust.f"
-            raise ConfigError(field, getattr(self, field.split(".")[1]),
-                              f"robust.rule={self.rule} needs {why}; clients sampled per "
+            knob, text = why
+            raise ConfigError(f"robust.{knob}", getattr(self, knob),
+                              f"robust.rule={self.rule} needs {text}; clients sampled per "
                               f"round: {n}")
 
 
