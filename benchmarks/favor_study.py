@@ -184,11 +184,11 @@ def lambda_sweep(args: argparse.Namespace) -> None:
             argv += ["--set", s]
         result = favor_blogtext.main(argv)
         seconds[tag] = round(time.time() - t0, 1)
+        prep = prep_fingerprint(f"{args.run_root}/cache")
         for r in result["rows"]:
             if method == "favor":  # authors that deploy the global adapter, never trained
                 r.setdefault("never_sampled", args.authors - r["personalized_clients"])
-            rows.append({**r, "seed": seed, "lambda_align": lam,
-                         "prep": prep_fingerprint(f"{args.run_root}/cache")})
+            rows.append({**r, "seed": seed, "lambda_align": lam, "prep": prep})
         path.write_text(json.dumps({"args": vars(args), "seconds": seconds, "rows": rows},
                                    indent=1, default=str))
         out.with_suffix(".md").write_text(

@@ -259,7 +259,7 @@ def train_cohort(model: nn.Module, data: Sequence[tuple[np.ndarray, np.ndarray]]
     params = [nn.Parameter(named[n].detach().unsqueeze(0).repeat(k, *[1] * named[n].dim()))
               for n in names]
     idx, mask = schedules(data, clients, epochs=epochs, batch_size=batch_size, seed=seed,
-                           round=round, max_steps=max_steps, purpose=purpose)
+                          round=round, max_steps=max_steps, purpose=purpose)
     xs, ys = concat_inputs(data, device)
     bufs, had = _momentum_buffers(optimizer_states if momentum > 0 else None, params, k)
 
@@ -280,7 +280,7 @@ def train_cohort(model: nn.Module, data: Sequence[tuple[np.ndarray, np.ndarray]]
         if grad_hook is not None:
             grad_hook(params)
         sgd_step(params, bufs, torch.from_numpy(active).to(xs.device), lr, momentum,
-                  weight_decay)
+                 weight_decay)
         for i, v in enumerate(values.tolist()):
             if active[i]:
                 totals[i] += v

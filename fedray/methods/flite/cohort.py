@@ -89,7 +89,7 @@ def train_latents(mapping: Any, start: np.ndarray, data: Sequence[tuple[np.ndarr
     z = z.unsqueeze(0).repeat(k, 1).requires_grad_(True)
     opt = StackedAdam([z], k, lr, weight_decay=weight_decay, clip=clip)
     idx, mask = schedules(data, clients, epochs=epochs, batch_size=batch_size, seed=seed,
-                           round=round, max_steps=max_steps, purpose=purpose)
+                          round=round, max_steps=max_steps, purpose=purpose)
     xs, ys = concat_inputs(data, device)
 
     def loss(weights: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
