@@ -256,8 +256,7 @@ def train_cohort(model: nn.Module, data: Sequence[tuple[np.ndarray, np.ndarray]]
     names = [n for n, p in named.items() if p.requires_grad]
     fixed = {n: p.detach() for n, p in named.items() if not p.requires_grad}
     fixed |= dict(model.named_buffers())
-    params = [nn.Parameter(named[n].detach().unsqueeze(0).repeat(k, *[1] * named[n].dim()))
-              for n in names]
+    params = stacked_parameters(named, names, k)
     idx, mask = schedules(data, clients, epochs=epochs, batch_size=batch_size, seed=seed,
                           round=round, max_steps=max_steps, purpose=purpose)
     xs, ys = concat_inputs(data, device)
@@ -297,6 +296,14 @@ def train_cohort(model: nn.Module, data: Sequence[tuple[np.ndarray, np.ndarray]]
         out.append(CohortTrained(trained, {"train_loss": totals[i] / max(counts[i], 1),
                                            "steps": float(counts[i])}, state))
     return out
+
+
+def stacked_parameters(named: dict[str, torch.Tensor], names: Sequence[str], k: int
+                       ) -> list[nn.Parameter]:
+    """``k`` copies of each named tensor stacked along a new client axis (dim 0), detached:
+    the cohort's trainable parameters, every client starting from the same values."""
+    return [nn.Parameter(named[n].detach().unsqueeze(0).repeat(k, *[1] * named[n].dim()))
+            for n in names]
 
 
 @torch.no_grad()

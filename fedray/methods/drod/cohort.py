@@ -38,7 +38,13 @@ from fedray.core.seeding import torch_generator
 from fedray.methods.drod.continual.data import task_of_round
 from fedray.methods.drod.continual.objectives import continual_state, ewc_penalty
 from fedray.methods.drod.selection import od_choices
-from fedray.models.cohort import concat_inputs, masked_mean, schedules, sgd_step
+from fedray.models.cohort import (
+    concat_inputs,
+    masked_mean,
+    schedules,
+    sgd_step,
+    stacked_parameters,
+)
 from fedray.models.training import random_crop_flip
 
 REPLAYING = ("er", "derpp", "bic")
@@ -107,8 +113,7 @@ class _Stack:
         named = dict(model.named_parameters())
         names = [n for n, p in named.items() if p.requires_grad]
         k = len(ewc)
-        params = [nn.Parameter(named[n].detach().unsqueeze(0).repeat(k, *[1] * named[n].dim()))
-                  for n in names]
+        params = stacked_parameters(named, names, k)
         fisher = anchor = pulled = None
         if any(f is not None for f, _ in ewc):
             fisher = [torch.stack([f[n] if f is not None else torch.zeros_like(named[n])
