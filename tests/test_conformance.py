@@ -76,6 +76,8 @@ NEEDS = {
     "server_optimizer": ("server.optimizer", ["server.optimizer={other}"]),
     "continual": ("continual.tasks", ["continual.tasks=2", "continual.rounds_per_task=2",
                                       "continual.class_order=[0,1,2,3,4,5,6,7,8,9]"]),
+    "robust": ("robust.rule", ["robust.rule=median"]),
+    "attack": ("adversary.attack", ["adversary.attack=sign_flip", "adversary.clients=[0]"]),
 }
 
 

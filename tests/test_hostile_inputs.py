@@ -294,6 +294,8 @@ CLI_CASES = [
     ("compare of one run", _args("compare", "x"), 2, "two or more run directories"),
     ("sweep --name with ..", _args("tune", CONFIG, "--name", "../x", "--space",
                                    "local.lr=grid:0.1"), 2, "'--name'"),
+    ("adversary ids: /etc/passwd", _args("config", "-s", "adversary.clients=/etc/passwd"), 2,
+     "line 1 is not a non-negative integer"),
     ("pretrain into a used --out", lambda tmp: ["pretrain", CONFIG, "-o",
                                                 write_run(os.path.join(tmp, "run"))], 2,
      "--overwrite"),

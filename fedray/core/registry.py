@@ -176,6 +176,8 @@ CAPABILITIES = {
     "vectorizable": "a cohort of clients runs as one batched computation",
     "robust": "a Byzantine-robust rule (robust.rule) aggregates its updates in place of the "
               "weighted mean",
+    "attack": "model-poisoning attacks (adversary.attack): the upload is an update Δ with the "
+              "broadcast's shapes, and its clients train on the context's labelled samples",
 }
 
 

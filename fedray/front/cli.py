@@ -89,7 +89,24 @@ def summary_text(s: dict, report: str | None = None) -> str:
             f"executor restarts {s['executor_restarts']}\n"
             f"simulated time {s.get('simulated_hours', 0.0) * 60:.2f} min (fleet clock) · "
             f"failed rounds {s.get('failed_rounds', 0)}" + _dp_text(s.get("dp"), s.get("dp_sgd"))
-            + "\n" + _files_text(s["run_dir"], report))
+            + _adversary_text(s.get("adversary")) + "\n" + _files_text(s["run_dir"], report))
+
+
+def _adversary_text(a: dict | None) -> str:
+    """The adversary's line: its attack, how many clients lie, and what it achieved."""
+    if not a:
+        return ""
+    def pct(v: Any) -> str:
+        return "–" if v is None else f"{100 * v:.1f}%"
+
+    text = (f"\nadversary {a['attack']}: {a['malicious_clients']} malicious clients, "
+            f"{a['malicious_client_rounds']} malicious client-rounds")
+    if "detection_precision" in a:
+        text += (f" · detection precision {pct(a['detection_precision'])}, "
+                 f"recall {pct(a['detection_recall'])}")
+    if "final_attack_success_rate" in a:
+        text += f" · attack success rate {pct(a['final_attack_success_rate'])}"
+    return text
 
 
 def _files_text(run_dir: str, report: str | None) -> str:

@@ -27,7 +27,9 @@ def set_state(model: nn.Module, state: Mapping[str, np.ndarray]) -> None:
     missing = set(own) - set(state)
     if missing:
         raise KeyError(f"state lacks {sorted(missing)[:5]}")
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        # a broadcast decoded from the object store is read-only; copy_ only reads it
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
         for k, v in own.items():
             v.copy_(torch.from_numpy(np.asarray(state[k])).reshape(v.shape))
 

@@ -10,6 +10,7 @@
 - the :class:`~fedray.runtime.ledger.Ledger` (exact bytes, the simulated clock);
 - the client-state manifest and the tier cache (:mod:`fedray.runtime.roster`);
 - central DP (:class:`fedray.services.privacy.CentralDP`) when enabled;
+- the malicious clients (:class:`fedray.methods.robust.adversary.Adversary`) when any;
 - the loop: :class:`~fedray.runtime.sync_loop.SyncLoop`, or
   :class:`~fedray.runtime.async_loop.AsyncLoop` for a buffered rule (FedBuff, FedAsync).
 
@@ -27,6 +28,7 @@ import ray
 from fedray.core import checkpoint
 from fedray.core.registry import make_method
 from fedray.core.storage import Storage
+from fedray.methods.robust.adversary import adversary_of
 from fedray.observe.metrics import MetricsWriter
 from fedray.runtime.async_loop import AsyncLoop
 from fedray.runtime.dispatch import Dispatcher
@@ -61,7 +63,8 @@ class Driver:
             dispatcher=Dispatcher(cfg, pool, tiers, chain, cohort),
             ledger=Ledger(algorithm.base_bytes()),
             clients=ClientStates(algorithm.uses_client_state or chain.stateful),
-            tiers=tiers, fleet=fleet, privacy=privacy, metrics=MetricsWriter(self.storage))
+            tiers=tiers, fleet=fleet, privacy=privacy, metrics=MetricsWriter(self.storage),
+            adversary=adversary_of(cfg))
         self.loop: SyncLoop | AsyncLoop = (AsyncLoop() if policy.buffer_size is not None
                                            else SyncLoop())
 

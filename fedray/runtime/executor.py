@@ -15,6 +15,7 @@ instead of failing every later client on a dead context.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import traceback
@@ -80,6 +81,7 @@ class ClientExecutor:
         from fedray.core.registry import make_method
         from fedray.core.state_store import ClientStateStore
         from fedray.core.storage import Storage
+        from fedray.methods.robust.adversary import adversary_of
         from fedray.runtime.devices import configure_process, worker_device
 
         self.cfg, self.tier, self.index = cfg, tier, index
@@ -93,6 +95,7 @@ class ClientExecutor:
         self.resident = self.algorithm.build_resident(data.input_shape, data.num_classes,
                                                       self.device)
         self.chain = self.algorithm.update_chain()
+        self.adversary = adversary_of(cfg, data)
         self.store = ClientStateStore(Storage(run_uri))
         self._broadcast_key: Any = None
         self._broadcast: dict | None = None
@@ -159,6 +162,9 @@ class ClientExecutor:
             slots = job.clients[start:start + size]
             outputs = self._cohort(slots, job.round, tensors) if job.cohort else \
                 [self._one(slot, job.round, tensors) for slot in slots]
+            if self.adversary is not None:
+                outputs = [self._attacked(slot.client, job.round, got)
+                           for slot, got in zip(slots, outputs, strict=True)]
             stack = self._stacked(slots, job.round, outputs) if job.cohort and not job.reduce \
                 else None
             if stack is not None:
@@ -169,6 +175,14 @@ class ClientExecutor:
                                            partial)
                               for slot, got in zip(slots, outputs, strict=True)]
         return batch
+
+    def _attacked(self, cid: int, round: int, got: _Trained) -> _Trained:
+        """A malicious client's update as it uploads it (before the transform chain and
+        the codec: the bytes counted are those of what it sends)."""
+        if got.error is not None:
+            return got
+        upload = self.adversary.poison_upload(cid, round, dict(got.output.upload))
+        return dataclasses.replace(got, output=dataclasses.replace(got.output, upload=upload))
 
     def _stacked(self, slots: list[ClientSlot], round: int, outputs: list[_Trained]
                  ) -> tuple[list[ClientResult], StackedUploads] | None:
@@ -322,6 +336,8 @@ class ClientExecutor:
 
     def _context(self, cid: int, round: int, state: Any = None) -> ClientContext:
         x_tr, y_tr = self.data.client_arrays(cid, round, "train")
+        if self.adversary is not None:
+            x_tr, y_tr = self.adversary.poison_data(cid, round, x_tr, y_tr)
         x_te, y_te = self.data.client_arrays(cid, round, "test")
         extra = self.data.client_extra(cid, round)
         return ClientContext(cid, round, self.cfg.seed, self.tier, x_tr, y_tr, x_te, y_te,
@@ -349,11 +365,18 @@ class ClientExecutor:
         return EvalBatch(out)
 
     def evaluate_global(self, job: GlobalEvalJob) -> GlobalScore:
-        """The broadcast model on the global test set, tagged with the broadcast key."""
+        """The broadcast model on the global test set, tagged with the broadcast key; under
+        a backdoor attack also its ``attack_success_rate`` (accuracy on the triggered test
+        samples relabelled the target)."""
         tensors = self._decoded(job.broadcast)
         try:
             scores = self.algorithm.evaluate(self.resident, tensors, self.data.x_test,
                                              self.data.y_test, self.device)
+            triggered = self.adversary.triggered_test(self.data.x_test, self.data.y_test) \
+                if self.adversary is not None else None
+            if triggered is not None:
+                asr = self.algorithm.evaluate(self.resident, tensors, *triggered, self.device)
+                scores = {**scores, "attack_success_rate": asr["accuracy"]}
         except Exception as e:
             exit_if_fatal(e)
             raise

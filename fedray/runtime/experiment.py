@@ -179,6 +179,9 @@ class Experiment:
             raise ConfigError("data", self.data.num_clients, f"prebuilt data for "
                                                              f"{cfg.clients.num_clients} clients")
         self.algorithm_cls.check_data(cfg, self.data)
+        for section in cfg.sections.values():  # a registered section's checks on the data
+            if hasattr(section, "check_data"):
+                section.check_data(cfg, self.data)
         if states is not None:
             check_state_shapes(self.algorithm_cls, cfg, self.data, states, self.run_dir)
         # runtime.vectorize decided once, from the config and the data's shape
@@ -483,7 +486,32 @@ def _summary(cfg: ExperimentConfig, run_dir: str, rows: list[dict], finish: dict
         "rounds_this_session": len(rows),
         **({"dp": finish["privacy"]} if finish.get("privacy") else {}),
         **dp_sgd,
+        **_adversary_summary(cfg, run_dir, final_eval),
     }
+
+
+def _adversary_summary(cfg: ExperimentConfig, run_dir: str, final_eval: dict
+                       ) -> dict[str, Any]:
+    """``{"adversary": ...}`` when the run has malicious clients
+    (:func:`fedray.methods.robust.adversary.attack_summary`), else nothing."""
+    section = getattr(cfg, "adversary", None)
+    if section is None or not section.active:
+        return {}
+    import numpy as np
+
+    from fedray.methods.robust.adversary import attack_summary
+    from fedray.observe.metrics import read_metrics
+
+    table = read_metrics(run_dir, "clients")
+    sampled = np.asarray(table.column("sampled").to_numpy(zero_copy_only=False), bool)
+    bad = np.asarray(table.column("malicious").to_numpy(zero_copy_only=False))[sampled]
+    kept = None
+    if "robust_kept" in table.column_names:
+        kept = np.asarray(table.column("robust_kept").to_numpy(zero_copy_only=False))[sampled]
+        bad, kept = bad[~np.isnan(kept)], kept[~np.isnan(kept)]  # rows the rule saw
+    asr = final_eval.get("attack_success_rate")
+    return {"adversary": attack_summary(section, cfg.clients.num_clients, cfg.seed, bad, kept,
+                                        None if asr is None or math.isnan(asr) else asr)}
 
 
 LOCK = ".lock"

@@ -58,6 +58,7 @@ class RoundParts:
     fleet: Any
     privacy: Any
     metrics: MetricsWriter
+    adversary: Any = None
 
     def evaluate(self, r: int, sampled: list[int]) -> Evaluation:
         """Scores of round ``r`` when ``eval.every`` (or the last round) says so: the
@@ -77,7 +78,15 @@ class RoundParts:
         return self.dispatcher.evaluate(r, who, bcast, names)
 
     def log(self, rec: RoundRecord) -> dict:
-        """Write the round's row and its clients' rows; return the round row."""
+        """Write the round's row and its clients' rows; return the round row. With an
+        adversary every client row says whether the client is ``malicious`` and the round
+        row how many sampled ones were."""
+        if self.adversary is not None:
+            bad = {c: float(self.adversary.is_malicious(c))
+                   for c in set(rec.sampled) | set(rec.evaluation.clients)}
+            for c, flag in bad.items():
+                rec.client_extra.setdefault(c, {})["malicious"] = flag
+            rec.extra["adversary/malicious_sampled"] = float(sum(bad[c] for c in rec.sampled))
         row, clients = round_rows(rec, self.tiers.of, self.ledger.totals)
         self.metrics.write_round(rec.round, row, clients)
         return row
@@ -97,6 +106,17 @@ class RoundParts:
                                                [u for _, _, u in accepted], r)
         extra.update(metrics)
         return [(c, 1, mean) for c, _, _ in accepted] or [(-1, 1, mean)]
+
+    def attack(self, accepted: list[tuple[int, int, State]], extra: dict
+               ) -> list[tuple[int, int, State]]:
+        """The accepted uploads as the server receives them: a colluding adversary's
+        crafted updates in place of its clients' (:meth:`Adversary.collude`); its metrics go
+        to ``extra``."""
+        if self.adversary is None:
+            return accepted
+        accepted, metrics = self.adversary.collude(accepted)
+        extra.update(metrics)
+        return accepted
 
     def samples_seen(self, num_samples: int) -> int:
         """Samples a client's local training processes: epochs over its data, capped by

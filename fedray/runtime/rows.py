@@ -87,7 +87,10 @@ def _scores(evaluation: Evaluation, per_tier: dict[str, float]) -> dict[str, flo
     per_tier |= {f"tier/{t}/{k}": float(v) for t, res in scores.items()
                  for k, v in {"loss": res.loss, "accuracy": res.accuracy,
                               **res.extra}.items()}
-    return {"personalized_accuracy": float(accs.mean()) if accs.size else math.nan,
+    asr = [v.extra["attack_success_rate"] for v in scores.values()
+           if "attack_success_rate" in v.extra]  # a backdoor's, on the global test set
+    return {**({"attack_success_rate": float(np.mean(asr))} if asr else {}),
+            "personalized_accuracy": float(accs.mean()) if accs.size else math.nan,
             "personalized_accuracy_std": float(accs.std()) if accs.size else math.nan,
             "personalized_accuracy_ft": float(ft.mean()) if ft.size else math.nan,
             "global_accuracy": float(g.get("accuracy", math.nan)),

@@ -1,6 +1,7 @@
 """The synchronous round: sample, broadcast once per tier, train (with retries), time every
 client on the fleet clock, accept the uploads that report in time and are free of NaN and
-Inf, aggregate them in client-id order (or the executors' partial sums), evaluate, log.
+Inf, hand them to a colluding adversary if the run has one, aggregate them in client-id
+order (or the executors' partial sums), evaluate, log.
 
 The fleet (:mod:`fedray.services.fleet`) times every client in simulated seconds from the byte
 ledger and its device profile, and applies the participation rules: only online clients
@@ -76,6 +77,7 @@ class SyncLoop:
         p.server.failed_rounds += failed
         extra = {"sim_seconds": duration, "cum_sim_seconds": p.ledger.sim_time,
                  "round_failed": float(failed)} | p.dp_row()
+        accepted = p.attack(accepted, extra)
         client_extra = {c: {"sim_seconds": t} for c, t in times.items()}
         if len(accepted) + lost < p.cfg.runtime.min_accepted:
             p.log(RoundRecord(r, sampled, final, attempts, download, Evaluation(), {},

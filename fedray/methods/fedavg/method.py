@@ -81,7 +81,7 @@ class FedAvg(Algorithm):
     name = "fedavg"
     Params = FedAvgParams
     capabilities = frozenset({"dp", "dp_sgd", "transforms", "linear", "client_state",
-                              "server_optimizer", "vectorizable", "robust"})
+                              "server_optimizer", "vectorizable", "robust", "attack"})
     server_optimizer = "sgd"
 
     @classmethod

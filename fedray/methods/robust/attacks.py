@@ -21,9 +21,9 @@ order — an omniscient attacker):
   distances at most the largest benign one's (min-sum).
 
 Data poisoning: ``flip_labels`` (a stated permutation, default c → C − 1 − c) and
-``add_trigger`` (a square pixel pattern in the bottom-right corner set to the images'
-maximum, Gu et al.'s BadNets trigger as Bagdasaryan et al. use it) on a fraction of the
-attacker's samples, relabelled to the target.
+``add_trigger`` (a square pixel pattern in the bottom-right corner set to one value, by
+default the images' maximum: Gu et al.'s BadNets trigger as Bagdasaryan et al. use it)
+on a fraction of the attacker's samples, relabelled to the target.
 """
 
 from __future__ import annotations
@@ -50,13 +50,16 @@ def gaussian(shape: tuple[int, ...], sigma: float, gen: np.random.Generator) -> 
 
 
 def alie_z(n: int, m: int) -> float:
-    """Baruch et al.'s z_max for n clients of which m are malicious."""
-    s = int(np.floor(n / 2 + 1)) - m
-    return NormalDist().inv_cdf((n - s) / n)
+    """Baruch et al.'s z_max for n clients of which m are malicious. Where their formula
+    leaves (0, 1) — s = ⌊n/2 + 1⌋ − m ≤ 0 once the malicious are a majority — s is taken as
+    1 (our choice: the largest z their rule reaches)."""
+    s = max(int(np.floor(n / 2 + 1)) - m, 1)
+    return NormalDist().inv_cdf((n - s) / n) if s < n else 0.0
 
 
-def alie(benign: np.ndarray, n: int, m: int) -> np.ndarray:
-    return benign.mean(0) - alie_z(n, m) * benign.std(0)
+def alie(benign: np.ndarray, n: int, m: int, z: float | None = None) -> np.ndarray:
+    """μ − z σ, z = ``z`` or :func:`alie_z` (n, m)."""
+    return benign.mean(0) - (alie_z(n, m) if z is None else z) * benign.std(0)
 
 
 def ipm(benign: np.ndarray, eps: float) -> np.ndarray:
@@ -111,24 +114,26 @@ def flip_labels(y: np.ndarray, num_classes: int, permutation: list[int] | None =
     return perm[y]
 
 
-def add_trigger(x: np.ndarray, size: int = 3) -> np.ndarray:
+def add_trigger(x: np.ndarray, size: int = 3, value: float | None = None) -> np.ndarray:
     """Images (N, C, H, W) with the bottom-right ``size`` × ``size`` square of every
-    channel set to the images' maximum (a copy)."""
+    channel set to ``value`` (default the images' maximum; a copy). One trigger for a
+    whole run needs one ``value`` for every client and the test set."""
     if x.ndim != 4:
         raise ValueError(f"images (N, C, H, W), got shape {x.shape}")
     out = x.copy()
-    out[:, :, -size:, -size:] = x.max()
+    out[:, :, -size:, -size:] = x.max() if value is None else value
     return out
 
 
 def backdoor(x: np.ndarray, y: np.ndarray, target: int, fraction: float,
-             gen: np.random.Generator, size: int = 3) -> tuple[np.ndarray, np.ndarray]:
+             gen: np.random.Generator, size: int = 3, value: float | None = None
+             ) -> tuple[np.ndarray, np.ndarray]:
     """A client's samples with ⌊fraction · N⌋ of them (drawn by ``gen``, without
     replacement) triggered and relabelled ``target``."""
     k = int(np.floor(fraction * len(x)))
     pick = np.sort(gen.choice(len(x), k, replace=False))
     x, y = x.copy(), y.copy()
     if k:
-        x[pick] = add_trigger(x[pick], size)
+        x[pick] = add_trigger(x[pick], size, value)
         y[pick] = target
     return x, y
