@@ -123,6 +123,19 @@ def test_colluding_attacks_replace_each_malicious_upload_by_the_crafted_one(atta
                                                               uploads(rows)[1][2]["a"])
 
 
+def test_fltrust_scores_rescales_and_averages_against_the_servers_update():
+    from fedray.methods.robust import rules
+
+    g0 = np.array([3.0, 4.0])  # norm 5
+    x = np.array([[6.0, 8.0], [0.0, 1.0], [-3.0, -4.0], [0.0, 0.0]])
+    out = rules.fltrust(x, g0)
+    ts = np.array([1.0, 0.8, 0.0, 0.0])  # cos: 1, 4/5, -1 -> 0, zero update -> 0
+    assert np.allclose(out.kept, ts)
+    want = (1.0 * np.array([3.0, 4.0]) + 0.8 * np.array([0.0, 5.0])) / 1.8
+    assert np.allclose(out.aggregate, want)
+    assert rules.fltrust(-x[:1], g0).aggregate.tolist() == [0.0, 0.0]  # nobody trusted
+
+
 def test_alie_z_past_a_malicious_majority_is_the_largest_it_reaches():
     assert attacks.alie_z(10, 6) == attacks.alie_z(10, 7) == pytest.approx(
         attacks.alie_z(10, 5)) and attacks.alie_z(1, 0) == 0.0
@@ -130,10 +143,11 @@ def test_alie_z_past_a_malicious_majority_is_the_largest_it_reaches():
 
 def test_the_summary_counts_detection_against_the_malicious_set():
     bad = np.array([1, 1, 0, 0, 0, 1], float)
-    kept = np.array([0, 1, 0, 1, 0.5, 0])  # flagged: kept < 1 -> rows 0, 2, 4, 5
+    kept = np.array([0, 1, 0, 1, 0.5, 0])  # detected: excluded, kept = 0 -> rows 0, 2, 5
     got = attack_summary(AdversaryConfig(fraction=0.5), 6, 0, bad, kept, 0.25)
     assert got == {"attack": "none", "malicious_clients": 3, "malicious_client_rounds": 3,
-                   "detection_precision": 2 / 4, "detection_recall": 2 / 3,
+                   "detection_precision": 2 / 3, "detection_recall": 2 / 3,
+                   "mean_kept_malicious": 1 / 3, "mean_kept_benign": 0.5,
                    "final_attack_success_rate": 0.25}
     none = attack_summary(AdversaryConfig(clients=[1]), 6, 0, np.zeros(3), np.ones(3), None)
     assert none["detection_precision"] is None and none["detection_recall"] is None
@@ -177,7 +191,7 @@ def test_attacked_runs_are_bitwise_across_executors_and_resume(ray_session, tiny
     malicious clients honest (attack none) as the reference it must differ from; a
     boosted backdoor across a resume, with its success rate; every row marked."""
     alie = {"adversary.attack": "alie", "adversary.fraction": 0.34, "robust.rule": "median"}
-    _, outputs = runs_across_executors(tiny_cfg, tmp_path, [1, 2], **alie)
+    _, outputs = runs_across_executors(tiny_cfg, tmp_path, [1, 2, 3], **alie)
     bad = malicious_ids(AdversaryConfig(fraction=0.34), 6, seed=7).tolist()
     clients, rounds = outputs[0]["clients"], outputs[0]["rounds"]
     assert len(bad) == 2 and sorted(clients.loc[clients.malicious == 1, "client_id"].unique()
@@ -186,6 +200,7 @@ def test_attacked_runs_are_bitwise_across_executors_and_resume(ray_session, tiny
     summary = outputs[0]["summary"]["adversary"]
     assert summary["malicious_clients"] == 2 and summary["malicious_client_rounds"] == 6
     assert summary["detection_recall"] is not None and "final_attack_success_rate" not in summary
+    assert summary["mean_kept_malicious"] is not None
     assert (rounds["adversary/malicious_sampled"] == 2).all()
     from fedray.runtime import run_experiment
 
@@ -232,3 +247,37 @@ def test_attacks_act_before_the_chain_and_under_fedbuff_and_orders(ray_session, 
         rows = run_outputs(tmp_path / name)["clients"]
         assert set(rows.loc[rows.malicious == 1, "client_id"]) == {1}, name
         assert (rows.loc[rows.client_id != 1, "malicious"] == 0).all(), name
+
+
+@pytest.mark.ray
+def test_fltrust_trains_the_servers_update_and_shuts_out_sign_flippers(ray_session, tiny_cfg,
+                                                                       tmp_path):
+    """FLTrust's root update is trained on an executor each round from (seed, round, -1):
+    bitwise with 1 and 2 executors; sign-flipped uploads point away from it, so their
+    trust — their ``robust_kept`` — is 0 and the malicious ones are detected."""
+    _, outputs = runs_across_executors(tiny_cfg, tmp_path, [1, 2], **{
+        "robust.rule": "fltrust", "robust.root_samples": 50, "adversary.attack": "sign_flip",
+        "adversary.clients": "[1, 4]"})
+    rows = outputs[0]["clients"]
+    assert (rows.loc[rows.malicious == 1, "robust_kept"] == 0).all()
+    assert rows.loc[rows.malicious == 0, "robust_kept"].gt(0).mean() > 0.5
+    adv = outputs[0]["summary"]["adversary"]
+    assert adv["detection_recall"] == 1.0 and adv["mean_kept_malicious"] == 0.0
+
+
+def test_the_root_dataset_is_drawn_from_training_splits_only(tiny_cfg):
+    from fedray.core.registry import method
+    from fedray.methods.robust import root_dataset
+
+    cfg = tiny_cfg()
+    data = method("fedavg").build_data(cfg)
+    x, y = root_dataset(data, 40, cfg.seed)
+    assert len(x) == 40 == len(y)
+    assert np.array_equal(x, root_dataset(data, 40, cfg.seed)[0])
+    test_rows = {r.tobytes() for c in range(data.num_clients)
+                 for r in data.client_arrays(c, 0, "test")[0]} | {r.tobytes() for r in
+                                                                  data.x_test}
+    train_rows = {r.tobytes() for c in range(data.num_clients)
+                  for r in data.client_arrays(c, 0, "train")[0]}
+    assert all(r.tobytes() in train_rows for r in x)
+    assert not any(r.tobytes() in test_rows - train_rows for r in x)

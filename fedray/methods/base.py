@@ -259,6 +259,16 @@ class AggregationPolicy:
         ``{client_id: {name: value}}`` lands in that client's row of the metrics."""
         raise NotImplementedError
 
+    @property
+    def root_samples(self) -> int:
+        """Samples of a server root dataset on which the rule needs the server's own update
+        each round before it aggregates (FLTrust); 0: none. The runtime trains it like a
+        client (client id -1) and hands it over with :meth:`set_reference`."""
+        return 0
+
+    def set_reference(self, update: State) -> None:
+        """This round's server update on the root dataset (only when ``root_samples``)."""
+
     def weight(self, num_samples: int) -> float:
         """A linear rule's (capability ``linear``) w_i of a client that trained on
         ``num_samples`` samples."""

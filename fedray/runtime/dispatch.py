@@ -28,6 +28,7 @@ from fedray.runtime.jobs import (
     GlobalEvalJob,
     GlobalScore,
     Partial,
+    RootJob,
     StackedUploads,
     TrainJob,
 )
@@ -265,6 +266,13 @@ class Dispatcher:
                             # decoded while the others still train
                             out.decoded[c] = self.decode(res, bcast[self.tiers.of(c)], shapes)
         return out
+
+    def root_update(self, bcast: dict[str, Broadcast], round: int, samples: int) -> State:
+        """The server's own update of ``round`` on its root dataset, trained by an executor
+        of the first tier the round broadcast to (re-queued if that executor dies)."""
+        tier = min(bcast)
+        (res,) = list(self.pool.run([RootJob(tier, bcast[tier], round, samples)]))
+        return res.payload.decode()
 
     def run_each(self, jobs: list[TrainJob]) -> Iterator[ClientResult]:
         """Run single-client jobs (asynchronous dispatches) in parallel, yield each result

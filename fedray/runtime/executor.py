@@ -42,6 +42,8 @@ from fedray.runtime.jobs import (
     GlobalEvalJob,
     GlobalScore,
     Partial,
+    RootJob,
+    RootUpdate,
     StackedUploads,
     TrainBatch,
     TrainJob,
@@ -381,6 +383,25 @@ class ClientExecutor:
             exit_if_fatal(e)
             raise
         return GlobalScore(job.broadcast.key, EvalResult.of(scores))
+
+    def root_update(self, job: RootJob) -> RootUpdate:
+        """The server's update on its root dataset (FLTrust): the method's own client update
+        from the broadcast, as client -1 of the round, on ``job.samples`` samples drawn once
+        from the clients' training splits (:func:`fedray.methods.robust.root_dataset`)."""
+        from fedray.methods.robust import root_dataset
+
+        tensors = self._decoded(job.broadcast)
+        if getattr(self, "_root", None) is None or len(self._root[0]) != job.samples:
+            self._root = root_dataset(self.data, job.samples, self.cfg.seed)
+        x, y = self._root
+        ctx = ClientContext(-1, job.round, self.cfg.seed, self.tier, x, y, x[:0], y[:0],
+                            self.resident, self.device)
+        try:
+            out = self.algorithm.client_update(ctx, tensors)
+        except Exception as e:
+            exit_if_fatal(e)
+            raise
+        return RootUpdate(Payload.encode(dict(out.upload), "fp32"))
 
     def raise_error(self, message: str) -> None:
         """Raise ``RuntimeError(message)`` here as a client update would (used by tests of

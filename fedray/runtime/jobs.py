@@ -121,7 +121,26 @@ class GlobalScore:
     result: EvalResult
 
 
-Job = TrainJob | EvalJob | GlobalEvalJob
+@dataclass
+class RootJob:
+    """Train the server's own update of ``round`` from ``broadcast`` on its root dataset of
+    ``samples`` samples (a rule that needs one: FLTrust)."""
+
+    method: ClassVar[str] = "root_update"
+    tier: str
+    broadcast: Broadcast
+    round: int
+    samples: int
+
+
+@dataclass
+class RootUpdate:
+    """The server's root-dataset update (float32, losslessly encoded)."""
+
+    payload: Any
+
+
+Job = TrainJob | EvalJob | GlobalEvalJob | RootJob
 
 
 @dataclass

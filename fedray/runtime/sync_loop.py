@@ -21,7 +21,7 @@ import numpy as np
 
 from fedray.methods.base import ClientResult, State, Status
 from fedray.runtime.dispatch import Trained, combine
-from fedray.runtime.jobs import RoundFailedError
+from fedray.runtime.jobs import Broadcast, RoundFailedError
 from fedray.runtime.parts import RoundParts
 from fedray.runtime.rows import Evaluation, RoundRecord
 
@@ -85,7 +85,7 @@ class SyncLoop:
             raise RoundFailedError(r, len(accepted), p.cfg.runtime.min_accepted,
                                    [(c, str(final[c].status), final[c].error) for c in sampled
                                     if not final[c].ok])
-        policy_metrics = {} if failed else aggregate(p, trained, accepted, r, extra)
+        policy_metrics = {} if failed else aggregate(p, trained, accepted, r, extra, bcast)
         p.server.round = r
         return p.log(RoundRecord(r, sampled, final, attempts, download, p.evaluate(r, sampled),
                                  policy_metrics, restarts, time.perf_counter() - t0,
@@ -126,10 +126,12 @@ def accept(p: RoundParts, trained: Trained) -> list[tuple[int, int, State | None
     return accepted
 
 
-def aggregate(p: RoundParts, trained: Trained, accepted: list, r: int, extra: dict
-              ) -> dict[str, Any]:
+def aggregate(p: RoundParts, trained: Trained, accepted: list, r: int, extra: dict,
+              bcast: dict[str, Broadcast]) -> dict[str, Any]:
     """The policy's step from the accepted uploads (or the executors' partial sums); with
-    central DP it releases every round, even with nobody accepted. Returns its metrics."""
+    central DP it releases every round, even with nobody accepted. A rule that needs the
+    server's own update on a root dataset (FLTrust) gets it first, trained from the
+    round's broadcast. Returns its metrics."""
     if p.cfg.runtime.reduce == "executors" and accepted:
         total, weight = combine(trained.partials)
         if weight > 0:
@@ -137,6 +139,9 @@ def aggregate(p: RoundParts, trained: Trained, accepted: list, r: int, extra: di
                                                               r)
             return metrics
         return {}
+    if accepted and p.policy.root_samples:  # the server's own update first (FLTrust)
+        p.policy.set_reference(p.dispatcher.root_update(bcast, r,
+                                                        p.policy.root_samples))
     if accepted or p.privacy is not None:
         p.server.params, metrics = p.policy.aggregate(p.server.params,
                                                       p.privatize(accepted, r, extra), r)

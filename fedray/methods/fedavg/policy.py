@@ -43,6 +43,13 @@ class FedAvgPolicy(AggregationPolicy):
     def weight(self, num_samples: int) -> float:
         return float(num_samples) if self.weighted else 1.0
 
+    @property
+    def root_samples(self) -> int:
+        return self.robust.root_samples if self.robust is not None else 0
+
+    def set_reference(self, update: State) -> None:
+        self.robust.reference = update
+
     def aggregate(self, global_state, updates, round):
         if self.robust is None:
             return self.step(global_state, weighted_mean(updates, self.weighted))

@@ -11,10 +11,10 @@ from typing import Any
 
 from fedray.methods.robust import rules
 from fedray.methods.robust.adversary import Adversary, AdversaryConfig, adversary_of
-from fedray.methods.robust.section import RobustConfig, RobustRule
+from fedray.methods.robust.section import RobustConfig, RobustRule, root_dataset
 
 __all__ = ["Adversary", "AdversaryConfig", "RobustConfig", "RobustRule", "adversary_of",
-           "robust_rule", "rules"]
+           "robust_rule", "root_dataset", "rules"]
 
 
 def robust_rule(cfg: Any) -> RobustRule | None:

@@ -67,7 +67,7 @@ class AdversaryConfig:
                      "model poisoning: sign_flip, scale, gaussian, alie (Baruch et al. 2019), "
                      "ipm (Xie et al. 2020), min_max / min_sum (Shejwalkar & Houmansadr 2021); "
                      "data poisoning: label_flip, backdoor (Bagdasaryan et al. 2020)")
-    fraction: float = spec(0.0, ge=0, le=1, help="share of all clients that are malicious: "
+    fraction: float = spec(0.0, ge=0, lt=1, help="share of all clients that are malicious: "
                                                  "floor(fraction * num_clients), drawn once "
                                                  "from the seed")
     clients: list[int] | str | None = spec(
@@ -309,17 +309,21 @@ def attack_summary(cfg: AdversaryConfig, num_clients: int, seed: int, malicious:
                    kept: np.ndarray | None, asr: float | None) -> dict[str, Any]:
     """What a run's ``summary.json`` says of its adversary, from ``clients.parquet``'s
     ``malicious`` flags of every sampled client-round and, under a robust rule, their
-    ``robust_kept``: a client-round is *flagged* when the rule excluded or down-weighted it
-    (kept < 1); detection precision = flagged malicious / flagged, recall = flagged
-    malicious / malicious (None where the denominator is 0)."""
+    ``robust_kept``: a client-round is *detected* when the rule excluded it (kept = 0);
+    detection precision = detected malicious / detected, recall = detected malicious /
+    malicious (None where the denominator is 0). Rules that down-weight rather than
+    exclude (trimmed mean, norm bounding, centered clipping, FLTrust's trust scores) show in
+    the mean weight of the malicious and of the benign client-rounds."""
     out: dict[str, Any] = {"attack": cfg.attack,
                            "malicious_clients": len(malicious_ids(cfg, num_clients, seed)),
                            "malicious_client_rounds": int(malicious.sum())}
     if kept is not None:
-        flagged, bad = kept < 1, malicious.astype(bool)
+        flagged, bad = kept == 0, malicious.astype(bool)
         hits = int((flagged & bad).sum())
         out["detection_precision"] = hits / int(flagged.sum()) if flagged.any() else None
         out["detection_recall"] = hits / int(bad.sum()) if bad.any() else None
+        out["mean_kept_malicious"] = float(kept[bad].mean()) if bad.any() else None
+        out["mean_kept_benign"] = float(kept[~bad].mean()) if (~bad).any() else None
     if asr is not None:
         out["final_attack_success_rate"] = asr
     return out

@@ -26,6 +26,11 @@ row (the lower client id), so the result depends on the updates alone.
 - ``centered_clip`` (Karimireddy et al., ICML 2021, eq. 2): from the previous round's
   aggregate v (zero at the first round), ``L`` times v ← v + (1/n) Σ_i clip_τ(Δ_i − v)
   with clip_τ(z) = z · min(1, τ / ‖z‖).
+- ``fltrust`` (Cao et al., NDSS 2021, Algorithm 2 and eqs. 4–6): the server's own update
+  g₀ (trained on its root dataset from the same global model), each client's trust score
+  TS_i = ReLU(cos(Δ_i, g₀)), its update rescaled to g₀'s norm, ḡ_i = (‖g₀‖ / ‖Δ_i‖) Δ_i,
+  and the aggregate Σ_i TS_i ḡ_i / Σ_j TS_j (zero when every score is zero: the model
+  does not move). ``kept`` is TS_i (0: excluded). A zero update (or a zero g₀) scores 0.
 
 The coordinate-wise and selection rules are unweighted (the papers' rules); ``kept`` of a
 coordinate-wise rule is the share of coordinates in which the client's value entered the
@@ -39,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 RULES = ("none", "median", "trimmed_mean", "krum", "multi_krum", "bulyan", "norm_bound",
-         "centered_clip")
+         "centered_clip", "fltrust")
 
 
 @dataclass
@@ -164,3 +169,16 @@ def centered_clip(x: np.ndarray, tau: float, iters: int, start: np.ndarray | Non
         scale = np.minimum(1.0, tau / np.maximum(np.linalg.norm(z, axis=1), 1e-300))
         v = v + (scale[:, None] * z).mean(0)
     return Robust(v, scale)
+
+
+def fltrust(x: np.ndarray, reference: np.ndarray) -> Robust:
+    """FLTrust's aggregate of the rows of ``x`` against the server's update ``reference``."""
+    g0 = float(np.linalg.norm(reference))
+    norms = np.linalg.norm(x, axis=1)
+    ok = (norms > 0) & (g0 > 0)
+    safe = np.where(ok, norms, 1.0)
+    trust = np.where(ok, np.maximum(x @ reference / (safe * (g0 or 1.0)), 0.0), 0.0)
+    if not trust.sum() > 0:
+        return Robust(np.zeros(x.shape[1]), trust)
+    scaled = x * (np.where(ok, g0 / safe, 0.0) * trust)[:, None]
+    return Robust(scaled.sum(0) / trust.sum(), trust)

@@ -8,6 +8,7 @@ from typing import Any, Literal
 import numpy as np
 
 from fedray.core import registry
+from fedray.core.seeding import rng
 from fedray.core.spec import ConfigError, spec
 from fedray.methods.robust import rules
 
@@ -22,11 +23,11 @@ class RobustConfig:
     excluded) lands in its ``clients.parquet`` row."""
 
     rule: Literal["none", "median", "trimmed_mean", "krum", "multi_krum", "bulyan",
-                  "norm_bound", "centered_clip"] = spec(
+                  "norm_bound", "centered_clip", "fltrust"] = spec(
         "none", help="none (the weighted mean), median / trimmed_mean (coordinate-wise, Yin et "
                      "al. 2018), krum / multi_krum (Blanchard et al. 2017), bulyan (El Mhamdi "
                      "et al. 2018), norm_bound (Sun et al. 2019), centered_clip (Karimireddy "
-                     "et al. 2021)")
+                     "et al. 2021), fltrust (Cao et al. 2021)")
     f: int = spec(0, ge=0, help="krum, multi_krum, bulyan: malicious updates per round the "
                                 "rule withstands (krum needs n > 2f + 2, bulyan n >= 4f + 3)")
     m: int | None = spec(None, ge=1, help="multi_krum: updates averaged (default n - f)")
@@ -36,6 +37,10 @@ class RobustConfig:
     tau: float = spec(1.0, gt=0, help="centered_clip: τ, the clipping radius around the "
                                       "previous round's aggregate")
     iters: int = spec(1, ge=1, help="centered_clip: L, clipping iterations per round")
+    root_samples: int = spec(100, ge=1, help="fltrust: samples of the server's root dataset, "
+                                             "drawn once from the clients' training splits "
+                                             "(never the test splits); the server trains on "
+                                             "them as a client would (local.*)")
 
     def validate(self, cfg: Any) -> None:
         """The rule needs a FedAvg-family method, every upload on the driver, no central DP,
@@ -70,6 +75,12 @@ class RobustRule:
     def __init__(self, cfg: RobustConfig):
         self.cfg = cfg
         self.previous: np.ndarray | None = None
+        self.reference: State | None = None  # fltrust: this round's server update g0
+
+    @property
+    def root_samples(self) -> int:
+        """Samples of the server root dataset the rule needs an update on (0: none)."""
+        return self.cfg.root_samples if self.cfg.rule == "fltrust" else 0
 
     def combine(self, updates: list[tuple[int, int, State]], weighted: bool
                 ) -> tuple[State | None, dict[str, Any]]:
@@ -95,6 +106,14 @@ class RobustRule:
             out = rules.multi_krum(x, c.f, c.m)
         elif c.rule == "bulyan":
             out = rules.bulyan(x, c.f)
+        elif c.rule == "fltrust":
+            if self.reference is None:
+                raise RuntimeError("robust.rule=fltrust aggregates against the server's "
+                                   "update of the round, and none was given")
+            ref = np.concatenate([np.asarray(self.reference[k], np.float64).ravel()
+                                  for k in names])
+            self.reference = None  # one round's
+            out = rules.fltrust(x, ref)
         elif c.rule == "norm_bound":
             counts = np.array([n for _, n, _ in updates], np.float64)
             out = rules.norm_bound(x, c.bound, counts if weighted and counts.sum() else None)
@@ -120,6 +139,27 @@ class RobustRule:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         prev = state.get("previous")
         self.previous = None if prev is None else np.asarray(prev, np.float64)
+
+
+def root_dataset(data: Any, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """FLTrust's server root dataset: ``samples`` samples of the clients' training splits
+    (the complement of every test split), drawn from ``(seed, "fltrust-root")``: clients in
+    a seeded order until enough samples are pooled, then ``samples`` of the pool (all of it
+    when the clients hold fewer). The same on every executor and after ``--resume``. Our
+    choice where Cao et al. collect a fresh set: the server's samples may also be in some
+    client's training split, never in any test split."""
+    gen = rng(seed, purpose="fltrust-root")
+    xs, ys, held = [], [], 0
+    for c in gen.permutation(data.num_clients):
+        x, y = data.client_arrays(int(c), 0, "train")
+        xs.append(np.asarray(x))
+        ys.append(np.asarray(y))
+        held += len(x)
+        if held >= samples:
+            break
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    pick = np.sort(gen.choice(len(x), min(samples, len(x)), replace=False))
+    return x[pick], y[pick]
 
 
 registry.register_section("robust", RobustConfig)
