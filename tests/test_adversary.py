@@ -7,6 +7,8 @@ before the transform chain (bytes honest), FedBuff and ORDERS attacked."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from conftest import full_and_resumed
@@ -220,14 +222,28 @@ def test_attacked_runs_are_bitwise_across_executors_and_resume(ray_session, tiny
     assert r["attack_success_rate"].between(0, 1).all()
     assert out["summary"]["adversary"]["final_attack_success_rate"] == r[
         "attack_success_rate"].iloc[-1]
+    assert rounds["adversary/detection_recall"].between(0, 1).all()  # median's, per round
+    from fedray.front.report import compare, report
+
+    rep = report(str(tmp_path / "bd" / "full"), str(tmp_path / "rep"))
+    (fig,) = [f for f in rep["figures"] if f["path"].endswith("attack_vs_round.png")]
+    assert len(fig["axes"]) == 1 and "success" in fig["axes"][0]["ylabel"]
+    cmp = compare([str(tmp_path / d) for d in ("r0", "honest", "bd/full")],
+                  str(tmp_path / "cmp"))
+    names = [os.path.basename(f["path"]) for f in cmp["figures"]]
+    assert "defences_vs_attacks.png" in names and "attack_vs_round.png" in names
+    (heat,) = [f for f in cmp["figures"] if f["path"].endswith("defences_vs_attacks.png")]
+    assert heat["axes"][0]["ylabel"] == "defence"
     assert r["attack_success_rate"].iloc[-1] > 0.5  # two boosted attackers of six: it works
 
 
 @pytest.mark.ray
 def test_attacks_act_before_the_chain_and_under_fedbuff_and_orders(ray_session, tiny_cfg,
                                                                     tmp_path):
-    """A scaling attacker under top-k + int8 sends the bytes an honest client sends; FedBuff
-    (asynchronous) and ORDERS take sign-flipped and scaled uploads and mark their rows."""
+    """A scaling attacker under top-k + int8 sends the bytes an honest client sends; under a
+    fleet (over-commitment, dropouts) the colluding attackers are those whose uploads the
+    server accepted; FedBuff (asynchronous) and ORDERS take sign-flipped and scaled uploads
+    and mark their rows."""
     from fedray.runtime import run_experiment
 
     chain = {"payload.transforms": "[{name: topk, density: 0.2}, int8]", "rounds": 2}
@@ -237,6 +253,14 @@ def test_attacks_act_before_the_chain_and_under_fedbuff_and_orders(ray_session, 
     h, s = (run_outputs(tmp_path / n)["clients"] for n in ("honest", "scaled"))
     assert (h.upload_bytes == s.upload_bytes).all()
     assert not np.array_equal(h.train_loss.iloc[6:], s.train_loss.iloc[6:])  # round 2 moved
+    fleet = {"clients.per_round": 4, "fleet.overcommit": 0.5, "fleet.dropout": 0.2,
+             "adversary.attack": "min_max", "adversary.clients": "[0, 1, 2]", "rounds": 3}
+    run_experiment(tiny_cfg(**fleet), str(tmp_path / "fleet"), progress=False)
+    out = run_outputs(tmp_path / "fleet")
+    rows, rounds = out["clients"], out["rounds"]
+    reported = rows[rows.status == "ok"].groupby("round")["malicious"].sum()
+    assert (rounds.set_index("round")["adversary/malicious_accepted"] == reported).all()
+    assert (rows.status != "ok").any() and len(rows.groupby("round")) == 3  # the fleet acted
     for name, extra in [("fedbuff", {"algorithm.name": "fedbuff", "algorithm.concurrency": 3,
                                      "algorithm.buffer_size": 2,
                                      "adversary.attack": "sign_flip"}),

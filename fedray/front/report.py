@@ -4,8 +4,11 @@ self-contained HTML page (tables and plots inline, nothing fetched) of runs.
 Plots: accuracy vs round (global test set, and personalized = mean over clients of the
 global model on each client's local test split, with its spread over clients), accuracy vs
 cumulative bytes (log x: the communication/accuracy trade-off), accuracy vs simulated time
-(fleet clock) and vs privacy spent (client-level DP) when runs have them, and per-tier
-personalized accuracy when a run has several capacity tiers. Every accuracy axis is a
+(fleet clock) and vs privacy spent (client-level DP) when runs have them, per-tier
+personalized accuracy when a run has several capacity tiers, and, for runs with malicious
+clients, a backdoor's attack success rate and a robust rule's detection precision and
+recall per round; ``compare`` of runs that differ in both defence (method, robust rule) and
+attack adds a defences × attacks heatmap of the final global accuracy. Every accuracy axis is a
 fraction correct (↑ better) with the chance level drawn: 1/classes of the run's dataset
 (from ``data.json``, else the config's dataset), none for BlogText, whose accuracy is FAVoR's
 next-token accuracy (its chance depends on the vocabulary and the text, not a class count).
@@ -280,6 +283,7 @@ def _accuracy_plots(runs: list[dict], groups: list[dict], out_dir: str) -> list[
                 ylabel=ACCURACY)
         figures.append(save_figure(fig, out_dir, "accuracy_vs_epsilon.png"))
 
+    figures += _attack_plots(groups, what, out_dir)
     tiered = [g for g in groups if all(_tiers(r) for r in g["runs"])]
     if tiered:
         fig, ax = plt.subplots(figsize=(7, 4.6))
@@ -292,6 +296,82 @@ def _accuracy_plots(runs: list[dict], groups: list[dict], out_dir: str) -> list[
                 xlabel="round", ylabel=axis_label("personalized accuracy", FRACTION, UP))
         figures.append(save_figure(fig, out_dir, "accuracy_per_tier.png"))
     return figures
+
+
+def _attack_plots(groups: list[dict], what: str, out_dir: str) -> list[dict]:
+    """Runs with malicious clients (the ``adversary`` section): a backdoor's success rate
+    and a robust rule's per-round detection precision and recall against the round."""
+    plt = _plt()
+    panels = [(col, title, label) for col, title, label in [
+        ("attack_success_rate", "Backdoor: triggered test images classified as the target",
+         axis_label("attack success rate", "fraction", "↓ better")),
+        ("adversary/detection_recall", "Malicious client-rounds the rule excluded",
+         axis_label("detection recall", "fraction", UP)),
+        ("adversary/detection_precision", "Excluded client-rounds that were malicious",
+         axis_label("detection precision", "fraction", UP))]
+        if any(col in r["rounds"] and r["rounds"][col].notna().any()
+               for g in groups for r in g["runs"])]
+    if not panels:
+        return []
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
+    for ax, (col, title, label) in zip(axes[0], panels, strict=True):
+        for g in groups:
+            if all(col in r["rounds"] for r in g["runs"]):
+                _draw(ax, g["label"], [_frame(r, col) for r in g["runs"]])
+        ax.set_ylim(-0.02, 1.02)
+        _finish(ax, title=title, xlabel="round", ylabel=label)
+    fig.suptitle(f"Under attack: {what}")
+    return [save_figure(fig, out_dir, "attack_vs_round.png")]
+
+
+def _defence(config: dict[str, Any]) -> str:
+    """A run's defence, for the study heatmap: its method, with its robust rule if any."""
+    algo = config.get("algorithm") or {}
+    rule = (config.get("robust") or {}).get("rule", "none")
+    name = str(algo.get("name", "fedavg"))
+    if "weighting" in algo:
+        name += f" ({algo['weighting']})"
+    return name if rule in (None, "none") else f"{name} + {rule}"
+
+
+def _attack(config: dict[str, Any]) -> str:
+    adv = config.get("adversary") or {}
+    share = adv.get("fraction") or 0
+    return f"{adv.get('attack', 'none')}" + (f" {share:g}" if share else "")
+
+
+def _heatmap(runs: list[dict], out_dir: str) -> list[dict]:
+    """A study of defences × attacks (runs whose configs differ in both): the final global
+    accuracy of each pair, mean over its runs (seeds)."""
+    cells: dict[tuple[str, str], list[float]] = {}
+    for r in runs:
+        acc = r["rounds"]["global_accuracy"].dropna() if "global_accuracy" in r["rounds"] \
+            else pd.Series(dtype=float)
+        if r["config"] and len(acc):
+            cells.setdefault((_defence(r["config"]), _attack(r["config"])), []).append(
+                float(acc.iloc[-1]))
+    defences = list(dict.fromkeys(d for d, _ in cells))
+    attacks = list(dict.fromkeys(a for _, a in cells))
+    if len(defences) < 2 or len(attacks) < 2:
+        return []
+    grid = np.full((len(defences), len(attacks)), np.nan)
+    for (d, a), v in cells.items():
+        grid[defences.index(d), attacks.index(a)] = float(np.mean(v))
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(1.1 * len(attacks) + 4, 0.45 * len(defences) + 2.2))
+    im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+    ax.set_xticks(range(len(attacks)), attacks, rotation=30, ha="right")
+    ax.set_yticks(range(len(defences)), defences)
+    for i in range(len(defences)):
+        for j in range(len(attacks)):
+            if not math.isnan(grid[i, j]):
+                ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=7,
+                        color="white" if grid[i, j] < 0.5 else "black")
+    fig.colorbar(im, ax=ax, fraction=0.04, label="accuracy (↑ better)")
+    ax.set(xlabel="attack (malicious share)", ylabel="defence")
+    fig.suptitle("Defences × attacks: final global test accuracy\n(mean over each pair's runs)",
+                 fontsize=10)
+    return [save_figure(fig, out_dir, "defences_vs_attacks.png")]
 
 
 def _tiers(run: dict) -> list[str]:
@@ -529,7 +609,7 @@ def _rebased(obj: Any, stage: str, final: str) -> Any:
 def _compare(runs: list[dict[str, Any]], out_dir: str) -> dict[str, Any]:
     run_dirs = [r["dir"] for r in runs]
     groups = _groups(runs, by_seed=True)
-    figures = _accuracy_plots(runs, groups, out_dir)
+    figures = _accuracy_plots(runs, groups, out_dir) + _heatmap(runs, out_dir)
     plots = [f["path"] for f in figures]
     rows = [_row(r) for r in runs]
     by_dir = {r["dir"]: row for r, row in zip(runs, rows, strict=True)}

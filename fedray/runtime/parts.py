@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from fedray.methods.base import AggregationPolicy, ClientSampler, State
+from fedray.methods.robust.adversary import detection
 from fedray.observe.metrics import MetricsWriter
 from fedray.runtime.dispatch import Dispatcher
 from fedray.runtime.jobs import RoundFailedError
@@ -79,14 +80,24 @@ class RoundParts:
 
     def log(self, rec: RoundRecord) -> dict:
         """Write the round's row and its clients' rows; return the round row. With an
-        adversary every client row says whether the client is ``malicious`` and the round
-        row how many sampled ones were."""
+        adversary every client row says whether the client is ``malicious``, and the round
+        row how many sampled ones were and — when a robust rule weighed the uploads — the
+        round's detection precision and recall (:func:`~fedray.methods.robust.adversary.
+        detection`)."""
         if self.adversary is not None:
             bad = {c: float(self.adversary.is_malicious(c))
                    for c in set(rec.sampled) | set(rec.evaluation.clients)}
             for c, flag in bad.items():
                 rec.client_extra.setdefault(c, {})["malicious"] = flag
             rec.extra["adversary/malicious_sampled"] = float(sum(bad[c] for c in rec.sampled))
+            kept = {c: m["robust_kept"] for c, m in
+                    rec.policy_metrics.get("per_client", {}).items() if "robust_kept" in m}
+            if kept:
+                cids = sorted(kept)
+                found = detection(np.array([bad[c] for c in cids]),
+                                  np.array([kept[c] for c in cids]))
+                rec.extra |= {f"adversary/detection_{k}": math.nan if v is None else v
+                              for k, v in found.items()}
         row, clients = round_rows(rec, self.tiers.of, self.ledger.totals)
         self.metrics.write_round(rec.round, row, clients)
         return row

@@ -305,23 +305,30 @@ class Adversary:
         return self._triggered
 
 
+def detection(malicious: np.ndarray, kept: np.ndarray) -> dict[str, float | None]:
+    """Detection of the malicious client-rounds by a robust rule: *detected* = excluded
+    (``robust_kept`` = 0); precision = detected malicious / detected, recall = detected
+    malicious / malicious (None where the denominator is 0)."""
+    flagged, bad = np.asarray(kept) == 0, np.asarray(malicious).astype(bool)
+    hits = int((flagged & bad).sum())
+    return {"precision": hits / int(flagged.sum()) if flagged.any() else None,
+            "recall": hits / int(bad.sum()) if bad.any() else None}
+
+
 def attack_summary(cfg: AdversaryConfig, num_clients: int, seed: int, malicious: np.ndarray,
                    kept: np.ndarray | None, asr: float | None) -> dict[str, Any]:
     """What a run's ``summary.json`` says of its adversary, from ``clients.parquet``'s
     ``malicious`` flags of every sampled client-round and, under a robust rule, their
-    ``robust_kept``: a client-round is *detected* when the rule excluded it (kept = 0);
-    detection precision = detected malicious / detected, recall = detected malicious /
-    malicious (None where the denominator is 0). Rules that down-weight rather than
-    exclude (trimmed mean, norm bounding, centered clipping, FLTrust's trust scores) show in
-    the mean weight of the malicious and of the benign client-rounds."""
+    ``robust_kept``: the :func:`detection` precision and recall over the whole run. Rules
+    that down-weight rather than exclude (trimmed mean, norm bounding, centered clipping,
+    FLTrust's trust scores) show in the mean weight of the malicious and of the benign
+    client-rounds."""
     out: dict[str, Any] = {"attack": cfg.attack,
                            "malicious_clients": len(malicious_ids(cfg, num_clients, seed)),
                            "malicious_client_rounds": int(malicious.sum())}
     if kept is not None:
-        flagged, bad = kept == 0, malicious.astype(bool)
-        hits = int((flagged & bad).sum())
-        out["detection_precision"] = hits / int(flagged.sum()) if flagged.any() else None
-        out["detection_recall"] = hits / int(bad.sum()) if bad.any() else None
+        bad = malicious.astype(bool)
+        out |= {f"detection_{k}": v for k, v in detection(bad, kept).items()}
         out["mean_kept_malicious"] = float(kept[bad].mean()) if bad.any() else None
         out["mean_kept_benign"] = float(kept[~bad].mean()) if (~bad).any() else None
     if asr is not None:
