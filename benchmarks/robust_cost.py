@@ -6,10 +6,13 @@ arrays) beyond what was held before it, for ``--clients``
 uploads of ``--params`` float32 parameters (two tensors, random normal).
 
     .venv/bin/python benchmarks/robust_cost.py [--clients 10 100] [--params 100000 1000000]
+        [--rules median krum ...]
 
 Every rule stacks the round's uploads into one float64 matrix (clients × parameters), so
 its memory is 8 · n · d bytes on top of the uploads themselves; Krum and Bulyan also form
 the n × n distance matrix (negligible next to it), Bulyan repeats Krum n − 2f times.
+FLTrust's aggregation is timed here; the server's own update on its root dataset is one
+more local training of ``robust.root_samples`` samples per round, on an executor.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from fedray.methods.fedavg.policy import FedAvgPolicy
 from fedray.methods.robust import RobustConfig, RobustRule
 
 RULES = ["none", "median", "trimmed_mean", "krum", "multi_krum", "bulyan", "norm_bound",
-         "centered_clip"]
+         "centered_clip", "fltrust"]
 
 
 def measure(rule: str, n: int, d: int, repeats: int) -> dict:
@@ -37,11 +40,17 @@ def measure(rule: str, n: int, d: int, repeats: int) -> dict:
     f = max(0, (n - 3) // 4)  # Bulyan's largest f: n >= 4f + 3
     robust = None if rule == "none" else RobustRule(RobustConfig(rule=rule, f=f))
     policy = FedAvgPolicy(robust=robust)
+    reference = {"a": g.normal(size=half).astype(np.float32),
+                 "b": g.normal(size=d - half).astype(np.float32)}
     times = []
     for _ in range(repeats):
+        if policy.root_samples:  # FLTrust: the server's update (its training not counted)
+            policy.set_reference(reference)
         t = time.perf_counter()
         policy.aggregate(state, ups, 1)
         times.append(time.perf_counter() - t)
+    if policy.root_samples:
+        policy.set_reference(reference)
     tracemalloc.start()
     held = tracemalloc.get_traced_memory()[0]
     policy.aggregate(state, ups, 1)
@@ -56,13 +65,15 @@ def main() -> None:
     p.add_argument("--clients", type=int, nargs="+", default=[10, 100])
     p.add_argument("--params", type=int, nargs="+", default=[100_000, 1_000_000])
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rules", nargs="+", default=RULES[1:], choices=RULES[1:],
+                   help="rules measured (each against the plain mean, always measured)")
     a = p.parse_args()
     print("| clients | params | rule | s / round | × mean | peak allocation MB |")
     print("|---:|---:|---|---:|---:|---:|")
     for n in a.clients:
         for d in a.params:
             base = None
-            for rule in RULES:
+            for rule in ["none", *a.rules]:
                 row = measure(rule, n, d, a.repeats)
                 base = base or row["seconds"]
                 print(f"| {n} | {d:,} | {rule} | {row['seconds']:.4f} | "
