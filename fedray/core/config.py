@@ -65,10 +65,12 @@ class DataConfig:
                        "digits ships with scikit-learn; cifar* read a local torchvision root; "
                        "blogtext reads a BlogText-schema CSV (FAVoR); parquet (a file or "
                        "directory) and hf (a Hugging Face `datasets` save_to_disk directory) "
-                       "are split by data.client_column, one client per natural id")
+                       "are split by data.client_column, one client per natural id; leaf "
+                       "reads LEAF's JSON shards (train/ and test/), one client per user")
     root: str | None = spec(None, help="local directory of a torchvision dataset (cifar*), "
                                        "the CSV file (blogtext), the Parquet file or "
-                                       "directory (parquet), the save_to_disk directory (hf)")
+                                       "directory (parquet), the save_to_disk directory (hf), "
+                                       "the dataset directory (leaf)")
     client_column: str | None = spec(None, help="parquet/hf: the column naming each row's "
                                                 "client (author, writer, device)")
     label_column: str = spec("label", help="parquet/hf: the integer class column")
@@ -76,7 +78,7 @@ class DataConfig:
         None, help="parquet/hf: numeric feature columns, or one fixed-size list column "
                    "(default: every numeric column but the client and label ones)")
     cache_dir: str | None = spec(
-        None, help="parquet/hf: where the memory-mapped Arrow copy is kept (default "
+        None, help="parquet/hf/leaf: where the memory-mapped Arrow copy is kept (default "
                    "$FEDRAY_CACHE or ~/.cache/fedray)")
     synthetic_per_client: int | None = spec(
         None, ge=2, help="synthetic: draw each client's samples on demand from (seed, client)"

@@ -29,6 +29,8 @@ class DatasetEntry:
     load: Callable[[Any, int], Any] | None = None  # (DataConfig, seed) -> Dataset
     shape: Callable[[Any], tuple[tuple[int, ...], int]] | None = None  # None: read at run time
     check: Callable[[Any], None] | None = None  # (ExperimentConfig) -> None, raises ConfigError
+    # (DataConfig, num_clients, seed) -> a population, for a format with its own reader
+    population: Callable[[Any, int, int], Any] | None = None
 
     @property
     def natural_ids(self) -> bool:
@@ -122,6 +124,23 @@ def _check_table(cfg: Any) -> None:
     memory.require("data.root", d.root, est, cfg.runtime.ray_address)
 
 
+def _leaf(d: Any, num_clients: int, seed: int) -> Any:
+    from fedray.data.leaf import build_leaf
+
+    return build_leaf(d, num_clients, seed)
+
+
+def _check_leaf(cfg: Any) -> None:
+    """The LEAF folders and shards exist inside ``data.root`` (their content is checked when
+    they are read, still before Ray starts)."""
+    from fedray.data.leaf import leaf_files
+
+    if not cfg.data.root:
+        raise ConfigError("data.root", cfg.data.root, "a LEAF dataset directory (train/ and "
+                                                      "test/ folders of JSON shards)")
+    leaf_files(cfg.data.root)
+
+
 def _check_blogtext(cfg: Any) -> None:
     if cfg.data.root is None or not Path(cfg.data.root).is_file():
         raise ConfigError("data.root", cfg.data.root, "an existing BlogText-schema CSV file")
@@ -139,7 +158,8 @@ for _entry in (
                      _check_cifar),
         DatasetEntry("blogtext", "method", check=_check_blogtext),
         DatasetEntry("parquet", "table", check=_check_table),
-        DatasetEntry("hf", "table", check=_check_table)):
+        DatasetEntry("hf", "table", check=_check_table),
+        DatasetEntry("leaf", "table", check=_check_leaf, population=_leaf)):
     registry.register_dataset(_entry)
 
 __all__ = ["DatasetEntry"]

@@ -48,7 +48,10 @@ def build_client_data(cfg: ExperimentConfig, dataset: Any = None) -> Any:
         return SyntheticPopulation.build(d, n, cfg.seed)
     from fedray.core import registry
 
-    if registry.dataset(d.dataset).kind == "table":
+    entry = registry.dataset(d.dataset)
+    if entry.population is not None:  # a reader of its own format (LEAF, ...)
+        return entry.population(d, n, cfg.seed)
+    if entry.kind == "table":
         return TablePopulation.build(d, n, cfg.seed)
     from fedray.data.federated import build_federated
 
@@ -509,6 +512,39 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def write_cache_entry(path: str, index_path: str, x: np.ndarray, y: np.ndarray,
+                      offsets: np.ndarray, split: np.ndarray, natural_ids: np.ndarray,
+                      x_test: np.ndarray, y_test: np.ndarray, info: dict[str, Any]
+                      ) -> TablePopulation:
+    """Write one population cache entry — the rows (client by client, train before test)
+    as an uncompressed Arrow IPC file, the index (offsets, split points, natural ids, the
+    global test set, ``info``) as a plain ``.npz`` — through temporary names, so that an
+    interrupted write leaves nothing half-written; return it, memory-mapped. ``info`` may
+    hold ``input_shape`` (default: flat rows)."""
+    import pyarrow as pa
+
+    x2 = x.reshape(len(x), -1)
+    out = pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(x2.reshape(-1)),
+                                                           x2.shape[1]), "y": y})
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp, tmp_index = _temp_name(path), _temp_name(index_path)
+    try:
+        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, out.schema) as writer:
+            writer.write_table(out, max_chunksize=max(1, len(y)))
+        with open(tmp_index, "wb") as fh:  # a file object: savez adds no suffix
+            np.savez(fh, offsets=offsets, split=split, natural_ids=natural_ids,
+                     x_test=x_test.reshape(len(x_test), -1), y_test=y_test,
+                     info=np.array(json.dumps(info)))
+        os.replace(tmp_index, index_path)
+        os.replace(tmp, path)
+    except BaseException:  # a failed or interrupted write leaves no temp file behind
+        for name in (tmp, tmp_index):
+            if os.path.lexists(name):
+                os.remove(name)
+        raise
+    return TablePopulation._from_cache(path, index_path)
+
+
 @dataclass
 class TablePopulation:
     """Clients as contiguous row ranges of a memory-mapped Arrow IPC file: client ``c``'s
@@ -555,8 +591,6 @@ class TablePopulation:
     @classmethod
     def _convert(cls, d: DataConfig, files: list[str], num_clients: int, seed: int,
                  path: str, index_path: str) -> TablePopulation:
-        import pyarrow as pa
-
         table, names, starts = _read_source(d, files)
         source = _Rows(files, starts)
         for key, col, rule in (("data.client_column", d.client_column, ID_RULE),
@@ -595,25 +629,8 @@ class TablePopulation:
                 "ids_total": int(len(natural)),
                 "ids_too_small": int(len(natural) - len(eligible)),
                 "classes": [str(v) for v in classes.tolist()]}
-        flat = pa.array(x.reshape(-1))
-        out = pa.table({"x": pa.FixedSizeListArray.from_arrays(flat, x.shape[1]), "y": y})
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp, tmp_index = _temp_name(path), _temp_name(index_path)
-        try:
-            with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, out.schema) as writer:
-                writer.write_table(out, max_chunksize=max(1, len(y)))
-            with open(tmp_index, "wb") as fh:  # a file object: savez adds no suffix
-                np.savez(fh, offsets=offsets, split=split,
-                         natural_ids=natural[keep].astype(str), x_test=x[pick],
-                         y_test=y[pick], info=np.array(json.dumps(info)))
-            os.replace(tmp_index, index_path)
-            os.replace(tmp, path)
-        except BaseException:  # a failed or interrupted write leaves no temp file behind
-            for name in (tmp, tmp_index):
-                if os.path.lexists(name):
-                    os.remove(name)
-            raise
-        return cls._from_cache(path, index_path)
+        return write_cache_entry(path, index_path, x, y, offsets, split,
+                                 natural[keep].astype(str), x[pick], y[pick], info)
 
     @classmethod
     def _from_cache(cls, path: str, index_path: str) -> TablePopulation:
@@ -621,8 +638,10 @@ class TablePopulation:
         memory-mapped; a damaged entry raises ValueError, KeyError, IndexError or OSError."""
         with np.load(index_path, allow_pickle=False) as z:
             offsets, split = z["offsets"], z["split"]
-            pop = cls(path, len(offsets) - 1, 0, (z["x_test"].shape[1],), offsets, split,
-                      z["natural_ids"], z["x_test"], z["y_test"], json.loads(str(z["info"])))
+            info = json.loads(str(z["info"]))
+            shape = tuple(int(s) for s in info.get("input_shape", [z["x_test"].shape[1]]))
+            pop = cls(path, len(offsets) - 1, 0, shape, offsets, split, z["natural_ids"],
+                      z["x_test"].reshape(-1, *shape), z["y_test"], info)
         pop.num_classes = len(pop.info["classes"])
         pop._map()
         if len(pop._y) != int(offsets[-1]) or len(split) != pop.num_clients:

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from fedray.core import registry
-from fedray.core.config import DataConfig, dataset_shape, parse_text
+from fedray.core.config import DEFAULT_METHOD, DataConfig, dataset_shape, parse_text
 from fedray.core.outputs import refuse_links, staged_dir
 from fedray.core.spec import ConfigError, build_dataclass
 from fedray.core.storage import StateFileError, Storage
@@ -328,7 +328,7 @@ def _defence(config: dict[str, Any]) -> str:
     """A run's defence, for the study heatmap: its method, with its robust rule if any."""
     algo = config.get("algorithm") or {}
     rule = (config.get("robust") or {}).get("rule", "none")
-    name = str(algo.get("name", "fedavg"))
+    name = str(algo.get("name", DEFAULT_METHOD))
     if "weighting" in algo:
         name += f" ({algo['weighting']})"
     return name if rule in (None, "none") else f"{name} + {rule}"

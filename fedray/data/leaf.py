@@ -1,0 +1,199 @@
+"""LEAF's JSON format (Caldas et al., "LEAF: A Benchmark for Federated Settings", 2018):
+``data.dataset=leaf`` reads a LEAF dataset directory as LEAF's own scripts write it, one
+client per LEAF user, with LEAF's own per-user train/test split.
+
+Layout read (``data.root``): ``train/*.json`` and ``test/*.json`` (LEAF's ``data/train`` and
+``data/test`` after ``preprocess.sh``; any number of shards), each file one object::
+
+    {"users": ["f0000_14", ...], "num_samples": [153, ...],
+     "user_data": {"f0000_14": {"x": [[0.0, 1.0, ...], ...], "y": [7, ...]}, ...}}
+
+Every user's ``x`` is a list of equal-length numeric vectors and ``y`` a list of integer
+labels (FEMNIST: 784 floats in [0, 1] per 28×28 image, 62 classes). A vector length that is
+a perfect square d = s² is read as one s×s grey image (input shape (1, s, s), for the CNNs);
+any other length as a flat vector. Text ``x`` (Shakespeare, Sent140) is refused with a clear
+error: its tokenizer is not here yet.
+
+A user's rows are its rows of every train shard then of every test shard (shards in sorted
+file-name order); the users kept are the first ``clients.num_clients`` in sorted user-id
+order among those with at least ``data.min_samples`` rows (train + test), so client ``c``
+is the same user in both splits (the failure mode of Flower Datasets #5243). Labels are
+LEAF's integers as they are (classes 0..the largest label of any user). The global test
+set is up to 10,000 rows drawn from the kept users' test rows (seeded). The converted rows go to the
+memory-mapped population cache of :class:`fedray.data.population.TablePopulation`, keyed by
+the files (path, size, modification time), ``clients.num_clients``, ``data.min_samples`` and
+the seed; a second run maps the cache without reading JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from fedray.core.config import DataConfig
+from fedray.core.seeding import rng
+from fedray.core.spec import ConfigError, redact, short_repr
+from fedray.data.population import (
+    GLOBAL_TEST_MAX,
+    TablePopulation,
+    _cache_root,
+    _inside,
+    _remove_stale_temps,
+    write_cache_entry,
+)
+
+SPLITS = ("train", "test")
+
+
+def leaf_files(root: str) -> dict[str, list[str]]:
+    """The JSON shards of ``root``'s ``train/`` and ``test/`` folders, each inside
+    ``root`` once links are resolved (a planted link out of it is refused)."""
+    if not os.path.isdir(root):
+        raise ConfigError("data.root", root, "a LEAF dataset directory holding train/ and "
+                                             "test/ folders of JSON shards")
+    out = {}
+    for split in SPLITS:
+        folder = os.path.join(root, split)
+        if not os.path.isdir(folder):
+            raise ConfigError("data.root", root, f"a LEAF dataset directory with a {split}/ "
+                                                 f"folder of JSON shards")
+        files = sorted(os.path.join(folder, f) for f in os.listdir(folder)
+                       if f.endswith(".json"))
+        if not files:
+            raise ConfigError("data.root", folder, "a folder holding LEAF .json shards")
+        for path in files:
+            if not _inside(path, root) or not os.path.isfile(path):
+                raise ConfigError("data.root", path, f"a regular file inside {root} (this "
+                                                     f"one resolves to "
+                                                     f"{os.path.realpath(path)})")
+        out[split] = files
+    return out
+
+
+def _shard(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """One shard's users as (x float32 (n, d), y int64 (n,)), checked: every rule broken
+    is a :class:`ConfigError` naming the file and the user."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise _bad(path, "the file", f"a LEAF JSON shard (it does not parse: "
+                                             f"{type(e).__name__})") from None
+    if not isinstance(doc, dict) or not all(k in doc for k in ("users", "num_samples",
+                                                               "user_data")):
+        raise _bad(path, "the file", "a LEAF JSON object with users, num_samples "
+                                             "and user_data")
+    users, counts, data = doc["users"], doc["num_samples"], doc["user_data"]
+    if not isinstance(users, list) or not isinstance(counts, list) or \
+            not isinstance(data, dict) or len(users) != len(counts):
+        raise _bad(path, "the file", "users and num_samples lists of one length and "
+                                             "a user_data object")
+    out = {}
+    for user, n in zip(users, counts, strict=True):
+        where = f"user {user}"
+        if not isinstance(user, str) or user not in data or not isinstance(data[user], dict):
+            raise _bad(path, where, "a user listed in users with its entry in "
+                                                  "user_data")
+        x, y = data[user].get("x"), data[user].get("y")
+        if not isinstance(x, list) or not isinstance(y, list) or len(x) != len(y):
+            raise _bad(path, where, f"x and y lists of one length (x: "
+                                                  f"{_len(x)}, y: {_len(y)})")
+        if len(x) != n:
+            raise _bad(path, where, f"num_samples = the length of its x and y "
+                                                  f"(num_samples {short_repr(n)}, x {len(x)})")
+        if x and isinstance(x[0], str):
+            raise _bad(path, where, "numeric x vectors (text x, as Shakespeare "
+                                                  "and Sent140 have, is not read yet)")
+        try:
+            xa = np.asarray(x, dtype=np.float32)
+            ya = np.asarray(y, dtype=np.float64)
+        except (ValueError, TypeError):
+            raise _bad(path, where, "x: equal-length lists of numbers; y: "
+                                                  "integer labels") from None
+        if xa.ndim != 2 or ya.ndim != 1 or not np.isfinite(xa).all() or \
+                not (ya == np.round(ya)).all() or (ya < 0).any():
+            raise _bad(path, where, "x: equal-length lists of finite numbers; "
+                                                  "y: integer labels >= 0")
+        if user in out:
+            raise _bad(path, where, "each user once per shard")
+        out[user] = (xa, ya.astype(np.int64))
+    return out
+
+
+def _bad(path: str, what: str, rule: str) -> ConfigError:
+    """An error naming the shard (in full), what in it breaks the rule, and the rule."""
+    return ConfigError(f"data.root ({path})", what, rule)
+
+
+def _len(v: Any) -> str:
+    return str(len(v)) if isinstance(v, list) else type(v).__name__
+
+
+def input_shape_of(d: int) -> tuple[int, ...]:
+    """A vector of length s² is one s×s grey image; any other length stays flat."""
+    s = math.isqrt(d)
+    return (1, s, s) if s * s == d and s > 1 else (d,)
+
+
+def build_leaf(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
+    """The LEAF dataset at ``data.root`` as a population (see the module docstring)."""
+    root = os.path.abspath(d.root)
+    files = leaf_files(root)
+    stat = [(f, os.path.getsize(f), os.path.getmtime(f)) for s in SPLITS for f in files[s]]
+    key = hashlib.sha256(json.dumps(["leaf", stat, d.min_samples, num_clients, seed]
+                                    ).encode()).hexdigest()[:32]
+    folder = os.path.join(_cache_root(d), "populations")
+    _remove_stale_temps(folder)
+    path, index_path = (os.path.join(folder, key + ext) for ext in (".arrow", ".index.npz"))
+    if all(os.path.isfile(p) and _inside(p, folder) for p in (path, index_path)):
+        try:
+            return TablePopulation._from_cache(path, index_path)
+        except (ValueError, KeyError, IndexError, TypeError, OSError):
+            pass  # a damaged cache entry is rebuilt
+    rows: dict[str, dict[str, list[tuple[np.ndarray, np.ndarray]]]] = {}
+    width = None
+    for split in SPLITS:
+        for f in files[split]:
+            for user, (x, y) in _shard(f).items():
+                if len(x) and width is None:
+                    width = x.shape[1]
+                if len(x) and x.shape[1] != width:
+                    raise _bad(f, f"user {user}", f"x vectors of the dataset's one length "
+                                                  f"{width} (got {x.shape[1]})")
+                rows.setdefault(user, {"train": [], "test": []})[split].append((x, y))
+    sizes = {u: sum(len(x) for s in SPLITS for x, _ in r[s]) for u, r in rows.items()}
+    eligible = [u for u in sorted(rows) if sizes[u] >= d.min_samples]
+    if len(eligible) < num_clients:
+        raise ConfigError("clients.num_clients", num_clients,
+                          f"at most the {len(eligible)} LEAF users of {d.root} with >= "
+                          f"{d.min_samples} samples (data.min_samples)")
+    keep = eligible[:num_clients]
+    xs, ys, offsets, split_at = [], [], [0], []
+    for u in keep:
+        for split in SPLITS:
+            for x, y in rows[u][split]:
+                xs.append(x)
+                ys.append(y)
+            if split == "train":
+                split_at.append(offsets[-1] + sum(len(x) for x, _ in rows[u]["train"]))
+        offsets.append(offsets[-1] + sizes[u])
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    offsets_a, split_a = np.asarray(offsets, np.int64), np.asarray(split_at, np.int64)
+    test_rows = np.concatenate([np.arange(a, b) for a, b in zip(split_a, offsets_a[1:],
+                                                                   strict=True)])
+    pick = np.sort(rng(seed, -1, -1, "population-global-test").choice(
+        test_rows, min(GLOBAL_TEST_MAX, len(test_rows)), replace=False))
+    classes = 1 + max(int(y.max()) for r in rows.values() for s in SPLITS for _, y in r[s]
+                      if len(y))
+    shape = input_shape_of(int(x.shape[1]))
+    info = {"source": redact(d.root), "dataset": "leaf", "rows": int(len(y)),
+            "ids_total": len(rows), "ids_too_small": len(rows) - len(eligible),
+            "classes": [str(c) for c in range(classes)], "input_shape": list(shape),
+            "split": "LEAF's own train/ and test/ per user"}
+    return write_cache_entry(path, index_path, x, y, offsets_a, split_a,
+                             np.asarray(keep).astype(str), x[pick], y[pick], info)

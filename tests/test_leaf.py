@@ -1,0 +1,143 @@
+"""LEAF's JSON format (issue #31): a FEMNIST-shaped LEAF dataset written here exactly as
+LEAF's preprocessing writes it (train/ and test/ folders of JSON shards), read back one
+client per user with LEAF's own split — the same user behind a client id in both splits —
+from the population cache on a second build; every malformed shard one error naming the
+file and the user before Ray; and a run through Ray on it."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from fedray.core.config import load_config
+from fedray.core.spec import ConfigError
+from fedray.data.population import build_client_data
+
+
+def write_leaf(root, users: dict[str, tuple[int, int]], seed: int = 0, shards: int = 2,
+               width: int = 784) -> dict:
+    """LEAF FEMNIST-format shards under root/train and root/test: each user with its
+    (train, test) sample counts, x in [0, 1], y in 0..61; users dealt to ``shards`` files per
+    split. Returns {user: {"train": (x, y), "test": (x, y)}}."""
+    g = np.random.default_rng(seed)
+    data = {u: {s: (g.random((n, width)).round(4), g.integers(0, 62, n))
+                for s, n in zip(("train", "test"), sizes, strict=True)}
+            for u, sizes in users.items()}
+    for split in ("train", "test"):
+        os.makedirs(os.path.join(root, split), exist_ok=True)
+        names = list(users)
+        for k in range(shards):
+            part = names[k::shards]
+            doc = {"users": part, "num_samples": [len(data[u][split][1]) for u in part],
+                   "user_data": {u: {"x": data[u][split][0].tolist(),
+                                     "y": data[u][split][1].tolist()} for u in part}}
+            with open(os.path.join(root, split, f"all_data_{k}_niid_0_keep_0_{split}_9.json"),
+                      "w") as f:
+                json.dump(doc, f)
+    return data
+
+
+USERS = {"f0003_12": (6, 2), "f0001_40": (5, 2), "f0000_14": (8, 3), "f0002_07": (1, 1),
+         "f0004_33": (7, 2)}
+
+
+def leaf_cfg(root, tmp_path, *extra):
+    return load_config(None, ["data.dataset=leaf", f"data.root={root}",
+                              f"data.cache_dir={tmp_path / 'cache'}", "clients.num_clients=3",
+                              *extra])
+
+
+def test_each_client_is_one_leaf_user_with_leafs_own_split(tmp_path):
+    root = tmp_path / "femnist"
+    data = write_leaf(root, USERS)
+    cfg = leaf_cfg(root, tmp_path)
+    pop = build_client_data(cfg)
+    # f0002_07 has 2 < data.min_samples = 4 samples: skipped; the rest in sorted id order
+    assert pop.natural_ids.tolist() == ["f0000_14", "f0001_40", "f0003_12"]
+    assert pop.input_shape == (1, 28, 28)
+    assert pop.num_classes == 1 + max(int(v[s][1].max()) for v in data.values() for s in v)
+    for c, user in enumerate(pop.natural_ids):
+        for split in ("train", "test"):
+            x, y = pop.client_arrays(c, 1, split)
+            want_x, want_y = data[user][split]
+            assert x.shape == (len(want_y), 1, 28, 28)
+            assert np.array_equal(x.reshape(len(x), -1), want_x.astype(np.float32))
+            assert np.array_equal(y, want_y)
+    assert pop.summary()["ids_too_small"] == 1 and len(pop.y_test) == 7
+    stamp = os.stat(pop.path).st_mtime_ns  # the second build maps the cache, no JSON read
+    again = build_client_data(cfg)
+    assert again.path == pop.path and os.stat(pop.path).st_mtime_ns == stamp
+    assert np.array_equal(again.client_arrays(2, 1)[0], pop.client_arrays(2, 1)[0])
+
+
+def test_a_flat_vector_stays_flat(tmp_path):
+    write_leaf(tmp_path / "flat", USERS, width=60)
+    pop = build_client_data(leaf_cfg(tmp_path / "flat", tmp_path))
+    assert pop.input_shape == (60,) and pop.client_arrays(0, 1)[0].shape == (8, 60)
+
+
+def _edit(root, split, k, change):
+    path = os.path.join(root, split, f"all_data_{k}_niid_0_keep_0_{split}_9.json")
+    with open(path) as f:
+        doc = json.load(f)
+    text = change(doc)
+    with open(path, "w") as f:
+        f.write(text if isinstance(text, str) else json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("split, change, rule", [
+    ("train", lambda d: d["num_samples"].__setitem__(0, 99), "num_samples = the length"),
+    ("test", lambda d: d["user_data"][d["users"][0]]["y"].pop(), "x and y lists of one "
+                                                                 "length"),
+    ("train", lambda d: json.dumps(d)[:500], "does not parse"),
+    ("train", lambda d: d["user_data"][d["users"][0]].__setitem__(
+        "x", ["hello world"] * len(d["user_data"][d["users"][0]]["y"])), "text x"),
+    ("test", lambda d: d["user_data"][d["users"][0]]["y"].__setitem__(0, -1),
+     "integer labels >= 0"),
+])
+def test_a_malformed_shard_is_one_error_naming_file_and_user(tmp_path, split, change, rule):
+    root = tmp_path / "bad"
+    write_leaf(root, USERS)
+    path = _edit(root, split, 0, change)
+    with pytest.raises(ConfigError) as e:
+        build_client_data(leaf_cfg(root, tmp_path))
+    msg = str(e.value)
+    assert rule in msg and path in msg and "\n" not in msg
+    if "parse" not in rule:
+        assert "'user f0003_12'" in msg  # the first user of shard 0
+    cache = tmp_path / "cache" / "populations"  # nothing half-written
+    assert not cache.exists() or not os.listdir(cache)
+
+
+def test_layout_and_links_are_checked_before_ray(tmp_path):
+    root = tmp_path / "leaf"
+    write_leaf(root, USERS)
+    outside = tmp_path / "outside.json"
+    outside.write_text("{}")
+    os.symlink(outside, root / "train" / "planted.json")
+    with pytest.raises(ConfigError, match="a regular file inside"):
+        leaf_cfg(root, tmp_path)
+    os.remove(root / "train" / "planted.json")
+    os.rename(root / "test", root / "held_out")
+    with pytest.raises(ConfigError, match="test/ folder"):
+        leaf_cfg(root, tmp_path)
+    with pytest.raises(ConfigError, match="at most the 4 LEAF users"):
+        os.rename(root / "held_out", root / "test")
+        build_client_data(leaf_cfg(root, tmp_path, "clients.num_clients=5"))
+
+
+@pytest.mark.ray
+def test_fedavg_runs_on_a_leaf_dataset(ray_session, tmp_path):
+    from fedray.runtime import run_experiment
+
+    write_leaf(tmp_path / "femnist", USERS)
+    cfg = leaf_cfg(tmp_path / "femnist", tmp_path, "model.name=cnn", "rounds=2",
+                   "local.batch_size=4",
+                   "runtime.tiers=[{name: default, executors: 1, num_cpus: 0.5}]")
+    summary = run_experiment(cfg, str(tmp_path / "run"), progress=False)
+    assert summary["rounds"] == 2 and summary["dataset"] == "leaf"
+    assert 0 <= summary["final_global_accuracy"] <= 1
