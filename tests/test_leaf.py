@@ -130,12 +130,28 @@ def test_layout_and_links_are_checked_before_ray(tmp_path):
         build_client_data(leaf_cfg(root, tmp_path, "clients.num_clients=5"))
 
 
+def test_the_leaf_femnist_cnn_has_leafs_parameter_count():
+    """LEAF's layers (models/femnist/cnn.py): 5x5x1x32 + 32, 5x5x32x64 + 64,
+    7x7x64x2048 + 2048, 2048x62 + 62."""
+    from fedray.models import build_model
+
+    model = build_model("leaf_cnn", (1, 28, 28), 62)
+    assert sum(p.numel() for p in model.parameters()) == 6_603_710 == (
+        5 * 5 * 32 + 32 + 5 * 5 * 32 * 64 + 64 + 7 * 7 * 64 * 2048 + 2048 + 2048 * 62 + 62)
+    import torch
+
+    assert model(torch.zeros(2, 1, 28, 28)).shape == (2, 62)
+    flat = build_model("leaf_cnn", (784,), 62)  # flat rows are unflattened
+    assert flat(torch.zeros(2, 784)).shape == (2, 62)
+
+
 @pytest.mark.ray
 def test_fedavg_runs_on_a_leaf_dataset(ray_session, tmp_path):
     from fedray.runtime import run_experiment
 
     write_leaf(tmp_path / "femnist", USERS)
-    cfg = leaf_cfg(tmp_path / "femnist", tmp_path, "model.name=cnn", "rounds=2",
+    cfg = leaf_cfg(tmp_path / "femnist", tmp_path, "model.name=leaf_cnn", "model.dense=64",
+                   "rounds=2",
                    "local.batch_size=4",
                    "runtime.tiers=[{name: default, executors: 1, num_cpus: 0.5}]")
     summary = run_experiment(cfg, str(tmp_path / "run"), progress=False)

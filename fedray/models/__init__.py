@@ -17,6 +17,7 @@ from fedray.core import registry
 for _name, _target in {
     "mlp": "fedray.models.mlp:mlp",
     "cnn": "fedray.models.cnn:cnn",
+    "leaf_cnn": "fedray.models.cnn:leaf_cnn",
     "lstm": "fedray.models.lstm:lstm",
     "resnet18": "fedray.models.resnet:resnet18",
     "resnet34": "fedray.models.resnet:resnet34",
