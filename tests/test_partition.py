@@ -182,3 +182,32 @@ def test_pathological_exact_classes_when_data_suffices():
     assert all(len(np.unique(labels[p])) == 3 for p in parts)
     sizes = np.array([len(p) for p in parts])
     assert sizes.min() > 0
+
+
+@pytest.mark.parametrize("kind, sizes", [
+    ("linear", [10, 20, 30, 40]),        # 100 * i / 10
+    ("square", [3, 13, 30, 54]),         # floor(100 * i^2 / 30); the 1 left to the last
+    ("exponential", [3, 8, 23, 66]),     # floor(100 * e^i / sum e^j); the 2 left to the last
+])
+def test_size_partitions_are_flower_datasets_sizes(kind, sizes):
+    """Flower Datasets' Linear/Square/ExponentialPartitioner shares (SizePartitioner: floor,
+    the remainder to the last partition); the samples a seeded permutation, all used once."""
+    from fedray.data.partition import partition
+
+    labels = np.arange(100) % 10
+    parts = partition(labels, 4, kind, np.random.default_rng(1), min_size=2)
+    assert [len(p) for p in parts] == sizes
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(100))
+    again = partition(labels, 4, kind, np.random.default_rng(1), min_size=2)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
+
+
+def test_exponential_sizes_do_not_overflow_and_small_shares_are_refused():
+    from fedray.data.partition import PartitionError, partition
+
+    parts = partition(np.zeros(10_000, int), 800, "exponential", np.random.default_rng(0),
+                      min_size=0)
+    assert sum(len(p) for p in parts) == 10_000 and len(parts[-1]) > 6_000
+    with pytest.raises(PartitionError) as e:
+        partition(np.zeros(100, int), 20, "square", np.random.default_rng(0), min_size=2)
+    assert e.value.param == "num_clients" and "square" in str(e.value)

@@ -93,7 +93,12 @@ class DataConfig:
     download: bool = spec(False, help="let torchvision download cifar* into root")
     image_size: int | None = spec(None, ge=8, help="upsample digits to this square size")
     channels: int = spec(1, ge=1, le=3, help="digits channels (3 replicates the grey image)")
-    partition: Literal["iid", "dirichlet", "pathological", "quantity"] = "iid"
+    partition: Literal["iid", "dirichlet", "pathological", "quantity", "linear", "square",
+                       "exponential"] = spec(
+        "iid", help="iid; dirichlet (label skew, alpha); pathological (classes_per_client); "
+                    "quantity (sizes ~ Dirichlet(quantity_alpha)); linear / square / "
+                    "exponential: Flower Datasets' size partitions, client i of N gets a share "
+                    "i, i^2 or e^i of the samples (labels iid)")
     alpha: float = spec(0.5, gt=0, help="Dirichlet label-skew concentration")
     classes_per_client: int = spec(2, ge=1, help="pathological skew: classes per client")
     quantity_alpha: float = spec(0.5, gt=0, help="quantity skew: Dirichlet over client sizes")

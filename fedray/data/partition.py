@@ -1,4 +1,5 @@
-"""Split a train set's indices among clients: IID, label skew, pathological shards, quantity skew.
+"""Split a train set's indices among clients: IID, label skew, pathological shards, quantity
+skew, and Flower Datasets' deterministic size partitions (linear, square, exponential).
 
 Every partitioner returns one sorted int64 index array per client; the arrays are disjoint
 and together hold every sample. Randomness comes only from the ``np.random.Generator``
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-SCHEMES = ("iid", "dirichlet", "pathological", "quantity")
+SCHEMES = ("iid", "dirichlet", "pathological", "quantity", "linear", "square", "exponential")
+SIZE_UNITS = {"linear": lambda k: k, "square": lambda k: k ** 2,
+              "exponential": lambda k: np.exp(k - k.max())}
 MAX_DIRICHLET_TRIES = 100
 
 
@@ -192,6 +195,27 @@ def quantity(n: int, num_clients: int, alpha: float, rng: np.random.Generator,
     return _group(client_of, num_clients)
 
 
+def sized(n: int, num_clients: int, kind: str, rng: np.random.Generator, min_size: int = 2
+          ) -> list[np.ndarray]:
+    """Flower Datasets' size partitions (``LinearPartitioner``, ``SquarePartitioner``,
+    ``ExponentialPartitioner``): client i (1-based) gets units u(i) = i, i² or e^i, its size
+    ⌊n · u(i) / Σ u⌋ and the samples left by the floors go to the last (largest) client, as
+    Flower's ``SizePartitioner`` does; which samples a client gets is a seeded permutation
+    (labels IID). e^i is computed as e^(i − M), the same shares without overflow."""
+    _check_clients(n, num_clients, min_size)
+    units = SIZE_UNITS[kind](np.arange(1, num_clients + 1, dtype=np.float64))
+    sizes = np.floor(units / units.sum() * n).astype(np.int64)
+    sizes[-1] += n - int(sizes.sum())
+    if sizes.min() < min_size:
+        raise PartitionError(f"{kind} sizes give client 0 only {int(sizes[0])} of {n} samples",
+                             "num_clients", num_clients,
+                             f"fewer clients (the smallest {kind} share of {n} samples must "
+                             f"be >= {min_size})")
+    client_of = np.empty(n, dtype=np.int64)
+    client_of[rng.permutation(n)] = np.repeat(np.arange(num_clients), sizes)
+    return _group(client_of, num_clients)
+
+
 def partition(labels: np.ndarray, num_clients: int, scheme: str, rng: np.random.Generator, *,
               alpha: float = 0.5, classes_per_client: int = 2, quantity_alpha: float = 0.5,
               min_size: int = 2) -> list[np.ndarray]:
@@ -211,6 +235,8 @@ def partition(labels: np.ndarray, num_clients: int, scheme: str, rng: np.random.
         parts = pathological(labels, num_clients, classes_per_client, rng)
     elif scheme == "quantity":
         parts = quantity(n, num_clients, quantity_alpha, rng, min_size)
+    elif scheme in SIZE_UNITS:
+        parts = sized(n, num_clients, scheme, rng, min_size)
     else:
         raise PartitionError(f"unknown partition scheme {scheme!r}; known: {SCHEMES}",
                              "scheme", scheme, ", ".join(SCHEMES))
