@@ -125,7 +125,7 @@ def test_layout_and_links_are_checked_before_ray(tmp_path):
     os.rename(root / "test", root / "held_out")
     with pytest.raises(ConfigError, match="test/ folder"):
         leaf_cfg(root, tmp_path)
-    with pytest.raises(ConfigError, match="at most the 4 LEAF users"):
+    with pytest.raises(ConfigError, match="at most the 4 users"):
         os.rename(root / "held_out", root / "test")
         build_client_data(leaf_cfg(root, tmp_path, "clients.num_clients=5"))
 

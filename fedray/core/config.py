@@ -66,14 +66,17 @@ class DataConfig:
                        "blogtext reads a BlogText-schema CSV (FAVoR); parquet (a file or "
                        "directory) and hf (a Hugging Face `datasets` save_to_disk directory) "
                        "are split by data.client_column, one client per natural id; leaf "
-                       "reads LEAF's JSON shards (train/ and test/), one client per user")
+                       "reads LEAF's JSON shards (train/ and test/), one client per user; tff "
+                       "reads TensorFlow Federated's train/test .h5 files, one client per "
+                       "client id")
     root: str | None = spec(None, help="local directory of a torchvision dataset (cifar*), "
                                        "the CSV file (blogtext), the Parquet file or "
                                        "directory (parquet), the save_to_disk directory (hf), "
-                                       "the dataset directory (leaf)")
+                                       "the dataset directory (leaf, tff)")
     client_column: str | None = spec(None, help="parquet/hf: the column naming each row's "
                                                 "client (author, writer, device)")
-    label_column: str = spec("label", help="parquet/hf: the integer class column")
+    label_column: str = spec("label", help="parquet/hf: the integer class column; tff: the "
+                                           "label dataset of each client")
     feature_columns: list[str] | None = spec(
         None, help="parquet/hf: numeric feature columns, or one fixed-size list column "
                    "(default: every numeric column but the client and label ones)")

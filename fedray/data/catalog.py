@@ -141,6 +141,23 @@ def _check_leaf(cfg: Any) -> None:
     leaf_files(cfg.data.root)
 
 
+def _tff(d: Any, num_clients: int, seed: int) -> Any:
+    from fedray.data.tff import build_tff
+
+    return build_tff(d, num_clients, seed)
+
+
+def _check_tff(cfg: Any) -> None:
+    """The train and test .h5 files exist inside ``data.root`` (their groups are checked
+    when they are read, still before Ray starts)."""
+    from fedray.data.tff import tff_files
+
+    if not cfg.data.root:
+        raise ConfigError("data.root", cfg.data.root, "a directory holding TFF's *train*.h5 "
+                                                      "and *test*.h5 files")
+    tff_files(cfg.data.root)
+
+
 def _check_blogtext(cfg: Any) -> None:
     if cfg.data.root is None or not Path(cfg.data.root).is_file():
         raise ConfigError("data.root", cfg.data.root, "an existing BlogText-schema CSV file")
@@ -159,7 +176,8 @@ for _entry in (
         DatasetEntry("blogtext", "method", check=_check_blogtext),
         DatasetEntry("parquet", "table", check=_check_table),
         DatasetEntry("hf", "table", check=_check_table),
-        DatasetEntry("leaf", "table", check=_check_leaf, population=_leaf)):
+        DatasetEntry("leaf", "table", check=_check_leaf, population=_leaf),
+        DatasetEntry("tff", "table", check=_check_tff, population=_tff)):
     registry.register_dataset(_entry)
 
 __all__ = ["DatasetEntry"]

@@ -140,13 +140,46 @@ def input_shape_of(d: int) -> tuple[int, ...]:
     return (1, s, s) if s * s == d and s > 1 else (d,)
 
 
+Rows = dict[str, dict[str, list[tuple[np.ndarray, np.ndarray]]]]
+
+
 def build_leaf(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
     """The LEAF dataset at ``data.root`` as a population (see the module docstring)."""
-    root = os.path.abspath(d.root)
-    files = leaf_files(root)
-    stat = [(f, os.path.getsize(f), os.path.getmtime(f)) for s in SPLITS for f in files[s]]
-    key = hashlib.sha256(json.dumps(["leaf", stat, d.min_samples, num_clients, seed]
-                                    ).encode()).hexdigest()[:32]
+    files = leaf_files(os.path.abspath(d.root))
+
+    def read() -> tuple[Rows, tuple[int, ...]]:
+        rows: Rows = {}
+        width = None
+        for split in SPLITS:
+            for f in files[split]:
+                for user, (x, y) in _shard(f).items():
+                    if len(x) and width is None:
+                        width = x.shape[1]
+                    if len(x) and x.shape[1] != width:
+                        raise _bad(f, f"user {user}", f"x vectors of the dataset's one length "
+                                                      f"{width} (got {x.shape[1]})")
+                    rows.setdefault(user, {"train": [], "test": []})[split].append((x, y))
+        return rows, input_shape_of(int(width or 1))
+
+    return natural_split_population(d, num_clients, seed, "leaf",
+                                    [f for s in SPLITS for f in files[s]], read,
+                                    "LEAF's own train/ and test/ per user")
+
+
+def natural_split_population(d: DataConfig, num_clients: int, seed: int, kind: str,
+                             files: list[str], read: Any, split_note: str,
+                             key_extra: list[Any] | None = None) -> TablePopulation:
+    """A dataset that comes split by natural client and by train/test (LEAF, TFF): the
+    cache entry keyed by ``files`` (path, size, modification time), ``clients.num_clients``,
+    ``data.min_samples``, the seed and ``key_extra`` (the reader's own settings), else
+    ``read()`` → ({user: {"train": [(x, y), ...], "test": [...]}}, input shape) converted
+    into it: the first ``clients.num_clients`` users
+    in sorted id order with at least ``data.min_samples`` rows, each user's train rows then
+    its test rows, classes 0..the largest label, the global test set up to 10,000 of the
+    kept users' test rows (seeded)."""
+    stat = [(f, os.path.getsize(f), os.path.getmtime(f)) for f in files]
+    key = hashlib.sha256(json.dumps([kind, stat, d.min_samples, num_clients, seed,
+                                     key_extra or []]).encode()).hexdigest()[:32]
     folder = os.path.join(_cache_root(d), "populations")
     _remove_stale_temps(folder)
     path, index_path = (os.path.join(folder, key + ext) for ext in (".arrow", ".index.npz"))
@@ -155,29 +188,19 @@ def build_leaf(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
             return TablePopulation._from_cache(path, index_path)
         except (ValueError, KeyError, IndexError, TypeError, OSError):
             pass  # a damaged cache entry is rebuilt
-    rows: dict[str, dict[str, list[tuple[np.ndarray, np.ndarray]]]] = {}
-    width = None
-    for split in SPLITS:
-        for f in files[split]:
-            for user, (x, y) in _shard(f).items():
-                if len(x) and width is None:
-                    width = x.shape[1]
-                if len(x) and x.shape[1] != width:
-                    raise _bad(f, f"user {user}", f"x vectors of the dataset's one length "
-                                                  f"{width} (got {x.shape[1]})")
-                rows.setdefault(user, {"train": [], "test": []})[split].append((x, y))
+    rows, shape = read()
     sizes = {u: sum(len(x) for s in SPLITS for x, _ in r[s]) for u, r in rows.items()}
     eligible = [u for u in sorted(rows) if sizes[u] >= d.min_samples]
     if len(eligible) < num_clients:
         raise ConfigError("clients.num_clients", num_clients,
-                          f"at most the {len(eligible)} LEAF users of {d.root} with >= "
+                          f"at most the {len(eligible)} users of {d.root} with >= "
                           f"{d.min_samples} samples (data.min_samples)")
     keep = eligible[:num_clients]
     xs, ys, offsets, split_at = [], [], [0], []
     for u in keep:
         for split in SPLITS:
             for x, y in rows[u][split]:
-                xs.append(x)
+                xs.append(x.reshape(len(x), -1))
                 ys.append(y)
             if split == "train":
                 split_at.append(offsets[-1] + sum(len(x) for x, _ in rows[u]["train"]))
@@ -190,10 +213,9 @@ def build_leaf(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
         test_rows, min(GLOBAL_TEST_MAX, len(test_rows)), replace=False))
     classes = 1 + max(int(y.max()) for r in rows.values() for s in SPLITS for _, y in r[s]
                       if len(y))
-    shape = input_shape_of(int(x.shape[1]))
-    info = {"source": redact(d.root), "dataset": "leaf", "rows": int(len(y)),
+    info = {"source": redact(d.root), "dataset": kind, "rows": int(len(y)),
             "ids_total": len(rows), "ids_too_small": len(rows) - len(eligible),
             "classes": [str(c) for c in range(classes)], "input_shape": list(shape),
-            "split": "LEAF's own train/ and test/ per user"}
+            "split": split_note}
     return write_cache_entry(path, index_path, x, y, offsets_a, split_a,
                              np.asarray(keep).astype(str), x[pick], y[pick], info)
