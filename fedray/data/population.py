@@ -186,7 +186,9 @@ class SyntheticPopulation:
 ID_RULE = "an integer or string column with no nulls"
 LABEL_RULE = "an integer class column with no nulls"
 FEATURE_RULE = ("integer or floating columns, or one list column of integers or floats "
-                "(list, large_list or fixed_size_list) of one non-zero length in every row")
+                "(list, large_list or fixed_size_list) of one non-zero length in every row, "
+                "or one encoded-image column (a Hugging Face Image feature: struct of bytes "
+                "and path) of one size and mode in every row")
 STALE_TEMP_S = 24 * 3600
 _TEMP = re.compile(r"^[0-9a-f]{32}\.(?:arrow|index\.npz)\.tmp-(?P<host>[A-Za-z0-9._-]+)-"
                    r"(?P<pid>[0-9]+)$")
@@ -282,6 +284,14 @@ def _is_list(t: Any) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
+def _is_image(t: Any) -> bool:
+    """A Hugging Face ``Image`` feature as Arrow stores it: struct<bytes, path>."""
+    import pyarrow as pa
+
+    return pa.types.is_struct(t) and {t.field(i).name for i in range(t.num_fields)} == {
+        "bytes", "path"}
+
+
 def _is_id(t: Any) -> bool:
     import pyarrow as pa
 
@@ -329,7 +339,7 @@ def _check_schema(d: DataConfig, path: str, schema: Any) -> list[str]:
             raise ConfigError("data.feature_columns", n, f"columns of the table: {names} "
                                                          f"({path})")
         t = schema.field(n).type
-        if _is_number(t) or (_is_list(t) and _is_number(t.value_type)
+        if _is_number(t) or ((_is_list(t) and _is_number(t.value_type) or _is_image(t))
                              and len(d.feature_columns) == 1):
             continue
         raise ConfigError("data.feature_columns", n, f"{FEATURE_RULE} (column {n!r} of "
@@ -430,6 +440,8 @@ def _features(d: DataConfig, table: Any, names: list[str], rows: _Rows) -> np.nd
     import pyarrow.compute as pc
 
     key = "data.feature_columns"
+    if len(names) == 1 and _is_image(table.schema.field(names[0]).type):
+        return _decoded_images(table.column(names[0]).combine_chunks(), names[0], rows)
     if len(names) == 1 and _is_list(table.schema.field(names[0]).type):
         name = names[0]
         col = table.column(name).combine_chunks()
@@ -470,6 +482,50 @@ def _features(d: DataConfig, table: Any, names: list[str], rows: _Rows) -> np.nd
             raise ConfigError(key, columns[j], f"finite float32 values (column "
                               f"{columns[j]!r} of {path}, row {row}: {x[lo + i, j]})")
     return x
+
+
+def _decoded_images(col: Any, name: str, rows: _Rows) -> np.ndarray:
+    """An encoded-image column (PNG/JPEG bytes, as Flower Datasets' ``flwrlabs/femnist`` or
+    ``cifar10`` store them) decoded with Pillow into (rows, C, H, W) float32 in [0, 1] (8-bit
+    modes; grey images get one channel). Every row must decode to the first row's size and
+    mode; an image stored by ``path`` only (not embedded) is refused: the path would point
+    outside ``data.root``."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    key = "data.feature_columns"
+    if col.null_count:
+        raise rows.error(key, name, FEATURE_RULE, _nulls(col), "null")
+    data = col.field("bytes")
+    first = None
+    out: np.ndarray | None = None
+    for i in range(len(col)):
+        raw = data[i].as_py()
+        if raw is None:
+            raise rows.error(key, name, FEATURE_RULE, np.array([i]),
+                             "an image stored by path, not embedded")
+        try:
+            with Image.open(io.BytesIO(raw)) as im:
+                mode, size = im.mode, im.size
+                arr = np.asarray(im)
+        except (UnidentifiedImageError, OSError, ValueError):
+            raise rows.error(key, name, FEATURE_RULE, np.array([i]),
+                             "bytes that do not decode as an image") from None
+        if first is None:
+            first = (mode, size)
+            if arr.dtype != np.uint8:
+                raise rows.error(key, name, FEATURE_RULE, np.array([i]),
+                                 f"an 8-bit image (mode {mode})")
+            chw = (1, *arr.shape) if arr.ndim == 2 else (arr.shape[2], *arr.shape[:2])
+            out = np.empty((len(col), *chw), np.float32)
+        elif (mode, size) != first:
+            raise rows.error(key, name, FEATURE_RULE, np.array([i]),
+                             f"mode {mode} size {size}, where row 0 is {first[0]} {first[1]}")
+        out[i] = (arr if arr.ndim == 2 else arr.transpose(2, 0, 1)) / np.float32(255)
+    if out is None:
+        return np.zeros((0, 1), np.float32)
+    return out
 
 
 def _temp_name(path: str) -> str:
@@ -628,7 +684,8 @@ class TablePopulation:
         info = {"source": redact(d.root), "dataset": d.dataset, "rows": int(len(y)),
                 "ids_total": int(len(natural)),
                 "ids_too_small": int(len(natural) - len(eligible)),
-                "classes": [str(v) for v in classes.tolist()]}
+                "classes": [str(v) for v in classes.tolist()],
+                "input_shape": [int(s) for s in x.shape[1:]]}
         return write_cache_entry(path, index_path, x, y, offsets, split,
                                  natural[keep].astype(str), x[pick], y[pick], info)
 
