@@ -12,7 +12,8 @@ backdoor (3×3 trigger on half of each attacker's samples, target 0, no boost).
 Rules: FedAvg (weighted mean), median, trimmed mean (β = 0.2), Krum (f = 3: the most n = 10
 allows), Multi-Krum (f = 3, m = 7), Bulyan (f = 1: n ≥ 4f + 3), norm bounding (M = 0.2,
 about the median honest update norm, 0.17-0.19), centered clipping (τ = 0.2, L = 1),
-FLTrust (100 root samples), ORDERS as written with sigmoid and with inverse rank weights.
+FLTrust (100 root samples), ORDERS as written with sigmoid and with inverse rank weights,
+and ORDERS' usable variant ``combine=rank_mean`` (sigmoid rank weights, normalized).
 
 Per run: final clean (global test) accuracy, the backdoor's attack success rate, detection
 precision and recall (a client-round counts as detected when the rule excluded it), wall
@@ -64,6 +65,8 @@ RULES = {
     "fltrust": ["robust.rule=fltrust", "robust.root_samples=100"],
     "orders_sigmoid": ["algorithm.name=orders", "algorithm.weighting=sigmoid"],
     "orders_inverse": ["algorithm.name=orders", "algorithm.weighting=inverse"],
+    "orders_rank_mean": ["algorithm.name=orders", "algorithm.weighting=sigmoid",
+                         "algorithm.combine=rank_mean"],
 }
 
 
