@@ -101,3 +101,21 @@ def test_every_message_is_counted_per_client_and_phase():
         assert res.up["share"][c] == res.down["share"][c] == (n - 1) * share
         assert res.up["masked_input"][c] == (bits * m + 7) // 8
         assert res.up["unmask"][c] == (n - 1) * (ID_BYTES + ELEMENT_BYTES)
+
+
+def test_quantized_updates_sum_exactly_and_decode_within_the_rounding():
+    from fedray.services.secagg import dequantize, quantize, required_bits
+
+    g = np.random.default_rng(0)
+    n, clip, scale = 7, 0.5, 1000.0
+    bits = required_bits(clip, scale, n)
+    assert bits == (7 * 500).bit_length() + 1 == 13
+    updates = {c: g.normal(0, 0.4, 64) for c in range(n)}
+    q = {c: quantize(u, clip, scale, bits, np.random.default_rng(c)) for c, u in
+         updates.items()}
+    res = secure_sum(q, bits, threshold=4, seed=3, round=1)
+    assert np.array_equal(res.total, plain_sum(q, range(n), bits))
+    want = np.sum([np.clip(u, -clip, clip) for u in updates.values()], axis=0)
+    got = dequantize(res.total, scale, bits)
+    assert np.abs(got - want).max() <= n / scale  # each client's rounding is below 1/scale
+    assert required_bits(clip, scale, n) > required_bits(clip, scale, 1)

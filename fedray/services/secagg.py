@@ -317,3 +317,35 @@ def secure_sum(inputs: dict[int, np.ndarray], bits: int, threshold: int, seed: i
                 p = prg(_agree(key, pub_s[u], b"secagg-mask"), m, bits)
                 total = wrap(total - p) if u < v else wrap(total + p)
     return SecAggResult(total, u2, None, up, down)
+
+
+# ----------------------------------------------------------------------------- integers
+
+
+def required_bits(clip: float, scale: float, n: int) -> int:
+    """The smallest ``bits`` whose signed range holds the sum of n quantized updates: each
+    coordinate lies in [−⌈clip · scale⌉, ⌈clip · scale⌉] after clipping to [−clip, clip],
+    scaling and (stochastic) rounding, so the sum's magnitude is at most n⌈clip · scale⌉
+    and must stay below 2^(bits − 1)."""
+    peak = n * int(np.ceil(clip * scale))
+    return max(2, int(peak).bit_length() + 1)
+
+
+def quantize(x: np.ndarray, clip: float, scale: float, bits: int, gen: np.random.Generator
+             ) -> np.ndarray:
+    """A float update as words of Z_{2^bits}: every coordinate clipped to [−clip, clip],
+    multiplied by ``scale``, rounded stochastically (unbiased: ⌊v⌋ + 1 with probability
+    v − ⌊v⌋, from ``gen``) and stored in two's complement mod 2^bits."""
+    v = np.clip(np.asarray(x, np.float64), -clip, clip) * scale
+    low = np.floor(v)
+    q = (low + (gen.random(v.shape) < (v - low))).astype(np.int64)
+    words = q.astype(np.uint64)
+    return words & np.uint64((1 << bits) - 1) if bits < 64 else words
+
+
+def dequantize(total: np.ndarray, scale: float, bits: int) -> np.ndarray:
+    """The float sum from a sum of quantized updates mod 2^bits (read as signed)."""
+    t = np.asarray(total, np.uint64).astype(np.int64)  # bits = 64: two's complement already
+    if bits < 64:
+        t = np.where(t >= (1 << (bits - 1)), t - (1 << bits), t)
+    return t.astype(np.float64) / scale
