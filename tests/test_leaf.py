@@ -95,7 +95,10 @@ def _edit(root, split, k, change):
                                                                  "length"),
     ("train", lambda d: json.dumps(d)[:500], "does not parse"),
     ("train", lambda d: d["user_data"][d["users"][0]].__setitem__(
-        "x", ["hello world"] * len(d["user_data"][d["users"][0]]["y"])), "text x"),
+        "x", ["hello world"] * len(d["user_data"][d["users"][0]]["y"])), "Shakespeare's text"),
+    ("train", lambda d: d["user_data"][d["users"][0]].__setitem__(
+        "x", [["id", "date", "q", "u", "tweet"]] * len(d["user_data"][d["users"][0]]["y"])),
+     "Sent140's tweet records"),
     ("test", lambda d: d["user_data"][d["users"][0]]["y"].__setitem__(0, -1),
      "integer labels >= 0"),
 ])
@@ -157,3 +160,56 @@ def test_fedavg_runs_on_a_leaf_dataset(ray_session, tmp_path):
     summary = run_experiment(cfg, str(tmp_path / "run"), progress=False)
     assert summary["rounds"] == 2 and summary["dataset"] == "leaf"
     assert 0 <= summary["final_global_accuracy"] <= 1
+
+
+def write_shakespeare(root, roles: dict[str, tuple[int, int]], seed: int = 0) -> dict:
+    """LEAF Shakespeare-format shards: per speaking role 80-character strings and their next
+    characters (drawn from a text with a letter outside LEAF's 80, '~')."""
+    g = np.random.default_rng(seed)
+    alphabet = "ABCdef ghi,.'\n~"
+    data = {}
+    for split in ("train", "test"):
+        os.makedirs(os.path.join(root, split), exist_ok=True)
+        doc = {"users": list(roles), "num_samples": [], "user_data": {}}
+        for role, sizes in roles.items():
+            n = sizes[0] if split == "train" else sizes[1]
+            text = "".join(g.choice(list(alphabet), n + 80))
+            x = [text[i:i + 80] for i in range(n)]
+            y = [text[i + 80] for i in range(n)]
+            doc["num_samples"].append(n)
+            doc["user_data"][role] = {"x": x, "y": y}
+            data.setdefault(role, {})[split] = (x, y)
+        with open(os.path.join(root, split, f"shakespeare_{split}.json"), "w") as f:
+            json.dump(doc, f)
+    return data
+
+
+def test_shakespeare_is_read_as_leafs_letter_indices(tmp_path):
+    from fedray.data.leaf import LETTERS
+
+    roles = {"THE_TEMPEST_PROSPERO": (9, 3), "HAMLET_HAMLET": (6, 2), "LEAR_FOOL": (7, 2)}
+    data = write_shakespeare(tmp_path / "shakespeare", roles)
+    pop = build_client_data(leaf_cfg(tmp_path / "shakespeare", tmp_path))
+    assert pop.input_shape == (80,) and pop.num_classes == 81  # '~' is outside the 80
+    assert pop.natural_ids.tolist() == sorted(roles)
+    for c, role in enumerate(pop.natural_ids):
+        x, y = pop.client_arrays(c, 1, "test")
+        want_x, want_y = data[role]["test"]
+        assert x.tolist() == [[float(LETTERS.find(ch) if ch in LETTERS else 80) for ch in s]
+                              for s in want_x]
+        assert y.tolist() == [LETTERS.find(ch) if ch in LETTERS else 80 for ch in want_y]
+
+
+def test_the_leaf_shakespeare_lstm_is_leafs_with_torchs_second_bias():
+    """LEAF's stacked_lstm (TF BasicLSTMCell: one bias per gate): 80x8 embedding,
+    4*256*(8+256) + 4*256, 4*256*(256+256) + 4*256, 256*80 + 80 = 817,872; PyTorch's LSTM
+    adds a second bias vector per layer (2 x 1,024)."""
+    import torch
+
+    from fedray.models import build_model
+
+    model = build_model("char_lstm", (80,), 80)
+    leaf = 80 * 8 + (4 * 256 * 264 + 1024) + (4 * 256 * 512 + 1024) + (256 * 80 + 80)
+    assert leaf == 817_872
+    assert sum(p.numel() for p in model.parameters()) == leaf + 2 * 1024
+    assert model(torch.randint(0, 80, (3, 80)).float()).shape == (3, 80)

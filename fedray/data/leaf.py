@@ -11,8 +11,13 @@ Layout read (``data.root``): ``train/*.json`` and ``test/*.json`` (LEAF's ``data
 Every user's ``x`` is a list of equal-length numeric vectors and ``y`` a list of integer
 labels (FEMNIST: 784 floats in [0, 1] per 28×28 image, 62 classes). A vector length that is
 a perfect square d = s² is read as one s×s grey image (input shape (1, s, s), for the CNNs);
-any other length as a flat vector. Text ``x`` (Shakespeare, Sent140) is refused with a clear
-error: its tokenizer is not here yet.
+any other length as a flat vector. Shakespeare's text — ``x`` an 80-character string, ``y``
+the next character — is read as LEAF's own ``language_utils`` reads it: each character its
+index in LEAF's 80 letters (``LETTERS``), stored as one float per step (input shape (80,),
+for ``model.name=char_lstm``), the label the next character's index; a character outside
+the 80 gets the one extra class 80 (LEAF's ``letter_to_index`` gives it −1, a zero one-hot).
+Sent140's records (lists of tweet fields) are refused with a clear error: its tokenizer and
+embeddings are not here yet.
 
 A user's rows are its rows of every train shard then of every test shard (shards in sorted
 file-name order); the users kept are the first ``clients.num_clients`` in sorted user-id
@@ -48,6 +53,13 @@ from fedray.data.population import (
 )
 
 SPLITS = ("train", "test")
+LETTERS = ("\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}")
+_INDEX = {ch: i for i, ch in enumerate(LETTERS)}
+
+
+def letter_ids(text: str) -> list[int]:
+    """LEAF's letter indices of ``text`` (a character outside LETTERS: len(LETTERS))."""
+    return [_INDEX.get(ch, len(LETTERS)) for ch in text]
 
 
 def leaf_files(root: str) -> dict[str, list[str]]:
@@ -75,9 +87,9 @@ def leaf_files(root: str) -> dict[str, list[str]]:
     return out
 
 
-def _shard(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """One shard's users as (x float32 (n, d), y int64 (n,)), checked: every rule broken
-    is a :class:`ConfigError` naming the file and the user."""
+def _shard(path: str) -> dict[str, tuple[np.ndarray, np.ndarray, bool]]:
+    """One shard's users as (x float32 (n, d), y int64 (n,), whether x was text), checked:
+    every rule broken is a :class:`ConfigError` naming the file and the user."""
     try:
         with open(path, encoding="utf-8") as fh:
             doc = json.load(fh)
@@ -106,9 +118,16 @@ def _shard(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         if len(x) != n:
             raise _bad(path, where, f"num_samples = the length of its x and y "
                                                   f"(num_samples {short_repr(n)}, x {len(x)})")
-        if x and isinstance(x[0], str):
-            raise _bad(path, where, "numeric x vectors (text x, as Shakespeare "
-                                                  "and Sent140 have, is not read yet)")
+        text = bool(x) and isinstance(x[0], str)
+        if text:  # Shakespeare: a string and its next character
+            if not all(isinstance(s, str) and len(s) == len(x[0]) for s in x) or not all(
+                    isinstance(c, str) and len(c) == 1 for c in y):
+                raise _bad(path, where, "Shakespeare's text: x strings of one length, y "
+                                        "single characters")
+            x, y = [letter_ids(s) for s in x], [letter_ids(c)[0] for c in y]
+        elif x and isinstance(x[0], list) and x[0] and isinstance(x[0][0], str):
+            raise _bad(path, where, "numeric x vectors or Shakespeare's strings (Sent140's "
+                                    "tweet records are not read yet)")
         try:
             xa = np.asarray(x, dtype=np.float32)
             ya = np.asarray(y, dtype=np.float64)
@@ -121,7 +140,7 @@ def _shard(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
                                                   "y: integer labels >= 0")
         if user in out:
             raise _bad(path, where, "each user once per shard")
-        out[user] = (xa, ya.astype(np.int64))
+        out[user] = (xa, ya.astype(np.int64), text)
     return out
 
 
@@ -147,19 +166,24 @@ def build_leaf(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
     """The LEAF dataset at ``data.root`` as a population (see the module docstring)."""
     files = leaf_files(os.path.abspath(d.root))
 
-    def read() -> tuple[Rows, tuple[int, ...]]:
+    def read() -> tuple[Rows, tuple[int, ...], int | None]:
         rows: Rows = {}
-        width = None
+        width, text = None, False
         for split in SPLITS:
             for f in files[split]:
-                for user, (x, y) in _shard(f).items():
+                for user, (x, y, is_text) in _shard(f).items():
+                    text |= is_text
                     if len(x) and width is None:
                         width = x.shape[1]
                     if len(x) and x.shape[1] != width:
                         raise _bad(f, f"user {user}", f"x vectors of the dataset's one length "
                                                       f"{width} (got {x.shape[1]})")
                     rows.setdefault(user, {"train": [], "test": []})[split].append((x, y))
-        return rows, input_shape_of(int(width or 1))
+        if text:  # the letters' classes (and the extra one when a letter fell outside)
+            top = max(int(max(x.max(initial=0), y.max(initial=0))) for r in rows.values()
+                      for s in SPLITS for x, y in r[s])
+            return rows, (int(width or 1),), len(LETTERS) + (top >= len(LETTERS))
+        return rows, input_shape_of(int(width or 1)), None
 
     return natural_split_population(d, num_clients, seed, "leaf",
                                     [f for s in SPLITS for f in files[s]], read,
@@ -172,11 +196,11 @@ def natural_split_population(d: DataConfig, num_clients: int, seed: int, kind: s
     """A dataset that comes split by natural client and by train/test (LEAF, TFF): the
     cache entry keyed by ``files`` (path, size, modification time), ``clients.num_clients``,
     ``data.min_samples``, the seed and ``key_extra`` (the reader's own settings), else
-    ``read()`` → ({user: {"train": [(x, y), ...], "test": [...]}}, input shape) converted
-    into it: the first ``clients.num_clients`` users
-    in sorted id order with at least ``data.min_samples`` rows, each user's train rows then
-    its test rows, classes 0..the largest label, the global test set up to 10,000 of the
-    kept users' test rows (seeded)."""
+    ``read()`` → ({user: {"train": [(x, y), ...], "test": [...]}}, input shape, class count
+    or None) converted into it: the first ``clients.num_clients`` users in sorted id order
+    with at least ``data.min_samples`` rows, each user's train rows then its test rows,
+    classes 0..the largest label (unless ``read`` says), the global test set up to 10,000
+    of the kept users' test rows (seeded)."""
     stat = [(f, os.path.getsize(f), os.path.getmtime(f)) for f in files]
     key = hashlib.sha256(json.dumps([kind, stat, d.min_samples, num_clients, seed,
                                      key_extra or []]).encode()).hexdigest()[:32]
@@ -188,7 +212,7 @@ def natural_split_population(d: DataConfig, num_clients: int, seed: int, kind: s
             return TablePopulation._from_cache(path, index_path)
         except (ValueError, KeyError, IndexError, TypeError, OSError):
             pass  # a damaged cache entry is rebuilt
-    rows, shape = read()
+    rows, shape, num_classes = read()
     sizes = {u: sum(len(x) for s in SPLITS for x, _ in r[s]) for u, r in rows.items()}
     eligible = [u for u in sorted(rows) if sizes[u] >= d.min_samples]
     if len(eligible) < num_clients:
@@ -211,8 +235,8 @@ def natural_split_population(d: DataConfig, num_clients: int, seed: int, kind: s
                                                                    strict=True)])
     pick = np.sort(rng(seed, -1, -1, "population-global-test").choice(
         test_rows, min(GLOBAL_TEST_MAX, len(test_rows)), replace=False))
-    classes = 1 + max(int(y.max()) for r in rows.values() for s in SPLITS for _, y in r[s]
-                      if len(y))
+    classes = num_classes or 1 + max(int(y.max()) for r in rows.values() for s in SPLITS
+                                     for _, y in r[s] if len(y))
     info = {"source": redact(d.root), "dataset": kind, "rows": int(len(y)),
             "ids_total": len(rows), "ids_too_small": len(rows) - len(eligible),
             "classes": [str(c) for c in range(classes)], "input_shape": list(shape),

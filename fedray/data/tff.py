@@ -108,7 +108,7 @@ def build_tff(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
     """The TFF dataset at ``data.root`` as a population (see the module docstring)."""
     files = tff_files(os.path.abspath(d.root))
 
-    def read() -> tuple[Rows, tuple[int, ...]]:
+    def read() -> tuple[Rows, tuple[int, ...], None]:
         rows: Rows = {}
         shape: Any = None
         for split in SPLITS:
@@ -120,7 +120,7 @@ def build_tff(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
                                       f"examples of the dataset's one shape {shape} (got "
                                       f"{tuple(x.shape[1:])})")
                 rows.setdefault(user, {"train": [], "test": []})[split].append((x, y))
-        return rows, shape or (1,)
+        return rows, shape or (1,), None
 
     return natural_split_population(
         d, num_clients, seed, "tff", [files[s] for s in SPLITS], read,

@@ -19,6 +19,7 @@ for _name, _target in {
     "cnn": "fedray.models.cnn:cnn",
     "leaf_cnn": "fedray.models.cnn:leaf_cnn",
     "lstm": "fedray.models.lstm:lstm",
+    "char_lstm": "fedray.models.lstm:char_lstm",
     "resnet18": "fedray.models.resnet:resnet18",
     "resnet34": "fedray.models.resnet:resnet34",
     "sliceable_resnet18": "fedray.models.sliceable:sliceable_resnet18",

@@ -88,3 +88,31 @@ def lstm(input_shape: tuple[int, ...], num_classes: int, *, hidden: int = 64, la
     """LSTM sequence classifier: image rows, (T, F) steps, or a flat vector split in seq_len."""
     steps, features = sequence_shape(input_shape, seq_len)
     return LSTMClassifier(tuple(input_shape), steps, features, hidden, layers, num_classes)
+
+
+class CharLSTM(LSTMClassifier):
+    """Next-character model: token ids (stored as floats, one per step) through an
+    embedding, the stacked LSTM of :class:`LSTMClassifier`, a Linear on the last step."""
+
+    def __init__(self, steps: int, vocab: int, embed: int, hidden: int, layers: int,
+                 num_classes: int):
+        super().__init__((steps,), steps, embed, hidden, layers, num_classes)
+        self.embed = nn.Embedding(vocab, embed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        seq = self.embed(x.reshape(x.shape[0], self.steps).long())
+        last = self._cells(seq) if _batched(seq) else self.lstm(seq)[0][:, -1]
+        return self.head(last)
+
+
+def char_lstm(input_shape: tuple[int, ...], num_classes: int, *, vocab: int | None = None,
+              embed: int = 8, hidden: int = 256, layers: int = 2) -> nn.Module:
+    """LEAF's Shakespeare next-character LSTM (``models/shakespeare/stacked_lstm.py``: an
+    8-wide embedding, two LSTM layers of 256, a dense layer on the last step) over flat
+    inputs of token ids; ``vocab`` defaults to ``num_classes`` (LEAF: 80 letters). PyTorch's
+    LSTM has two bias vectors per layer where TensorFlow's has one, so at LEAF's sizes it has
+    819,920 parameters to LEAF's 817,872 (2 × 4 × 256 more)."""
+    if len(input_shape) != 1:
+        raise ValueError(f"char_lstm reads flat token-id inputs (T,); got {input_shape}")
+    return CharLSTM(int(input_shape[0]), vocab or num_classes, embed, hidden, layers,
+                    num_classes)
