@@ -108,11 +108,13 @@ class CharLSTM(LSTMClassifier):
 def char_lstm(input_shape: tuple[int, ...], num_classes: int, *, vocab: int | None = None,
               embed: int = 8, hidden: int = 256, layers: int = 2) -> nn.Module:
     """LEAF's Shakespeare next-character LSTM (``models/shakespeare/stacked_lstm.py``: an
-    8-wide embedding, two LSTM layers of 256, a dense layer on the last step) over flat
-    inputs of token ids; ``vocab`` defaults to ``num_classes`` (LEAF: 80 letters). PyTorch's
-    LSTM has two bias vectors per layer where TensorFlow's has one, so at LEAF's sizes it has
-    819,920 parameters to LEAF's 817,872 (2 × 4 × 256 more)."""
-    if len(input_shape) != 1:
-        raise ValueError(f"char_lstm reads flat token-id inputs (T,); got {input_shape}")
-    return CharLSTM(int(input_shape[0]), vocab or num_classes, embed, hidden, layers,
-                    num_classes)
+    8-wide embedding, two LSTM layers of 256, a dense layer on the last step) over inputs of
+    token ids in [0, vocab), one step per input value (any shape, read flat); ``vocab``
+    defaults to ``num_classes`` (LEAF: 80 letters). PyTorch's LSTM has two bias vectors per
+    layer where TensorFlow's has one, so at LEAF's sizes it has 819,920 parameters to LEAF's
+    817,872 (2 × 4 × 256 more)."""
+    return CharLSTM(math.prod(int(d) for d in input_shape), vocab or num_classes, embed,
+                    hidden, layers, num_classes)
+
+
+char_lstm.token_ids = True  # its inputs are token ids, not features
