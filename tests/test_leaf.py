@@ -100,7 +100,9 @@ def _edit(root, split, k, change):
         "x", [["id", "date", "q", "u", "tweet"]] * len(d["user_data"][d["users"][0]]["y"])),
      "Sent140's tweet records"),
     ("test", lambda d: d["user_data"][d["users"][0]]["y"].__setitem__(0, -1),
-     "integer labels >= 0"),
+     "integer labels in 0..1048575"),
+    ("train", lambda d: d["user_data"][d["users"][0]]["y"].__setitem__(0, 1e15),
+     "integer labels in 0..1048575"),
 ])
 def test_a_malformed_shard_is_one_error_naming_file_and_user(tmp_path, split, change, rule):
     root = tmp_path / "bad"
@@ -213,3 +215,15 @@ def test_the_leaf_shakespeare_lstm_is_leafs_with_torchs_second_bias():
     assert leaf == 817_872
     assert sum(p.numel() for p in model.parameters()) == leaf + 2 * 1024
     assert model(torch.randint(0, 80, (3, 80)).float()).shape == (3, 80)
+
+
+@pytest.mark.ray
+def test_fedavg_trains_the_char_lstm_on_leaf_shakespeare(ray_session, tmp_path):
+    from fedray.runtime import run_experiment
+
+    write_shakespeare(tmp_path / "sh", {"A_ROLE": (12, 3), "B_ROLE": (10, 3), "C_ROLE": (9, 2)})
+    cfg = leaf_cfg(tmp_path / "sh", tmp_path, "model.name=char_lstm", "model.hidden=16",
+                   "model.layers=1", "rounds=1", "local.batch_size=4",
+                   "runtime.tiers=[{name: default, executors: 1, num_cpus: 0.5}]")
+    summary = run_experiment(cfg, str(tmp_path / "run"), progress=False)
+    assert summary["rounds"] == 1 and 0 <= summary["final_global_accuracy"] <= 1

@@ -56,6 +56,8 @@ def test_the_unmasked_sum_is_exactly_the_survivors_sum(drops):
     gone = drops.before_share | drops.before_masked
     assert res.included == [c for c in sorted(x) if c not in gone]
     assert np.array_equal(res.total, plain_sum(x, res.included, 16))
+    assert set(res.seen) == set(res.included)  # what the server saw is masked, not x
+    assert all(not np.array_equal(res.seen[c], x[c]) for c in res.seen)
     again = secure_sum(x, bits=16, threshold=4, seed=1, round=2, drops=drops)
     assert np.array_equal(again.total, res.total)  # keys from (seed, round, client)
 
@@ -119,3 +121,11 @@ def test_quantized_updates_sum_exactly_and_decode_within_the_rounding():
     got = dequantize(res.total, scale, bits)
     assert np.abs(got - want).max() <= n / scale  # each client's rounding is below 1/scale
     assert required_bits(clip, scale, n) > required_bits(clip, scale, 1)
+
+
+def test_a_threshold_or_width_outside_the_protocol_is_refused():
+    x = inputs_of(4, 5, 16)
+    with pytest.raises(ValueError, match="threshold"):
+        secure_sum(x, 16, threshold=0, seed=0, round=1)
+    with pytest.raises(ValueError, match="bits"):
+        secure_sum(x, 64, threshold=2, seed=0, round=1)

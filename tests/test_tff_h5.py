@@ -87,3 +87,21 @@ def test_malformed_tff_files_are_one_error_before_ray(tmp_path):
         tff_cfg(root, tmp_path)
     cache = tmp_path / "cache" / "populations"  # nothing half-written
     assert not cache.exists() or not os.listdir(cache)
+
+
+def test_links_out_of_the_file_and_bad_labels_are_refused(tmp_path):
+    root = tmp_path / "linked"
+    write_tff(root, CLIENTS)
+    outside = tmp_path / "outside.h5"
+    with h5py.File(outside, "w") as f:
+        f.create_dataset("pixels", data=np.zeros((2, 28, 28), np.float32))
+        f.create_dataset("label", data=np.zeros(2, np.int32))
+    with h5py.File(root / "fed_emnist_train.h5", "a") as f:
+        f["examples/zz_planted"] = h5py.ExternalLink(str(outside), "/")
+    with pytest.raises(ConfigError, match="stored in the file"):
+        build_client_data(tff_cfg(root, tmp_path))
+    with h5py.File(root / "fed_emnist_train.h5", "a") as f:
+        del f["examples/zz_planted"]
+        f["examples/f0007_02/label"][0] = -3
+    with pytest.raises(ConfigError, match="labels in 0.."):
+        build_client_data(tff_cfg(root, tmp_path))

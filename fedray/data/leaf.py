@@ -53,6 +53,7 @@ from fedray.data.population import (
 )
 
 SPLITS = ("train", "test")
+MAX_CLASSES = 1 << 20  # a label beyond this is not a class id (and would size the classes)
 LETTERS = ("\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}")
 _INDEX = {ch: i for i, ch in enumerate(LETTERS)}
 
@@ -135,9 +136,9 @@ def _shard(path: str) -> dict[str, tuple[np.ndarray, np.ndarray, bool]]:
             raise _bad(path, where, "x: equal-length lists of numbers; y: "
                                                   "integer labels") from None
         if xa.ndim != 2 or ya.ndim != 1 or not np.isfinite(xa).all() or \
-                not (ya == np.round(ya)).all() or (ya < 0).any():
-            raise _bad(path, where, "x: equal-length lists of finite numbers; "
-                                                  "y: integer labels >= 0")
+                not (ya == np.round(ya)).all() or ((ya < 0) | (ya >= MAX_CLASSES)).any():
+            raise _bad(path, where, f"x: equal-length lists of finite numbers; y: integer "
+                                    f"labels in 0..{MAX_CLASSES - 1}")
         if user in out:
             raise _bad(path, where, "each user once per shard")
         out[user] = (xa, ya.astype(np.int64), text)

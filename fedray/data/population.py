@@ -487,9 +487,10 @@ def _features(d: DataConfig, table: Any, names: list[str], rows: _Rows) -> np.nd
 def _decoded_images(col: Any, name: str, rows: _Rows) -> np.ndarray:
     """An encoded-image column (PNG/JPEG bytes, as Flower Datasets' ``flwrlabs/femnist`` or
     ``cifar10`` store them) decoded with Pillow into (rows, C, H, W) float32 in [0, 1] (8-bit
-    modes; grey images get one channel). Every row must decode to the first row's size and
-    mode; an image stored by ``path`` only (not embedded) is refused: the path would point
-    outside ``data.root``."""
+    modes; grey images get one channel; palette, alpha and CMYK images are converted to RGB,
+    grey-with-alpha and other modes to grey; a decompression bomb is refused). Every row
+    must decode to the first row's size and mode; an image stored by ``path`` only (not
+    embedded) is refused: the path would point outside ``data.root``."""
     import io
 
     from PIL import Image, UnidentifiedImageError
@@ -508,8 +509,10 @@ def _decoded_images(col: Any, name: str, rows: _Rows) -> np.ndarray:
         try:
             with Image.open(io.BytesIO(raw)) as im:
                 mode, size = im.mode, im.size
+                if mode not in ("L", "RGB"):  # palette, alpha, CMYK: as grey or colour
+                    im = im.convert("RGB" if mode in ("P", "RGBA", "CMYK", "YCbCr") else "L")
                 arr = np.asarray(im)
-        except (UnidentifiedImageError, OSError, ValueError):
+        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
             raise rows.error(key, name, FEATURE_RULE, np.array([i]),
                              "bytes that do not decode as an image") from None
         if first is None:

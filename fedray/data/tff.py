@@ -23,7 +23,7 @@ import numpy as np
 
 from fedray.core.config import DataConfig
 from fedray.core.spec import ConfigError
-from fedray.data.leaf import SPLITS, Rows, natural_split_population
+from fedray.data.leaf import MAX_CLASSES, SPLITS, Rows, natural_split_population
 from fedray.data.population import TablePopulation, _inside
 
 FEATURES = ("pixels", "image")
@@ -78,6 +78,9 @@ def _split_file(d: DataConfig, path: str) -> dict[str, tuple[np.ndarray, np.ndar
             raise bad("the file", "TFF's layout: an examples group of examples/<client>/"
                                   "<feature> datasets")
         for user in sorted(group):
+            if not isinstance(group.get(user, getlink=True), h5py.HardLink):
+                raise bad(f"client {user}", "groups stored in the file (an external or "
+                                            "soft link would read elsewhere)")
             g = group[user]
             names = sorted(g) if isinstance(g, h5py.Group) else []
             feature = d.feature_columns[0] if d.feature_columns else next(
@@ -85,11 +88,18 @@ def _split_file(d: DataConfig, path: str) -> dict[str, tuple[np.ndarray, np.ndar
             if feature not in names or d.label_column not in names:
                 raise bad(f"client {user}", f"datasets {feature or ' or '.join(FEATURES)!r} "
                                             f"and {d.label_column!r} (it has {names})")
+            for name in (feature, d.label_column):
+                ds = g[name] if isinstance(g.get(name, getlink=True), h5py.HardLink) else None
+                if not isinstance(ds, h5py.Dataset) or ds.is_virtual or ds.external:
+                    raise bad(f"client {user}", f"{name!r} a dataset stored in the file (not "
+                                                f"a link, a virtual or an external dataset: "
+                                                f"they read other files)")
             try:
                 x, y = g[feature][()], g[d.label_column][()]
             except OSError as e:
                 raise bad(f"client {user}", f"readable datasets ({str(e)[:80]})") from None
-            if x.dtype.kind not in "fiu" or y.dtype.kind not in "iu" or x.ndim < 2:
+            if x.dtype.kind not in "fiu" or y.dtype.kind not in "iu" or x.ndim < 2 \
+                    or y.ndim != 1:
                 raise bad(f"client {user}", f"numeric {feature!r} examples and integer "
                                             f"{d.label_column!r} labels (text features, as "
                                             f"Shakespeare and StackOverflow have, are not "
@@ -97,6 +107,8 @@ def _split_file(d: DataConfig, path: str) -> dict[str, tuple[np.ndarray, np.ndar
             if len(x) != len(y):
                 raise bad(f"client {user}", f"one label per example ({len(x)} examples, "
                                             f"{len(y)} labels)")
+            if len(y) and (y.min() < 0 or y.max() >= MAX_CLASSES):
+                raise bad(f"client {user}", f"labels in 0..{MAX_CLASSES - 1}")
             x = _images(x) if x.ndim >= 3 else x.astype(np.float32)
             if not np.isfinite(x).all():
                 raise bad(f"client {user}", "finite inputs")

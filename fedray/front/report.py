@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from fedray.core import registry
-from fedray.core.config import DEFAULT_METHOD, DataConfig, dataset_shape, parse_text
+from fedray.core.config import DataConfig, dataset_shape, parse_text
 from fedray.core.outputs import refuse_links, staged_dir
 from fedray.core.spec import ConfigError, build_dataclass
 from fedray.core.storage import StateFileError, Storage
@@ -324,51 +324,68 @@ def _attack_plots(groups: list[dict], what: str, out_dir: str) -> list[dict]:
     return [save_figure(fig, out_dir, "attack_vs_round.png")]
 
 
-def _defence(config: dict[str, Any]) -> str:
-    """A run's defence, for the study heatmap: its method, with its robust rule if any."""
-    algo = config.get("algorithm") or {}
-    rule = (config.get("robust") or {}).get("rule", "none")
-    name = str(algo.get("name", DEFAULT_METHOD))
-    if "weighting" in algo:
-        name += f" ({algo['weighting']})"
-    return name if rule in (None, "none") else f"{name} + {rule}"
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """A config as {dotted key: its value as JSON text}."""
+    out: dict[str, str] = {}
+    for k, v in config.items():
+        if isinstance(v, dict):
+            out |= _flat(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = json.dumps(v, sort_keys=True, default=str)
+    return out
 
 
-def _attack(config: dict[str, Any]) -> str:
-    adv = config.get("adversary") or {}
-    share = adv.get("fraction") or 0
-    return f"{adv.get('attack', 'none')}" + (f" {share:g}" if share else "")
+def _labels(flats: list[dict[str, str]], keys: list[str], strip: str = "") -> list[str]:
+    """Each run's values of ``keys`` as ``key=value, ...`` (``strip`` cut from the keys)."""
+    return [", ".join(f"{k.removeprefix(strip)}={json.loads(f[k]) if k in f else None}"
+                      for k in keys) for f in flats]
 
 
 def _heatmap(runs: list[dict], out_dir: str) -> list[dict]:
-    """A study of defences × attacks (runs whose configs differ in both): the final global
-    accuracy of each pair, mean over its runs (seeds)."""
+    """A study of defences × attacks: runs whose configs differ both in ``adversary.*``
+    keys (the attack) and in other keys (the defence: method, its parameters, the robust
+    rule...), seed and name aside; each pair's final global accuracy, mean over its runs
+    (seeds). The labels are the keys that differ, so no two settings share a cell."""
+    ran = [r for r in runs if r["config"] and "global_accuracy" in r["rounds"]
+           and r["rounds"]["global_accuracy"].notna().any()]
+    flats = [_flat({k: v for k, v in r["config"].items() if k not in ("seed", "name",
+                                                                       "run_dir")})
+             for r in ran]
+    varying = sorted(k for k in {k for f in flats for k in f}
+                     if len({f.get(k) for f in flats}) > 1)
+    attack_keys = [k for k in varying if k.startswith("adversary.")]
+    defence_keys = [k for k in varying  # where and how it ran is not a defence
+                    if not k.startswith(("adversary.", "runtime.", "tracking."))]
+    if not attack_keys or not defence_keys:
+        return []
     cells: dict[tuple[str, str], list[float]] = {}
-    for r in runs:
-        acc = r["rounds"]["global_accuracy"].dropna() if "global_accuracy" in r["rounds"] \
-            else pd.Series(dtype=float)
-        if r["config"] and len(acc):
-            cells.setdefault((_defence(r["config"]), _attack(r["config"])), []).append(
-                float(acc.iloc[-1]))
+    for r, d, a in zip(ran, _labels(flats, defence_keys), _labels(flats, attack_keys,
+                                                                   "adversary."),
+                       strict=True):
+        cells.setdefault((d, a), []).append(float(r["rounds"]["global_accuracy"].dropna()
+                                                  .iloc[-1]))
     defences = list(dict.fromkeys(d for d, _ in cells))
     attacks = list(dict.fromkeys(a for _, a in cells))
-    if len(defences) < 2 or len(attacks) < 2:
-        return []
     grid = np.full((len(defences), len(attacks)), np.nan)
     for (d, a), v in cells.items():
         grid[defences.index(d), attacks.index(a)] = float(np.mean(v))
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(1.1 * len(attacks) + 4, 0.45 * len(defences) + 2.2))
+    def wrap(labels: list[str]) -> list[str]:  # long key=value lists over a few lines
+        return [textwrap.fill(t, 28) for t in labels]
+
+    rows = max(t.count("\n") + 1 for t in wrap(defences))
+    fig, ax = plt.subplots(figsize=(1.3 * len(attacks) + 5,
+                                    (0.3 + 0.2 * rows) * len(defences) + 3))
     im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1, aspect="auto")
-    ax.set_xticks(range(len(attacks)), attacks, rotation=30, ha="right")
-    ax.set_yticks(range(len(defences)), defences)
+    ax.set_xticks(range(len(attacks)), wrap(attacks), rotation=30, ha="right", fontsize=7)
+    ax.set_yticks(range(len(defences)), wrap(defences), fontsize=7)
     for i in range(len(defences)):
         for j in range(len(attacks)):
             if not math.isnan(grid[i, j]):
                 ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=7,
                         color="white" if grid[i, j] < 0.5 else "black")
     fig.colorbar(im, ax=ax, fraction=0.04, label="accuracy (↑ better)")
-    ax.set(xlabel="attack (malicious share)", ylabel="defence")
+    ax.set(xlabel="attack", ylabel="defence")
     fig.suptitle("Defences × attacks: final global test accuracy\n(mean over each pair's runs)",
                  fontsize=10)
     return [save_figure(fig, out_dir, "defences_vs_attacks.png")]

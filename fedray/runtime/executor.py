@@ -391,9 +391,9 @@ class ClientExecutor:
         from fedray.methods.robust import root_dataset
 
         tensors = self._decoded(job.broadcast)
-        if getattr(self, "_root", None) is None or len(self._root[0]) != job.samples:
-            self._root = root_dataset(self.data, job.samples, self.cfg.seed)
-        x, y = self._root
+        if getattr(self, "_root", None) is None or self._root[0] != job.samples:
+            self._root = (job.samples, *root_dataset(self.data, job.samples, self.cfg.seed))
+        _, x, y = self._root
         ctx = ClientContext(-1, job.round, self.cfg.seed, self.tier, x, y, x[:0], y[:0],
                             self.resident, self.device)
         try:

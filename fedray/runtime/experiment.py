@@ -502,15 +502,23 @@ def _adversary_summary(cfg: ExperimentConfig, run_dir: str, final_eval: dict
     from fedray.methods.robust.adversary import attack_summary
     from fedray.observe.metrics import read_metrics
 
+    def col(table: Any, name: str) -> np.ndarray:
+        return np.asarray(table.column(name).to_numpy(zero_copy_only=False))
+
     table = read_metrics(run_dir, "clients")
-    sampled = np.asarray(table.column("sampled").to_numpy(zero_copy_only=False), bool)
-    bad = np.asarray(table.column("malicious").to_numpy(zero_copy_only=False))[sampled]
-    kept = None
-    if "robust_kept" in table.column_names:
-        kept = np.asarray(table.column("robust_kept").to_numpy(zero_copy_only=False))[sampled]
-        bad, kept = bad[~np.isnan(kept)], kept[~np.isnan(kept)]  # rows the rule saw
+    sampled = col(table, "sampled").astype(bool)
+    bad = col(table, "malicious")[sampled]
+    judged = None
+    if "robust_kept" in table.column_names:  # the rows the rule weighed, skipped rounds out
+        kept = col(table, "robust_kept")[sampled]
+        rounds = read_metrics(run_dir, "rounds")
+        skipped = col(rounds, "round")[col(rounds, "policy/robust_skipped") == 1] \
+            if "policy/robust_skipped" in rounds.column_names else []
+        weighed = ~np.isnan(kept) & ~np.isin(col(table, "round")[sampled], skipped)
+        judged = bad[weighed], kept[weighed]
     asr = final_eval.get("attack_success_rate")
-    return {"adversary": attack_summary(section, cfg.clients.num_clients, cfg.seed, bad, kept,
+    return {"adversary": attack_summary(section, cfg.clients.num_clients, cfg.seed, bad,
+                                        judged,
                                         None if asr is None or math.isnan(asr) else asr)}
 
 

@@ -92,7 +92,8 @@ class RoundParts:
             rec.extra["adversary/malicious_sampled"] = float(sum(bad[c] for c in rec.sampled))
             kept = {c: m["robust_kept"] for c, m in
                     rec.policy_metrics.get("per_client", {}).items() if "robust_kept" in m}
-            if kept:
+            if kept and not rec.policy_metrics.get("robust_skipped"):  # a skipped round's 0s
+                # are no exclusion: the rule did not run
                 cids = sorted(kept)
                 found = detection(np.array([bad[c] for c in cids]),
                                   np.array([kept[c] for c in cids]))

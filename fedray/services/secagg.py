@@ -193,6 +193,7 @@ class SecAggResult:
     reason: str | None
     up: dict[str, dict[int, int]]
     down: dict[str, dict[int, int]]
+    seen: dict[int, np.ndarray] = field(default_factory=dict)  # the masked inputs received
 
     @property
     def failed(self) -> bool:
@@ -206,20 +207,26 @@ def secure_sum(inputs: dict[int, np.ndarray], bits: int, threshold: int, seed: i
     uint64 vector of m words < 2^bits} — with Shamir threshold ``threshold``. ``tamper``:
     (sender, receiver) share ciphertexts to corrupt in transit (tests of the failure
     path)."""
+    if not 1 <= threshold:
+        raise ValueError(f"threshold: at least 1, got {threshold}")
+    if not 2 <= bits <= 62:
+        raise ValueError(f"bits: 2..62 (sums and their sign fix stay in int64), got {bits}")
     drops = drops or Drops()
     tamper = set(tamper)
     ids = sorted(inputs)
     m = len(next(iter(inputs.values()))) if inputs else 0
-    mod = np.uint64((1 << bits) - 1) if bits < 64 else None
+    mod = np.uint64((1 << bits) - 1)
     up = {p: dict.fromkeys(ids, 0) for p in PHASES}
     down = {p: dict.fromkeys(ids, 0) for p in PHASES}
     graph = neighbours(ids, k, seed, round)
 
+    masked: dict[int, np.ndarray] = {}
+
     def fail(reason: str, included: list[int]) -> SecAggResult:
-        return SecAggResult(None, included, reason, up, down)
+        return SecAggResult(None, included, reason, up, down, masked)
 
     def wrap(v: np.ndarray) -> np.ndarray:
-        return v & mod if mod is not None else v
+        return v & mod
 
     # 0. advertise keys
     c_key = {u: _x25519(seed, round, u, "secagg-c") for u in ids}
@@ -257,7 +264,6 @@ def secure_sum(inputs: dict[int, np.ndarray], bits: int, threshold: int, seed: i
         return fail(f"{len(u2)} clients sent masked inputs, the threshold is {threshold}", [])
 
     # 2. masked inputs
-    masked = {}
     for u in u2:
         y = wrap(np.asarray(inputs[u], np.uint64) + prg(b_seed[u], m, bits))
         for v in graph[u]:
@@ -316,7 +322,7 @@ def secure_sum(inputs: dict[int, np.ndarray], bits: int, threshold: int, seed: i
             if u in u2:  # u added +p if u < v, else -p: undo it
                 p = prg(_agree(key, pub_s[u], b"secagg-mask"), m, bits)
                 total = wrap(total - p) if u < v else wrap(total + p)
-    return SecAggResult(total, u2, None, up, down)
+    return SecAggResult(total, u2, None, up, down, masked)
 
 
 # ----------------------------------------------------------------------------- integers

@@ -111,7 +111,7 @@ class AdversaryConfig:
         if not self.active:
             return
         n = cfg.clients.num_clients
-        if self.fraction > 0 and math.floor(self.fraction * n) == 0:
+        if self.fraction > 0 and share_count(self.fraction, n) == 0:
             raise ConfigError("adversary.fraction", self.fraction,
                               f"at least 1 / num_clients = {1 / n:g} (floor(fraction * {n}) "
                               f"clients are malicious)")
@@ -159,10 +159,16 @@ class AdversaryConfig:
                                   f"{tuple(input_shape)}")
 
 
+def share_count(fraction: float, n: int) -> int:
+    """⌊fraction · n⌋ as the decimal fraction means it (0.29 · 100 is 29, not the 28 that
+    float rounding of 28.999999999999996 would give)."""
+    return math.floor(fraction * n + 1e-9)
+
+
 def malicious_ids(cfg: AdversaryConfig, num_clients: int, seed: int = 0) -> np.ndarray:
     """The sorted malicious client ids (``seed`` matters only for ``fraction``)."""
     if cfg.clients is None:
-        k = math.floor(cfg.fraction * num_clients)
+        k = share_count(cfg.fraction, num_clients)
         return np.sort(rng(seed, purpose="adversary").choice(num_clients, k, replace=False)
                        ).astype(np.int64)
     ids = _read_ids(cfg.clients) if isinstance(cfg.clients, str) else list(cfg.clients)
@@ -251,7 +257,7 @@ class Adversary:
             else:
                 new = attacks.scale(v, c.boost)
             out[k] = np.asarray(new, v.dtype)
-        return out
+        return {k: out[k] for k in upload}  # drawn in name order, kept in the upload's
 
     def collude(self, accepted: list[Upload]) -> tuple[list[Upload], dict[str, float]]:
         """The round's accepted uploads with each malicious one replaced by the colluding
@@ -316,18 +322,21 @@ def detection(malicious: np.ndarray, kept: np.ndarray) -> dict[str, float | None
 
 
 def attack_summary(cfg: AdversaryConfig, num_clients: int, seed: int, malicious: np.ndarray,
-                   kept: np.ndarray | None, asr: float | None) -> dict[str, Any]:
-    """What a run's ``summary.json`` says of its adversary, from ``clients.parquet``'s
-    ``malicious`` flags of every sampled client-round and, under a robust rule, their
-    ``robust_kept``: the :func:`detection` precision and recall over the whole run. Rules
-    that down-weight rather than exclude (trimmed mean, norm bounding, centered clipping,
-    FLTrust's trust scores) show in the mean weight of the malicious and of the benign
-    client-rounds."""
+                   judged: tuple[np.ndarray, np.ndarray] | None, asr: float | None
+                   ) -> dict[str, Any]:
+    """What a run's ``summary.json`` says of its adversary: how many clients lie, how many
+    sampled client-rounds were theirs (``malicious``: the flag of every sampled client-round
+    of ``clients.parquet``), and, under a robust rule, over the client-rounds it weighed
+    (``judged``: their malicious flags and ``robust_kept``; the rounds it skipped left
+    out), the :func:`detection` precision and recall. Rules that down-weight rather than
+    exclude (trimmed mean, norm bounding, centered clipping, FLTrust's trust scores) show in
+    the mean weight of the malicious and of the benign client-rounds."""
     out: dict[str, Any] = {"attack": cfg.attack,
                            "malicious_clients": len(malicious_ids(cfg, num_clients, seed)),
-                           "malicious_client_rounds": int(malicious.sum())}
-    if kept is not None:
-        bad = malicious.astype(bool)
+                           "malicious_client_rounds": int(np.asarray(malicious).sum())}
+    if judged is not None:
+        flags, kept = judged
+        bad = np.asarray(flags).astype(bool)
         out |= {f"detection_{k}": v for k, v in detection(bad, kept).items()}
         out["mean_kept_malicious"] = float(kept[bad].mean()) if bad.any() else None
         out["mean_kept_benign"] = float(kept[~bad].mean()) if (~bad).any() else None

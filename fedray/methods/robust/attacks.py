@@ -130,7 +130,7 @@ def backdoor(x: np.ndarray, y: np.ndarray, target: int, fraction: float,
              ) -> tuple[np.ndarray, np.ndarray]:
     """A client's samples with ⌊fraction · N⌋ of them (drawn by ``gen``, without
     replacement) triggered and relabelled ``target``."""
-    k = int(np.floor(fraction * len(x)))
+    k = int(np.floor(fraction * len(x) + 1e-9))  # 0.29 of 100 is 29, float rounding aside
     pick = np.sort(gen.choice(len(x), k, replace=False))
     x, y = x.copy(), y.copy()
     if k:
