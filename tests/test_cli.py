@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -126,7 +127,15 @@ def test_kill_then_resume_reaches_uninterrupted_state(ray_session, tmp_path):
     wait_for_checkpoint(latest, 2)
     os.killpg(victim.pid, signal.SIGKILL)
     victim.wait()
-    cut_at = int(latest.read_text().split()[0])
+    # the driver actor lives in the session's Ray, not in the killed process group: until
+    # Ray reaps it (its owner is dead) it may still checkpoint a round; read LATEST once it
+    # has stopped changing
+    cut_at, still = int(latest.read_text().split()[0]), time.monotonic()
+    while time.monotonic() - still < 3:
+        time.sleep(0.2)
+        now = int(latest.read_text().split()[0])
+        if now != cut_at:
+            cut_at, still = now, time.monotonic()
     assert 2 <= cut_at < 6, "the run finished before it could be killed"
 
     res = subprocess.run([sys.executable, "-m", "fedray", "run", "--resume", str(tmp_path / "cut"),
