@@ -125,27 +125,14 @@ def markdown(mean: pd.DataFrame, sd: pd.DataFrame, seeds: int) -> str:
     return "\n".join(lines)
 
 
-def heatmap(mean: pd.DataFrame, title: str, path: str, cmap: str = "viridis") -> None:
-    import matplotlib
+def heatmap(mean: pd.DataFrame, title: str, path: str) -> None:
+    from fedray.observe.plots import heatmap as draw
+    from fedray.observe.plots import save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(1.0 * len(mean.columns) + 2.5, 0.45 * len(mean) + 1.6))
-    im = ax.imshow(mean.values.astype(float), cmap=cmap, vmin=0, vmax=1, aspect="auto")
-    ax.set_xticks(range(len(mean.columns)), mean.columns, rotation=30, ha="right")
-    ax.set_yticks(range(len(mean)), mean.index)
-    for i in range(len(mean)):
-        for j in range(len(mean.columns)):
-            v = float(mean.iat[i, j])
-            if not math.isnan(v):
-                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
-                        color="white" if v < 0.5 else "black")
-    fig.colorbar(im, ax=ax, fraction=0.03)
+    fig, ax = draw(mean.values, list(mean.index), list(mean.columns), "accuracy (↑ better)",
+                   fontsize=9)
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, os.path.dirname(path), os.path.basename(path), dpi=110)
 
 
 def tables(df: pd.DataFrame, out: str) -> str:

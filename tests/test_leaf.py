@@ -114,7 +114,12 @@ def test_a_malformed_shard_is_one_error_naming_file_and_user(tmp_path, split, ch
     assert rule in msg and path in msg and "\n" not in msg
     if "parse" not in rule:
         assert "'user f0003_12'" in msg  # the first user of shard 0
-    cache = tmp_path / "cache" / "populations"  # nothing half-written
+    assert_cache_empty(tmp_path)
+
+
+def assert_cache_empty(tmp_path) -> None:
+    """Nothing, not even half, written to the population cache under tmp_path/cache."""
+    cache = tmp_path / "cache" / "populations"
     assert not cache.exists() or not os.listdir(cache)
 
 

@@ -116,6 +116,13 @@ def cfg_of(*extra):
     return load_config(None, ["clients.num_clients=6", "clients.per_round=5", *extra])
 
 
+def refused(extra: list[str], path: str, rule: str) -> None:
+    """``cfg_of(*extra)`` fails with one line at ``path`` stating ``rule``."""
+    with pytest.raises(ConfigError) as e:
+        cfg_of(*extra)
+    assert e.value.path == path and rule in str(e.value) and "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("extra, path, rule", [
     (["robust.rule=krum", "robust.f=2"], "robust.f", "n > 2f + 2"),
     (["robust.rule=bulyan", "robust.f=1"], "robust.f", "n >= 4f + 3"),
@@ -127,9 +134,7 @@ def cfg_of(*extra):
     (["robust.rule=trimmed_mean", "robust.trim=0.5"], "robust.trim", "< 0.5"),
 ])
 def test_bad_robust_configs_are_one_line_before_ray(extra, path, rule):
-    with pytest.raises(ConfigError) as e:
-        cfg_of(*extra)
-    assert e.value.path == path and rule in str(e.value) and "\n" not in str(e.value)
+    refused(extra, path, rule)
 
 
 @pytest.mark.ray

@@ -11,6 +11,7 @@ import os
 import h5py
 import numpy as np
 import pytest
+from test_leaf import assert_cache_empty
 
 from fedray.core.config import load_config
 from fedray.core.spec import ConfigError
@@ -85,8 +86,7 @@ def test_malformed_tff_files_are_one_error_before_ray(tmp_path):
     os.remove(root / "fed_emnist_test.h5")
     with pytest.raises(ConfigError, match=r"exactly one \*test\*.h5"):
         tff_cfg(root, tmp_path)
-    cache = tmp_path / "cache" / "populations"  # nothing half-written
-    assert not cache.exists() or not os.listdir(cache)
+    assert_cache_empty(tmp_path)
 
 
 def test_links_out_of_the_file_and_bad_labels_are_refused(tmp_path):

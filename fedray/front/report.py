@@ -45,6 +45,7 @@ from fedray.observe.plots import (
     axis_label,
     chance_line,
     error_bars,
+    heatmap,
     markdown_html,
     mean_sd,
     save_figure,
@@ -369,22 +370,10 @@ def _heatmap(runs: list[dict], out_dir: str) -> list[dict]:
     grid = np.full((len(defences), len(attacks)), np.nan)
     for (d, a), v in cells.items():
         grid[defences.index(d), attacks.index(a)] = float(np.mean(v))
-    plt = _plt()
     def wrap(labels: list[str]) -> list[str]:  # long key=value lists over a few lines
         return [textwrap.fill(t, 28) for t in labels]
 
-    rows = max(t.count("\n") + 1 for t in wrap(defences))
-    fig, ax = plt.subplots(figsize=(1.3 * len(attacks) + 5,
-                                    (0.3 + 0.2 * rows) * len(defences) + 3))
-    im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1, aspect="auto")
-    ax.set_xticks(range(len(attacks)), wrap(attacks), rotation=30, ha="right", fontsize=7)
-    ax.set_yticks(range(len(defences)), wrap(defences), fontsize=7)
-    for i in range(len(defences)):
-        for j in range(len(attacks)):
-            if not math.isnan(grid[i, j]):
-                ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=7,
-                        color="white" if grid[i, j] < 0.5 else "black")
-    fig.colorbar(im, ax=ax, fraction=0.04, label="accuracy (↑ better)")
+    fig, ax = heatmap(grid, wrap(defences), wrap(attacks), "accuracy (↑ better)")
     ax.set(xlabel="attack", ylabel="defence")
     fig.suptitle("Defences × attacks: final global test accuracy\n(mean over each pair's runs)",
                  fontsize=10)

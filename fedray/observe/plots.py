@@ -53,6 +53,27 @@ def save(fig: Any, out_dir: str, name: str, dpi: int = 120) -> str:
     return path
 
 
+def heatmap(values: Any, rows: list[str], cols: list[str], colorbar: str,
+            fontsize: float = 7) -> tuple[Any, Any]:
+    """A (rows × cols) grid of values in [0, 1] on a viridis scale, each cell annotated
+    with its value (empty for NaN), the colour bar labelled ``colorbar``: (figure, axes)."""
+    import numpy as np
+
+    grid = np.asarray(values, dtype=float)
+    lines = max((t.count("\n") + 1 for t in rows), default=1)
+    fig, ax = pyplot().subplots(figsize=(1.3 * len(cols) + 5,
+                                         (0.3 + 0.2 * lines) * len(rows) + 3))
+    im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+    ax.set_xticks(range(len(cols)), cols, rotation=30, ha="right", fontsize=fontsize)
+    ax.set_yticks(range(len(rows)), rows, fontsize=fontsize)
+    for i, j in np.ndindex(grid.shape):
+        if not math.isnan(grid[i, j]):
+            ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=7,
+                    color="white" if grid[i, j] < 0.5 else "black")
+    fig.colorbar(im, ax=ax, fraction=0.04, label=colorbar)
+    return fig, ax
+
+
 def save_figure(fig: Any, out_dir: str, name: str, dpi: int = 120) -> dict[str, Any]:
     """:func:`save`, returning :func:`describe` of the figure plus its ``path``."""
     info = describe(fig)
