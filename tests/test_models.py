@@ -103,3 +103,25 @@ def test_list_models_is_json_serialisable():
     mlp = next(m for m in models if m["name"] == "mlp")
     assert mlp["kwargs"] == {"hidden": [256], "activation": "relu"}
     json.dumps(models)
+
+
+def test_the_pfl_cifar10_cnn_has_pfls_parameter_count():
+    """pfl-research's simple_cnn on (32, 32, 3), 10 classes: 3x3x3x32 + 32, 3x3x32x64 + 64,
+    (14 x 14 x 64) x 128 + 128, 128 x 10 + 10; Glorot-uniform weights; dropout in training
+    only."""
+    import torch
+
+    from fedray.models import build_model
+
+    model = build_model("pfl_cnn", (3, 32, 32), 10)
+    assert sum(p.numel() for p in model.parameters()) == 1_626_442 == (
+        27 * 32 + 32 + 9 * 32 * 64 + 64 + 14 * 14 * 64 * 128 + 128 + 128 * 10 + 10)
+    w = model[0].weight
+    bound = (6 / (3 * 9 + 32 * 9)) ** 0.5  # Glorot uniform: ±sqrt(6 / (fan_in + fan_out))
+    assert w.abs().max() <= bound and w.abs().max() > 0.9 * bound
+    model.eval()
+    x = torch.rand(4, 3, 32, 32)
+    assert torch.equal(model(x), model(x)) and model(x).shape == (4, 10)
+    model.train()
+    torch.manual_seed(0)
+    assert not torch.equal(model(x), model(x))  # dropout

@@ -108,7 +108,8 @@ def test_quantity_cover_and_min_size(n, num_clients, alpha, min_size, seed):
 
 
 @FAST
-@given(data=labelled(), scheme=st.sampled_from(["iid", "dirichlet", "pathological", "quantity"]))
+@given(data=labelled(), scheme=st.sampled_from(["iid", "dirichlet", "pathological", "quantity",
+                                                 "shard", "inner_dirichlet"]))
 def test_same_seed_same_partition_other_seed_differs(data, scheme):
     labels, num_clients, seed = data
     kwargs = dict(alpha=5.0, classes_per_client=len(np.unique(labels)), min_size=1)
@@ -211,3 +212,65 @@ def test_exponential_sizes_do_not_overflow_and_small_shares_are_refused():
     with pytest.raises(PartitionError) as e:
         partition(np.zeros(100, int), 20, "square", np.random.default_rng(0), min_size=2)
     assert e.value.param == "num_clients" and "square" in str(e.value)
+
+
+def test_shards_are_mcmahans_label_sorted_split():
+    """MNIST's shape (60,000 samples sorted by label, 100 clients x 2 shards of 300): every
+    client holds two runs of one label each (at most 4 labels with boundary shards), all
+    samples once; an uneven count spreads the remainder one per shard."""
+    from fedray.data.partition import shard
+
+    labels = np.random.default_rng(0).permutation(np.repeat(np.arange(10), 6000))
+    parts = shard(labels, 100, 2, rng(3, -1, -1, "partition"))
+    check_disjoint_cover(parts, 60_000, 100)
+    assert {len(p) for p in parts} == {600}
+    assert max(len(np.unique(labels[p])) for p in parts) <= 2  # 300 | 6000: shards never straddle
+    odd = shard(labels[:1003], 10, 3, rng(1))
+    check_disjoint_cover(odd, 1003, 10)
+    assert {len(p) for p in odd} <= {99, 100, 101, 102}  # 3 of 30 shards of 33 or 34 (13 of 34)
+    assert sum(len(np.unique(labels[:1003][p])) for p in odd) <= 10 * 3 * 2
+    with pytest.raises(PartitionError) as e:
+        shard(labels[:50], 10, 6, rng(1))
+    assert e.value.param == "shards_per_client"
+
+
+def test_inner_dirichlet_has_exact_sizes_and_its_own_class_prior():
+    """Flower's InnerDirichletPartitioner: sizes exactly as given, every sample once, small
+    alpha concentrates each client on few classes, large alpha spreads them; no class is
+    over-drawn even when priors pile onto one class."""
+    from fedray.data.partition import inner_dirichlet
+
+    labels = np.repeat(np.arange(10), 100)
+    sizes = np.array([50, 150, 100, 200, 500])
+    parts = inner_dirichlet(labels, sizes, 0.1, rng(0))
+    check_disjoint_cover(parts, 1000, 5)
+    assert [len(p) for p in parts] == sizes.tolist()
+    spread = inner_dirichlet(labels, sizes, 100.0, rng(0))
+    assert label_entropy(labels, parts) < label_entropy(labels, spread) - 0.5
+    skewed = np.array([0] * 900 + list(range(1, 10)) * 10 + [0] * 10)[:1000]
+    check_disjoint_cover(inner_dirichlet(skewed, sizes, 0.05, rng(1)), 1000, 5)
+    eq = partition(labels, 7, "inner_dirichlet", rng(2), alpha=0.5)
+    assert sorted(len(p) for p in eq) == [142] * 1 + [143] * 6  # 1000 = 6 x 143 + 142
+    q = partition(labels, 7, "inner_dirichlet", rng(2), alpha=0.5, inner_sizes="linear")
+    assert [len(p) for p in q] == [len(p) for p in partition(labels, 7, "linear", rng(2))]
+    with pytest.raises(PartitionError):
+        inner_dirichlet(labels, np.array([10, 10]), 0.5, rng(0))
+
+
+def test_shard_and_inner_dirichlet_through_the_config():
+    from fedray.core.config import load_config
+    from fedray.core.spec import ConfigError
+    from fedray.data import build_data
+
+    cfg = load_config(None, ["clients.num_clients=10", "data.partition=shard",
+                             "data.shards_per_client=2"])
+    data = build_data(cfg)
+    assert data.num_clients == 10
+    too_many = load_config(None, ["clients.num_clients=10", "data.partition=shard",
+                                  "data.shards_per_client=500"])
+    with pytest.raises(ConfigError) as e:
+        build_data(too_many)
+    assert e.value.path == "data.shards_per_client"
+    cfg = load_config(None, ["clients.num_clients=10", "data.partition=inner_dirichlet",
+                             "data.inner_sizes=linear"])
+    assert build_data(cfg).num_clients == 10

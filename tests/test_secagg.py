@@ -92,6 +92,15 @@ def test_a_tampered_share_stops_the_round_loudly():
         secure_sum(x, 16, threshold=3, seed=0, round=1, tamper=[(4, 5)])
 
 
+def test_a_substituted_encryption_key_stops_the_round_loudly():
+    """The server forwards client 4 a key of its own in place of client 6's: 4 cannot open
+    the share 6 sealed for it (or 6 the one 4 sealed), so the round stops, never summing."""
+    x = inputs_of(5, 10, 16)
+    for pair in [(4, 6), (6, 4)]:
+        with pytest.raises(SecAggError, match="failed authentication"):
+            secure_sum(x, 16, threshold=3, seed=0, round=1, wrong_keys=[pair])
+
+
 def test_every_message_is_counted_per_client_and_phase():
     n, m, bits = 6, 25, 20
     x = inputs_of(n, m, bits)
@@ -103,6 +112,7 @@ def test_every_message_is_counted_per_client_and_phase():
         assert res.up["share"][c] == res.down["share"][c] == (n - 1) * share
         assert res.up["masked_input"][c] == (bits * m + 7) // 8
         assert res.up["unmask"][c] == (n - 1) * (ID_BYTES + ELEMENT_BYTES)
+        assert res.down["unmask"][c] == (n - 1) * ID_BYTES  # its neighbours' status
 
 
 def test_quantized_updates_sum_exactly_and_decode_within_the_rounding():

@@ -96,16 +96,26 @@ class DataConfig:
     download: bool = spec(False, help="let torchvision download cifar* into root")
     image_size: int | None = spec(None, ge=8, help="upsample digits to this square size")
     channels: int = spec(1, ge=1, le=3, help="digits channels (3 replicates the grey image)")
-    partition: Literal["iid", "dirichlet", "pathological", "quantity", "linear", "square",
-                       "exponential"] = spec(
+    partition: Literal["iid", "dirichlet", "pathological", "shard", "inner_dirichlet",
+                       "quantity", "linear", "square", "exponential"] = spec(
         "iid", help="iid; dirichlet (label skew, alpha); pathological (classes_per_client); "
-                    "quantity (sizes ~ Dirichlet(quantity_alpha)); linear / square / "
-                    "exponential: Flower Datasets' size partitions, client i of N gets a share "
-                    "i, i^2 or e^i of the samples (labels iid)")
+                    "shard (McMahan et al. 2017: label-sorted shards, shards_per_client each); "
+                    "inner_dirichlet (Flower's: inner_sizes samples each, classes ~ "
+                    "Dirichlet(alpha) per client); quantity (sizes ~ Dirichlet(quantity_alpha)"
+                    "); linear / square / exponential: Flower Datasets' size partitions, "
+                    "client i of N gets a share i, i^2 or e^i of the samples (labels iid)")
     alpha: float = spec(0.5, gt=0, help="Dirichlet label-skew concentration")
     classes_per_client: int = spec(2, ge=1, help="pathological skew: classes per client")
+    shards_per_client: int = spec(2, ge=1, help="shard: label-sorted shards per client (Flower's "
+                                                "num_shards_per_partition)")
+    inner_sizes: Literal["equal", "quantity", "linear", "square", "exponential"] = spec(
+        "equal", help="inner_dirichlet: each client's size (equal, quantity ~ "
+                      "Dirichlet(quantity_alpha), or a Flower size partition)")
     quantity_alpha: float = spec(0.5, gt=0, help="quantity skew: Dirichlet over client sizes")
-    min_samples: int = spec(4, ge=2, help="minimum samples per client (train + test)")
+    min_samples: int = spec(4, ge=2, help="minimum samples per client (train + test; Flower "
+                                          "Datasets' min_partition_size): dirichlet redraws "
+                                          "up to 100 times until every client has it, the "
+                                          "other partitions refuse a split that misses it")
     local_test_fraction: float = spec(0.2, gt=0, lt=1, help="share of a shard held out locally")
     feature_skew: float = spec(0.0, ge=0, help="strength of the per-client input transform")
     drift_round: int | None = spec(None, ge=1, help="round from which drifted labels apply")

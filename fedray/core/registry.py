@@ -31,7 +31,7 @@ PLUGIN_GROUP = "fedray.plugins"
 RESERVED_SECTIONS = {"name", "seed", "rounds", "run_dir", "data", "clients", "model",
                      "algorithm", "local", "payload", "eval", "runtime", "pretrain", "sections",
                      "sweep", "fleet", "dp", "tracking"}
-BUILTIN = ("fedray.models", "fedray.data")
+BUILTIN = ("fedray.models", "fedray.data", "fedray.services.secure_round")
 _discovered = False
 
 

@@ -16,9 +16,11 @@ from fedray.data.partition import (
     PartitionError,
     dirichlet,
     iid,
+    inner_dirichlet,
     partition,
     pathological,
     quantity,
+    shard,
 )
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "build_federated",
     "dirichlet",
     "iid",
+    "inner_dirichlet",
     "load_cifar",
     "load_dataset",
     "load_digits",
@@ -38,5 +41,6 @@ __all__ = [
     "partition",
     "pathological",
     "quantity",
+    "shard",
     "stratified_split",
 ]

@@ -25,6 +25,7 @@ _PARAM_TO_FIELD = {
     "alpha": "data.alpha",
     "classes_per_client": "data.classes_per_client",
     "quantity_alpha": "data.quantity_alpha",
+    "shards_per_client": "data.shards_per_client",
     "scheme": "data.partition",
 }
 
@@ -216,12 +217,15 @@ def build_federated(cfg: DataConfig, num_clients: int, seed: int,
     try:
         shards = partition(ds.y_train, num_clients, cfg.partition, rng(seed, -1, -1, "partition"),
                            alpha=cfg.alpha, classes_per_client=cfg.classes_per_client,
-                           quantity_alpha=cfg.quantity_alpha, min_size=min_size)
+                           quantity_alpha=cfg.quantity_alpha, min_size=min_size,
+                           shards_per_client=cfg.shards_per_client,
+                           inner_sizes=cfg.inner_sizes)
     except PartitionError as e:
         path = _PARAM_TO_FIELD.get(e.param or "", "data.partition")
         value = {"clients.num_clients": num_clients, "data.min_samples": cfg.min_samples,
                  "data.alpha": cfg.alpha, "data.classes_per_client": cfg.classes_per_client,
-                 "data.quantity_alpha": cfg.quantity_alpha}.get(path, cfg.partition)
+                 "data.quantity_alpha": cfg.quantity_alpha,
+                 "data.shards_per_client": cfg.shards_per_client}.get(path, cfg.partition)
         raise ConfigError(path, value, f"{e.allowed or 'a feasible value'} ({e})") from e
     if min(len(s) for s in shards) < 2:
         raise _size_error(n, num_clients, min_size)

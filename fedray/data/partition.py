@@ -1,5 +1,7 @@
-"""Split a train set's indices among clients: IID, label skew, pathological shards, quantity
-skew, and Flower Datasets' deterministic size partitions (linear, square, exponential).
+"""Split a train set's indices among clients: IID, label skew (Dirichlet, and Flower's
+inner-Dirichlet at given sizes), pathological classes per client, McMahan et al.'s label-sorted
+shards, quantity skew, and Flower Datasets' deterministic size partitions (linear, square,
+exponential).
 
 Every partitioner returns one sorted int64 index array per client; the arrays are disjoint
 and together hold every sample. Randomness comes only from the ``np.random.Generator``
@@ -11,7 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-SCHEMES = ("iid", "dirichlet", "pathological", "quantity", "linear", "square", "exponential")
+SCHEMES = ("iid", "dirichlet", "pathological", "shard", "inner_dirichlet", "quantity", "linear",
+           "square", "exponential")
+INNER_SIZES = ("equal", "quantity", "linear", "square", "exponential")
 SIZE_UNITS = {"linear": lambda k: k, "square": lambda k: k ** 2,
               "exponential": lambda k: np.exp(k - k.max())}
 MAX_DIRICHLET_TRIES = 100
@@ -172,6 +176,72 @@ def pathological(labels: np.ndarray, num_clients: int, classes_per_client: int,
     return _group(client_of, num_clients)
 
 
+def shard(labels: np.ndarray, num_clients: int, shards_per_client: int,
+          rng: np.random.Generator) -> list[np.ndarray]:
+    """McMahan et al. (AISTATS 2017)'s pathological non-IID split — Flower Datasets'
+    ``ShardPartitioner`` given ``num_shards_per_partition``: the samples sorted by label
+    (ties in a seeded random order), cut into N·s shards of consecutive samples, and each
+    client dealt s shards at random. Shards are ⌊n / (N s)⌋ samples and the first n mod N·s
+    of them one more, so every sample is held (Flower drops that remainder; with MNIST's
+    60,000 samples, 100 clients and s = 2 both are the paper's 200 shards of 300)."""
+    labels = _dense_labels(labels)
+    n = len(labels)
+    _check_clients(n, num_clients)
+    total = num_clients * shards_per_client
+    if not 1 <= shards_per_client or total > n:
+        raise PartitionError(
+            f"{num_clients} clients x {shards_per_client} shards need at least one sample per "
+            f"shard ({n} samples)", "shards_per_client", shards_per_client,
+            f"1..{max(1, n // num_clients)}")
+    order = np.lexsort((rng.random(n), labels))
+    base, extra = divmod(n, total)
+    sizes = np.full(total, base, dtype=np.int64)
+    sizes[:extra] += 1
+    shard_of = np.repeat(np.arange(total), sizes)
+    owner_of_shard = np.empty(total, dtype=np.int64)
+    owner_of_shard[rng.permutation(total)] = np.arange(total) % num_clients
+    client_of = np.empty(n, dtype=np.int64)
+    client_of[order] = owner_of_shard[shard_of]
+    return _group(client_of, num_clients)
+
+
+def inner_dirichlet(labels: np.ndarray, sizes: np.ndarray, alpha: float,
+                    rng: np.random.Generator) -> list[np.ndarray]:
+    """Flower Datasets' ``InnerDirichletPartitioner``: client i gets exactly ``sizes[i]``
+    samples whose classes follow its own prior p_i ~ Dir(alpha · 1). Clients are filled
+    in a seeded random order, each by a multinomial draw of its remaining need over its
+    prior restricted to the classes that still have samples (renormalized; a class running
+    out mid-draw sends the rest of the need to a new draw), so sizes are exact and no class
+    is over-drawn. (Flower assigns one sample at a time to a random client with the same
+    exhausted-class rule; the distribution matches, the draws do not.)"""
+    labels = _dense_labels(labels)
+    n = len(labels)
+    if int(np.sum(sizes)) != n or np.min(sizes) < 0:
+        raise PartitionError(f"inner_dirichlet sizes sum to {int(np.sum(sizes))}, not {n}",
+                             "scheme", "inner_dirichlet", "sizes that hold every sample")
+    if not alpha > 0:
+        raise PartitionError(f"alpha must be > 0, got {alpha}", "alpha", alpha, "a number > 0")
+    grouped, class_sizes = _grouped_by_class(labels, rng)
+    num_clients, num_classes = len(sizes), len(class_sizes)
+    priors = np.nan_to_num(rng.dirichlet(np.full(num_classes, alpha), size=num_clients))
+    left = class_sizes.astype(np.int64).copy()
+    counts = np.zeros((num_classes, num_clients), dtype=np.int64)
+    for i in rng.permutation(num_clients):
+        need = int(sizes[i])
+        while need > 0:
+            avail = left > 0
+            p = priors[i] * avail
+            p = p / p.sum() if p.sum() > 0 else avail / avail.sum()
+            take = np.minimum(rng.multinomial(need, p), left)
+            counts[:, i] += take
+            left -= take
+            need -= int(take.sum())
+    owner = np.repeat(np.tile(np.arange(num_clients), num_classes), counts.ravel())
+    client_of = np.empty(n, dtype=np.int64)
+    client_of[grouped] = owner
+    return _group(client_of, num_clients)
+
+
 def quantity(n: int, num_clients: int, alpha: float, rng: np.random.Generator,
              min_size: int = 2) -> list[np.ndarray]:
     """Quantity skew: client sizes ~ ``min_size`` + Dir(alpha) shares of the rest; labels IID."""
@@ -218,7 +288,8 @@ def sized(n: int, num_clients: int, kind: str, rng: np.random.Generator, min_siz
 
 def partition(labels: np.ndarray, num_clients: int, scheme: str, rng: np.random.Generator, *,
               alpha: float = 0.5, classes_per_client: int = 2, quantity_alpha: float = 0.5,
-              min_size: int = 2) -> list[np.ndarray]:
+              min_size: int = 2, shards_per_client: int = 2, inner_sizes: str = "equal"
+              ) -> list[np.ndarray]:
     """Split ``range(len(labels))`` among ``num_clients`` clients with ``scheme``.
 
     Every client is guaranteed at least ``min_size`` samples, or :class:`PartitionError`
@@ -233,6 +304,17 @@ def partition(labels: np.ndarray, num_clients: int, scheme: str, rng: np.random.
         parts = dirichlet(labels, num_clients, alpha, rng, min_size)
     elif scheme == "pathological":
         parts = pathological(labels, num_clients, classes_per_client, rng)
+    elif scheme == "shard":
+        parts = shard(labels, num_clients, shards_per_client, rng)
+    elif scheme == "inner_dirichlet":
+        if inner_sizes == "equal":
+            sizes = np.full(num_clients, n // num_clients, dtype=np.int64)
+            sizes[:n % num_clients] += 1
+        else:
+            sizes = np.array([len(p) for p in partition(
+                labels, num_clients, inner_sizes, rng,
+                quantity_alpha=quantity_alpha, min_size=min_size)], dtype=np.int64)
+        parts = inner_dirichlet(labels, sizes, alpha, rng)
     elif scheme == "quantity":
         parts = quantity(n, num_clients, quantity_alpha, rng, min_size)
     elif scheme in SIZE_UNITS:

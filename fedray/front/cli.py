@@ -89,7 +89,19 @@ def summary_text(s: dict, report: str | None = None) -> str:
             f"executor restarts {s['executor_restarts']}\n"
             f"simulated time {s.get('simulated_hours', 0.0) * 60:.2f} min (fleet clock) · "
             f"failed rounds {s.get('failed_rounds', 0)}" + _dp_text(s.get("dp"), s.get("dp_sgd"))
-            + _adversary_text(s.get("adversary")) + "\n" + _files_text(s["run_dir"], report))
+            + _adversary_text(s.get("adversary")) + _secagg_text(s.get("secagg")) + "\n"
+            + _files_text(s["run_dir"], report))
+
+
+def _secagg_text(a: dict | None) -> str:
+    """Secure aggregation's line: the protocol, its arithmetic and what it cost."""
+    if not a:
+        return ""
+    return (f"\nsecure aggregation {a['protocol']} in Z_2^{a['bits']} (clip ±{a['clip']:g}, "
+            f"scale {a['scale']:.4g}): {a['protocol_bytes']:,} protocol bytes "
+            f"({100 * a['protocol_share_of_bytes']:.1f}% of all), "
+            f"{sum(a['sim_seconds_per_phase'].values()):.2f} simulated s, "
+            f"{a['failed_rounds']} rounds failed")
 
 
 def _adversary_text(a: dict | None) -> str:

@@ -7,7 +7,8 @@ cumulative bytes (log x: the communication/accuracy trade-off), accuracy vs simu
 (fleet clock) and vs privacy spent (client-level DP) when runs have them, per-tier
 personalized accuracy when a run has several capacity tiers, and, for runs with malicious
 clients, a backdoor's attack success rate and a robust rule's detection precision and
-recall per round; ``compare`` of runs that differ in both defence (method, robust rule) and
+recall per round, for runs with secure aggregation its bytes and simulated seconds per
+round by protocol phase; ``compare`` of runs that differ in both defence (method, robust rule) and
 attack adds a defences × attacks heatmap of the final global accuracy. Every accuracy axis is a
 fraction correct (↑ better) with the chance level drawn: 1/classes of the run's dataset
 (from ``data.json``, else the config's dataset), none for BlogText, whose accuracy is FAVoR's
@@ -285,6 +286,7 @@ def _accuracy_plots(runs: list[dict], groups: list[dict], out_dir: str) -> list[
         figures.append(save_figure(fig, out_dir, "accuracy_vs_epsilon.png"))
 
     figures += _attack_plots(groups, what, out_dir)
+    figures += _secagg_plots(groups, out_dir)
     tiered = [g for g in groups if all(_tiers(r) for r in g["runs"])]
     if tiered:
         fig, ax = plt.subplots(figsize=(7, 4.6))
@@ -323,6 +325,43 @@ def _attack_plots(groups: list[dict], what: str, out_dir: str) -> list[dict]:
         _finish(ax, title=title, xlabel="round", ylabel=label)
     fig.suptitle(f"Under attack: {what}")
     return [save_figure(fig, out_dir, "attack_vs_round.png")]
+
+
+SECAGG_PHASES = ("advertise", "share", "masked_input", "unmask")
+
+
+def _secagg_plots(groups: list[dict], out_dir: str) -> list[dict]:
+    """Runs with secure aggregation (``secagg/*`` columns): per round, the bytes of every
+    client together — the model's download, the masked input (the upload) and each protocol
+    phase stacked on top — and the simulated seconds — the round without SecAgg's phases
+    (training, upload) and each phase on top; one row per series (its first run), at most
+    four."""
+    plt = _plt()
+    shown = [g for g in groups if "secagg/advertise_up_bytes" in g["runs"][0]["rounds"]][:4]
+    if not shown:
+        return []
+    fig, axes = plt.subplots(len(shown), 2, figsize=(12, 4.2 * len(shown)), squeeze=False)
+    for (left, right), g in zip(axes, shown, strict=True):
+        r = g["runs"][0]["rounds"]
+        x = r["round"].to_numpy()
+        phase_bytes = {ph: (r[f"secagg/{ph}_up_bytes"] + r[f"secagg/{ph}_down_bytes"]
+                            ).to_numpy(float) for ph in SECAGG_PHASES}
+        layers = {"model download (no SecAgg cost)": r["download_bytes"].to_numpy(float),
+                  "masked input = upload": phase_bytes.pop("masked_input")}
+        layers |= {f"{ph} messages (SecAgg)": v for ph, v in phase_bytes.items()}
+        left.stackplot(x, *layers.values(), labels=list(layers), alpha=0.85)
+        _finish(left, title=_title("Bytes per round, all clients", g["label"]),
+                xlabel="round", ylabel=axis_label("bytes", "B", "↓ better"))
+        secs = {ph: r[f"secagg/{ph}_seconds"].to_numpy(float) for ph in SECAGG_PHASES}
+        base = r["sim_seconds"].to_numpy(float) - sum(secs.values())
+        right.stackplot(x, base, *secs.values(),
+                        labels=["round without SecAgg's phases", "advertise keys (SecAgg)",
+                                "share keys (SecAgg)", "mask expansion (SecAgg)",
+                                "unmasking (SecAgg)"], alpha=0.85)
+        _finish(right, title=_title("Simulated seconds per round", g["label"]),
+                xlabel="round", ylabel=axis_label("simulated time", "s", "↓ better"))
+    fig.suptitle("Secure aggregation: what it costs")
+    return [save_figure(fig, out_dir, "secagg_costs.png")]
 
 
 def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, str]:

@@ -18,6 +18,7 @@ for _name, _target in {
     "mlp": "fedray.models.mlp:mlp",
     "cnn": "fedray.models.cnn:cnn",
     "leaf_cnn": "fedray.models.cnn:leaf_cnn",
+    "pfl_cnn": "fedray.models.cnn:pfl_cnn",
     "lstm": "fedray.models.lstm:lstm",
     "char_lstm": "fedray.models.lstm:char_lstm",
     "resnet18": "fedray.models.resnet:resnet18",

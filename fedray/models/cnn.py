@@ -45,3 +45,23 @@ def leaf_cnn(input_shape: tuple[int, ...], num_classes: int, *, dense: int = 204
     layers += [nn.Flatten(), nn.Linear(c * h * w, dense), nn.ReLU(),
                nn.Linear(dense, num_classes)]
     return nn.Sequential(*layers)
+
+
+def pfl_cnn(input_shape: tuple[int, ...], num_classes: int, *, dense: int = 128) -> nn.Module:
+    """pfl-research's CIFAR-10 CNN (``benchmarks/model/pytorch/cnn.py: simple_cnn`` of
+    apple/pfl-research): two 3×3 'valid' convolutions of 32 and 64 channels with ReLU, one
+    2×2 max-pool, dropout 0.25, a dense layer of ``dense`` units with ReLU, dropout 0.5 and
+    the classifier; weights Glorot-uniform (biases PyTorch's default), as pfl does to match
+    its TF2 model. Inputs are channels-first here (pfl transposes HWC batches). On 32×32×3
+    images with 10 classes: 1,626,442 parameters."""
+    c, h, w = image_shape(input_shape, "pfl_cnn")
+    layers = unflatten_if_flat(input_shape, (c, h, w))
+    layers += [nn.Conv2d(c, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(),
+               nn.MaxPool2d(2), nn.Dropout(0.25), nn.Flatten(),
+               nn.Linear(64 * ((h - 4) // 2) * ((w - 4) // 2), dense), nn.ReLU(),
+               nn.Dropout(0.5), nn.Linear(dense, num_classes)]
+    model = nn.Sequential(*layers)
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d | nn.Linear):
+            nn.init.xavier_uniform_(m.weight)
+    return model

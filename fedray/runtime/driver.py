@@ -11,6 +11,7 @@
 - the client-state manifest and the tier cache (:mod:`fedray.runtime.roster`);
 - central DP (:class:`fedray.services.privacy.CentralDP`) when enabled;
 - the malicious clients (:class:`fedray.methods.robust.adversary.Adversary`) when any;
+- secure aggregation (:class:`fedray.services.secure_round.SecureAggregator`) when enabled;
 - the loop: :class:`~fedray.runtime.sync_loop.SyncLoop`, or
   :class:`~fedray.runtime.async_loop.AsyncLoop` for a buffered rule (FedBuff, FedAsync).
 
@@ -41,6 +42,7 @@ from fedray.runtime.sampler import make_sampler
 from fedray.runtime.sync_loop import SyncLoop
 from fedray.services.fleet import Fleet
 from fedray.services.privacy import CentralDP
+from fedray.services.secure_round import SecureAggregator
 
 __all__ = ["Driver", "RoundFailedError"]
 
@@ -64,7 +66,8 @@ class Driver:
             ledger=Ledger(algorithm.base_bytes()),
             clients=ClientStates(algorithm.uses_client_state or chain.stateful),
             tiers=tiers, fleet=fleet, privacy=privacy, metrics=MetricsWriter(self.storage),
-            adversary=adversary_of(cfg))
+            adversary=adversary_of(cfg),
+            secagg=SecureAggregator(cfg, privacy) if cfg.secagg.enabled else None)
         self.loop: SyncLoop | AsyncLoop = (AsyncLoop() if policy.buffer_size is not None
                                            else SyncLoop())
 

@@ -487,7 +487,22 @@ def _summary(cfg: ExperimentConfig, run_dir: str, rows: list[dict], finish: dict
         **({"dp": finish["privacy"]} if finish.get("privacy") else {}),
         **dp_sgd,
         **_adversary_summary(cfg, run_dir, final_eval),
+        **_secagg_summary(cfg, run_dir, finish["totals"]),
     }
+
+
+def _secagg_summary(cfg: ExperimentConfig, run_dir: str, totals: dict[str, int]
+                    ) -> dict[str, Any]:
+    """``{"secagg": ...}`` with secure aggregation
+    (:func:`fedray.services.secure_round.secagg_summary`), else nothing."""
+    if not cfg.secagg.enabled:
+        return {}
+    from fedray.observe.metrics import read_metrics
+    from fedray.services.secure_round import secagg_summary
+
+    return {"secagg": secagg_summary(cfg, read_metrics(run_dir, "rounds"),
+                                     totals.get("protocol_bytes", 0),
+                                     totals["upload_bytes"] + totals["download_bytes"])}
 
 
 def _adversary_summary(cfg: ExperimentConfig, run_dir: str, final_eval: dict

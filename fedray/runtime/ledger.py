@@ -2,7 +2,9 @@
 
 Every download is charged when it happens (the tier's broadcast once per attempt, plus the
 pretrained base the first time a client downloads anything); every completed upload is
-charged its exact encoded bytes; failures and rejections are counted. The simulated clock
+charged its exact encoded bytes; secure aggregation's protocol messages are charged to the
+same up and down totals (and counted apart in ``protocol_bytes``); failures and rejections
+are counted. The simulated clock
 only moves forward, by what the fleet model says a round or a dispatch took.
 """
 
@@ -12,7 +14,7 @@ from typing import Any
 
 from fedray.methods.base import ClientResult, Status
 
-TOTALS = ("upload_bytes", "download_bytes", "failures", "rejected")
+TOTALS = ("upload_bytes", "download_bytes", "failures", "rejected", "protocol_bytes")
 
 
 class Ledger:
@@ -44,11 +46,17 @@ class Ledger:
             self.totals["failures"] += final[c].status is Status.ERROR
             self.totals["rejected"] += final[c].status is Status.REJECTED
 
+    def charge_protocol(self, up: dict[int, int], down: dict[int, int]) -> None:
+        """Secure aggregation's messages besides the masked input (which is the upload)."""
+        self.totals["upload_bytes"] += sum(up.values())
+        self.totals["download_bytes"] += sum(down.values())
+        self.totals["protocol_bytes"] += sum(up.values()) + sum(down.values())
+
     def state_dict(self) -> dict[str, Any]:
         return {"totals": dict(self.totals), "has_base": sorted(self.has_base),
                 "sim_time": self.sim_time}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.totals = {k: int(state["totals"][k]) for k in TOTALS}
+        self.totals = {k: int(state["totals"].get(k, 0)) for k in TOTALS}
         self.has_base = {int(c) for c in state["has_base"]}
         self.sim_time = float(state.get("sim_time", 0.0))

@@ -60,6 +60,7 @@ class RoundParts:
     privacy: Any
     metrics: MetricsWriter
     adversary: Any = None
+    secagg: Any = None
 
     def evaluate(self, r: int, sampled: list[int]) -> Evaluation:
         """Scores of round ``r`` when ``eval.every`` (or the last round) says so: the

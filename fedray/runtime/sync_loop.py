@@ -65,12 +65,15 @@ class SyncLoop:
                 trained.final[c] = ClientResult(c, r, Status.DROPPED,
                                                 error="dropped out mid-round")
         final, attempts = trained.final, trained.attempts
+        if p.secagg is not None:
+            secure_begin(p.secagg, r, sampled, final, elements(p, trained))
         download = p.ledger.charge_downloads(sampled, attempts,
                                              {c: bcast[p.tiers.of(c)].nbytes for c in sampled})
         times, duration = time_round(p, sampled, final, download, draw.reports)
         accepted = accept(p, trained)
         p.ledger.charge_uploads(sampled, final)
         restarts = p.dispatcher.restarts - restarts_before
+        start = p.ledger.sim_time
         p.ledger.sim_time += duration
         lost = sum(final[c].status in LOST for c in sampled)
         failed = len(accepted) < p.cfg.fleet.min_reports
@@ -85,7 +88,13 @@ class SyncLoop:
             raise RoundFailedError(r, len(accepted), p.cfg.runtime.min_accepted,
                                    [(c, str(final[c].status), final[c].error) for c in sampled
                                     if not final[c].ok])
-        policy_metrics = {} if failed else aggregate(p, trained, accepted, r, extra, bcast)
+        if failed:
+            policy_metrics = {}
+        elif p.secagg is not None and accepted:
+            policy_metrics = secure_aggregate(p, r, sampled, accepted, start, extra,
+                                              client_extra)
+        else:
+            policy_metrics = aggregate(p, trained, accepted, r, extra, bcast)
         p.server.round = r
         return p.log(RoundRecord(r, sampled, final, attempts, download, p.evaluate(r, sampled),
                                  policy_metrics, restarts, time.perf_counter() - t0,
@@ -147,6 +156,70 @@ def aggregate(p: RoundParts, trained: Trained, accepted: list, r: int, extra: di
                                                       p.privatize(accepted, r, extra), r)
         return metrics
     return {}
+
+
+def elements(p: RoundParts, trained: Trained) -> int:
+    """Words in one client's secure-aggregation input this round (from the first upload
+    that reported; 0 when none did)."""
+    for c in sorted(trained.final):
+        upload, _ = trained.upload(c)
+        if trained.final[c].ok and upload is not None:
+            return int(p.secagg.vector(p.server.params, upload)[1].size)
+    return 0
+
+
+def secure_begin(secagg: Any, r: int, sampled: list[int], final: dict[int, ClientResult],
+                 elements: int) -> None:
+    """Before the clock times the round: the clients that leave secure aggregation before
+    sharing keys are dropped (their training wasted, no upload); every other upload is a
+    masked input of ``elements`` words."""
+    left = secagg.leave_before_sharing(r, sampled)
+    for c in sampled:
+        res = final[c]
+        if c in left and res.ok:
+            res.status, res.error = Status.DROPPED, "left SecAgg before sharing keys"
+            res.upload_bytes = 0
+        elif res.ok:
+            res.upload_bytes = secagg.masked_bytes(elements)
+
+
+def secure_aggregate(p: RoundParts, r: int, sampled: list[int], accepted: list, start: float,
+                     extra: dict, client_extra: dict) -> dict[str, Any]:
+    """The round through secure aggregation (:mod:`fedray.services.secure_round`): its
+    protocol bytes on the ledger, its phases on the clock, a failed protocol a failed round
+    (model unchanged, nothing released); else the method's linear step from the unmasked
+    sum with unit weights, or central DP's release from it. Returns the policy's metrics."""
+    tiers = {c: p.tiers.of(c) for c in sampled}
+
+    def link(ids: np.ndarray, down: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return p.fleet.seconds(ids, [tiers[int(c)] for c in ids], down, up,
+                               np.zeros(len(ids)))["total"]
+
+    ids = np.array(sampled, dtype=np.int64)
+    until = dict(zip(sampled, p.fleet.online_until(ids, start).tolist(), strict=True))
+    res = p.secagg.run(r, p.server.params, sampled, accepted, link, until, p.ledger.sim_time)
+    p.ledger.charge_protocol(*res.extra_bytes())
+    spent = sum(res.seconds.values())
+    p.ledger.sim_time += spent
+    extra["sim_seconds"] += spent
+    extra["cum_sim_seconds"] = p.ledger.sim_time
+    extra.update(res.row())
+    for c in sampled:
+        client_extra.setdefault(c, {}).update(res.client_row(c))
+    if res.failed:
+        p.server.failed_rounds += 1
+        extra["round_failed"] = 1.0
+        return {}
+    if p.privacy is not None:
+        mean, metrics = p.privacy.release(p.server.params, res.total, res.within,
+                                          len(res.included), r)
+        extra.update(metrics)
+        p.server.params, out = p.policy.aggregate(p.server.params,
+                                                  [(c, 1, mean) for c in res.included], r)
+        return out
+    p.server.params, out = p.policy.aggregate_sum(p.server.params, res.total,
+                                                  float(len(res.included)), r)
+    return out
 
 
 def time_round(p: RoundParts, sampled: list[int], final: dict[int, ClientResult],

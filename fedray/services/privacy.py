@@ -453,15 +453,27 @@ class CentralDP:
             within += norm <= self.clip
             for k in names:
                 total[k] += clipped[k]
+        return self.release(global_state, total, within, len(deltas), round)
+
+    def release(self, global_state: State, total: State, within: int, count: int, round: int
+                ) -> tuple[State, dict[str, float]]:
+        """The round's release from ``total`` = Σ of ``count`` clipped updates, ``within``
+        of which were inside the clip before clipping: Gaussian noise of std z·C on the sum,
+        divided by K (or q·N). :meth:`privatize` computes the sum here; secure aggregation
+        (:mod:`fedray.services.secure_round`) hands over the unmasked sum of the clients'
+        own clipped, quantized updates — the server's noise comes after unmasking."""
+        names = list(total)
+        if self.template is None:
+            self.template = {k: tuple(np.shape(v)) for k, v in total.items()}
         g = rng(self.seed, round, -1, "dp-noise")
         std = self.z_update * self.clip
-        mean = {k: ((total[k] + g.standard_normal(total[k].shape) * std) / self.denominator)
-                .astype(np.float32) for k in names}
+        mean = {k: ((total[k] + g.standard_normal(np.shape(total[k])) * std)
+                    / self.denominator).astype(np.float32) for k in names}
         used = self.clip
         metrics = {"dp_clip": used, "dp_noise_std": std / self.denominator}
         if self.adaptive:  # centred count: sensitivity 1/2 (Andrew et al., TF Privacy)
-            centred = within - 0.5 * len(deltas) + rng(self.seed, round, -1, "dp-count"
-                                                       ).standard_normal() * self.count_noise
+            centred = within - 0.5 * count + rng(self.seed, round, -1, "dp-count"
+                                                 ).standard_normal() * self.count_noise
             noisy = min(1.0, max(0.0, centred / self.denominator + 0.5))
             self.clip = float(self.clip * math.exp(-self.clip_lr * (noisy - self.quantile)))
             metrics["dp_unclipped_share"] = float(noisy)

@@ -202,11 +202,14 @@ class SecAggResult:
 
 def secure_sum(inputs: dict[int, np.ndarray], bits: int, threshold: int, seed: int,
                round: int, drops: Drops | None = None, k: int | None = None,
-               tamper: Iterable[tuple[int, int]] = ()) -> SecAggResult:
+               tamper: Iterable[tuple[int, int]] = (),
+               wrong_keys: Iterable[tuple[int, int]] = ()) -> SecAggResult:
     """One round of SecAgg (``k`` None) or SecAgg+ (degree ``k``) over ``inputs`` — {client:
-    uint64 vector of m words < 2^bits} — with Shamir threshold ``threshold``. ``tamper``:
-    (sender, receiver) share ciphertexts to corrupt in transit (tests of the failure
-    path)."""
+    uint64 vector of m words < 2^bits} — with Shamir threshold ``threshold``. Tests of the
+    failure path: ``tamper``, (sender, receiver) share ciphertexts corrupted in transit;
+    ``wrong_keys``, (receiver, sender) pairs where the server forwards the receiver another
+    encryption key in place of the sender's. (Substituting a *mask* key would need the
+    active-adversary variant's signatures to detect; this semi-honest protocol has none.)"""
     if not 1 <= threshold:
         raise ValueError(f"threshold: at least 1, got {threshold}")
     if not 2 <= bits <= 62:
@@ -233,6 +236,13 @@ def secure_sum(inputs: dict[int, np.ndarray], bits: int, threshold: int, seed: i
     s_key = {u: _x25519(seed, round, u, "secagg-s") for u in ids}
     pub_c = {u: _raw(c_key[u].public_key()) for u in ids}
     pub_s = {u: _raw(s_key[u].public_key()) for u in ids}
+    wrong = set(wrong_keys)
+
+    def seen_c(receiver: int, sender: int) -> bytes:
+        """The encryption key of ``sender`` as the server forwarded it to ``receiver``."""
+        if (receiver, sender) in wrong:
+            return _raw(_x25519(seed, round, sender, "secagg-substituted").public_key())
+        return pub_c[sender]
     for u in ids:
         up["advertise"][u] = 2 * KEY_BYTES
         down["advertise"][u] = len(graph[u]) * (ID_BYTES + 2 * KEY_BYTES)
@@ -249,7 +259,7 @@ def secure_sum(inputs: dict[int, np.ndarray], bits: int, threshold: int, seed: i
         s_sh = shamir_share(int.from_bytes(_raw(s_key[u]), "little"), holders, threshold, gen)
         b_sh = shamir_share(int.from_bytes(b_seed[u], "little"), holders, threshold, gen)
         for v in holders:
-            key = _agree(c_key[u], pub_c[v], b"secagg-enc")
+            key = _agree(c_key[u], seen_c(u, v), b"secagg-enc")
             body = (u.to_bytes(ID_BYTES, "little") + v.to_bytes(ID_BYTES, "little")
                     + s_sh[v].to_bytes(ELEMENT_BYTES, "little")
                     + b_sh[v].to_bytes(ELEMENT_BYTES, "little"))
@@ -282,11 +292,12 @@ def secure_sum(inputs: dict[int, np.ndarray], bits: int, threshold: int, seed: i
     dropped = [v for v in u1 if v not in u2]
     opened: dict[tuple[str, int], dict[int, int]] = {}
     for u in u3:
-        down["unmask"][u] = ID_BYTES * (len(u2) + len(dropped))
+        # the server tells u which of its neighbours sent a masked input and which dropped
+        down["unmask"][u] = ID_BYTES * sum(v in u1 for v in graph[u])
         for v in graph[u]:
             if v not in u1 or (v, u) not in sealed:
                 continue
-            body = _open(_agree(c_key[u], pub_c[v], b"secagg-enc"), sealed[(v, u)])
+            body = _open(_agree(c_key[u], seen_c(u, v), b"secagg-enc"), sealed[(v, u)])
             if int.from_bytes(body[:ID_BYTES], "little") != v or \
                     int.from_bytes(body[ID_BYTES:2 * ID_BYTES], "little") != u:
                 raise SecAggError(f"share from {v} to {u} names other clients")
