@@ -79,7 +79,7 @@ def one_round(n: int, protocol: str, m: int, seed: int = 0, late: set[int] = fro
     ups = {c: {"w": g.uniform(-0.5, 0.5, m).astype(np.float32)} for c in range(n)}
     sampled = list(range(n))
     final = {c: ClientResult(c, 1, Status.OK, 1) for c in sampled}
-    secure_begin(agg, 1, sampled, final, m)
+    secure_begin(agg, 1, sampled, final, m, set())
     for c in late:
         final[c].status = Status.LATE
     accepted = [(c, 1, ups[c]) for c in sampled if final[c].ok]

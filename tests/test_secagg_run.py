@@ -39,6 +39,12 @@ ON = "secagg.enabled=true"
      "secagg.degree", "even"),
     ([ON, "clients.per_round=1"], "clients.per_round", "at least 2"),
     ([ON, "secagg.dropout=1.0"], "secagg.dropout", "< 1"),
+    ([ON, "secagg.protocol=none", "secagg.dropout=0.1"], "secagg.dropout", "protocol=none"),
+    ([ON, "secagg.protocol=secagg", "secagg.degree=4"], "secagg.degree", "graph degree"),
+    ([ON, "secagg.protocol=secagg", "secagg.threshold=5", "fleet.overcommit=1.0"],
+     "secagg.threshold", "at most 4: each client's secrets are shared among its neighbours "
+     "and at most 4 of them answer the unmasking (clients.per_round 5, secagg, of the 6 "
+     "clients sampled only the first 5 to report"),
 ])
 def test_bad_secagg_configs_are_one_line_before_ray(extra, path, rule):
     refused(extra, path, rule)
@@ -58,16 +64,19 @@ def test_bits_clip_and_scale_checked_together():
     assert SecAggConfig(enabled=True, bits=4).resolved_scale(8) is None  # 7 // 8 = 0
 
 
-def _round(cfg, uploads: dict[int, dict], privacy=None, r: int = 1, online=None, late=()):
+def _round(cfg, uploads: dict[int, dict], privacy=None, r: int = 1, online=None, late=(),
+           nan=()):
     """One round of ``cfg``'s SecureAggregator over every sampled client's upload; the
-    ``late`` ones miss the fleet's deadline."""
+    ``late`` ones miss the fleet's deadline, the ``nan`` ones hold NaN (rejected)."""
     agg = SecureAggregator(cfg, privacy)
     sampled = sorted(uploads)
     final = {c: ClientResult(c, r, Status.OK, 10) for c in sampled}
     m = agg.vector({}, uploads[sampled[0]])[1].size
-    secure_begin(agg, r, sampled, final, m)
+    secure_begin(agg, r, sampled, final, m, set(nan))
     for c in late:
         final[c].status = Status.LATE
+    for c in nan:
+        final[c].status = Status.REJECTED
     accepted = [(c, 10, uploads[c]) for c in sampled if final[c].ok]
     until = {c: np.inf for c in sampled} | (online or {})
     res = agg.run(r, {}, sampled, accepted, lambda ids, d, u: (d + u) / 1e5 + 0.05, until, 0.0)
@@ -111,14 +120,15 @@ def test_the_unmasked_sum_is_the_included_clients_quantized_sum_at_every_dropout
     assert np.array_equal(totals["secagg_plus"], totals["none"])
 
     cfg = _cfg("secagg.protocol=secagg_plus", "secagg.dropout=0.2", "secagg.threshold=3",
-               "seed=4")  # 5's session ends before unmasking; 8 misses the deadline
-    agg, final, res = _round(cfg, ups, online={5: -1.0}, late=(8,))
+               "seed=4")  # 5's session ends before unmasking; 8 misses the deadline; 9 NaN
+    agg, final, res = _round(cfg, ups, online={5: -1.0}, late=(8,), nan=(9,))
     gone = [c for c in range(12) if final[c].status is Status.DROPPED]
     assert gone and 8 not in gone and all(final[c].upload_bytes == 0 for c in gone)
+    assert final[9].upload_bytes == 0  # checked before masking: nothing sent
     assert res.left["share"] == len(gone) and res.left["unmask"] >= 1
-    assert res.left["masked_input"] == 1  # 8: its pairwise masks removed through shares
+    assert res.left["masked_input"] == 2  # 8 and 9: pairwise masks removed through shares
     assert 5 in res.included  # its masked input arrived; its mask seed opened by shares
-    assert res.included == [c for c in range(12) if c not in gone and c != 8]
+    assert res.included == [c for c in range(12) if c not in gone and c not in (8, 9)]
     assert not res.failed
     flat = np.concatenate([res.total["w"].ravel(), res.total["b"]])
     assert np.array_equal(flat, _plain_sum(agg, ups, res.included))
@@ -133,6 +143,20 @@ def test_too_few_survivors_fail_the_round_as_the_protocol_does():
     cfg = _cfg("secagg.protocol=secagg", "secagg.threshold=11", "secagg.dropout=0.3")
     _, _, res = _round(cfg, _uploads(12))
     assert res.failed and res.total is None and "threshold is 11" in res.reason
+    _, _, res = _round(_cfg("secagg.protocol=none"), _uploads(3), nan=(0, 1, 2))
+    assert res.failed and "no masked input" in res.reason
+
+
+@pytest.mark.parametrize("proto", ["secagg", "secagg_plus"])
+def test_over_commitment_surplus_leaves_the_default_threshold_reachable(proto):
+    """20 sampled, the 10 first to report send inputs: the default t counts only the
+    neighbours that can answer, so the round sums (t from all 19 would fail every time)."""
+    cfg = _cfg(f"secagg.protocol={proto}", "clients.per_round=10", "fleet.overcommit=1.0")
+    for seed in range(3):
+        late = set(np.random.default_rng(seed).choice(20, 10, replace=False).tolist())
+        agg, _, res = _round(cfg, _uploads(20, seed), r=seed + 1, late=late)
+        assert not res.failed, res.reason
+        assert res.included == sorted(set(range(20)) - late)
 
 
 def test_central_dp_adds_its_noise_after_unmasking():
@@ -151,12 +175,21 @@ def test_central_dp_adds_its_noise_after_unmasking():
     privacy = dp()
     agg, _, res = _round(cfg, ups, privacy)
     assert res.within == 11  # all but client 3
-    secure, m1 = privacy.release({}, res.total, res.within, len(res.included), 1)
+    slack = agg.sensitivity_slack(res.elements)
+    assert res.elements == 16 and slack == 4 / agg.scale
+    secure, m1 = privacy.release({}, res.total, res.within, len(res.included), 1, slack)
     plain, m2 = dp().privatize({}, list(ups.values()), 1)
-    assert m1 == m2  # same noise std, same adaptive count (within is exact), same ε
+    assert m1.pop("dp_noise_std") == privacy.z_update * (1.5 + slack) / 12 > m2.pop(
+        "dp_noise_std")
+    assert m1 == m2  # same adaptive count (within is exact), same ε
     for k in plain:
         assert np.allclose(secure[k], plain[k], atol=12 / agg.scale + 1e-6)
     assert agg.masked_bytes(16) == (48 * 17 + 7) // 8  # the count word travels too
+
+
+def rounds_sum_to_totals(r) -> bool:
+    return r["cum_upload_bytes"].iloc[-1] == r["upload_bytes"].sum() and \
+        r["cum_download_bytes"].iloc[-1] == r["download_bytes"].sum()
 
 
 @pytest.mark.ray
@@ -170,20 +203,21 @@ def test_secure_runs_equal_the_clear_quantized_sum_bitwise_across_executors_and_
     sec = {"secagg.enabled": "true", "clients.num_clients": 8, "clients.per_round": 7,
            "fleet.dropout": 0.15, "secagg.dropout": 0.2, "secagg.threshold": 3,
            "secagg.degree": 4}
-    _, outputs = runs_across_executors(tiny_cfg, tmp_path, [1, 2], **sec)
+    _, outputs = runs_across_executors(tiny_cfg, tmp_path, [1, 2, 3], **sec)
     rounds, clients = outputs[0]["rounds"], outputs[0]["clients"]
     assert rounds["secagg/left_share"].sum() > 0 and rounds["secagg/left_unmask"].sum() > 0
     assert (clients.status == "dropped").any()
-    proto = sum(rounds[f"secagg/{ph}_{w}_bytes"].sum() for ph in PHASES
-                for w in ("up", "down")) - rounds["secagg/masked_input_up_bytes"].sum()
+    up = sum(rounds[f"secagg/{ph}_up_bytes"] for ph in PHASES)
+    down = sum(rounds[f"secagg/{ph}_down_bytes"] for ph in PHASES)
+    assert (rounds["upload_bytes"] == up).all()  # every byte a client sent is its upload
+    assert (rounds["download_bytes"] > down).all()  # the model, plus the protocol's
+    assert rounds_sum_to_totals(rounds)
     summary = outputs[0]["summary"]
-    assert summary["secagg"]["protocol_bytes"] == proto
-    assert summary["total_upload_bytes"] + summary["total_download_bytes"] == \
-        rounds["upload_bytes"].sum() + rounds["download_bytes"].sum() + proto
-    assert (rounds["upload_bytes"] == rounds["secagg/masked_input_up_bytes"]).all()
-    cols = [f"secagg_{ph}_{w}_bytes" for ph in PHASES for w in ("up", "down")]
-    assert clients.loc[clients.sampled, cols].sum().sum() == proto + rounds[
-        "upload_bytes"].sum()
+    assert summary["secagg"]["protocol_bytes"] == up.sum() + down.sum() - rounds[
+        "secagg/masked_input_up_bytes"].sum()
+    sent = clients[clients.sampled]
+    assert (sent[[f"secagg_{ph}_up_bytes" for ph in PHASES]].sum(axis=1)
+            == sent["upload_bytes"]).all()
 
     clean = {"secagg.enabled": "true", "rounds": 2}
     for name, extra in [("plus", {}), ("clear", {"secagg.protocol": "none"})]:
@@ -194,6 +228,16 @@ def test_secure_runs_equal_the_clear_quantized_sum_bitwise_across_executors_and_
     assert (plus["sim_seconds"] > run_outputs(tmp_path / "clear")["rounds"]["sim_seconds"]
             ).all()  # the key and unmasking phases on the clock
 
+    fleet = {"secagg.enabled": "true", "clients.per_round": 4, "fleet.overcommit": 0.5,
+             "fleet.min_reports": 4, "fleet.dropout": 0.25, "rounds": 3}
+    run_experiment(tiny_cfg(**fleet), str(tmp_path / "fleet"), progress=False)
+    out = run_outputs(tmp_path / "fleet")
+    r = out["rounds"]  # over-commitment's surplus sends no input; a fleet-failed round
+    assert r["secagg/advertise_up_bytes"].gt(0).all()  # still paid for the key phases
+    assert (r["secagg/included"] <= 4).all() and r["round_failed"].sum() >= 1
+    assert out["summary"]["failed_rounds"] == int(r["round_failed"].sum())
+    assert rounds_sum_to_totals(r)
+
     dp = tiny_cfg(**{"secagg.enabled": "true", "dp.enabled": "true",
                      "dp.noise_multiplier": 0.5, "dp.adaptive_clip": "true",
                      "secagg.threshold": 3, "secagg.dropout": 0.2, "rounds": 3})
@@ -202,8 +246,9 @@ def test_secure_runs_equal_the_clear_quantized_sum_bitwise_across_executors_and_
     assert all(np.array_equal(x[k], y[k]) for k in x)
     out = run_outputs(tmp_path / "dp" / "full")
     r = out["rounds"]
-    assert (r["secagg/failed"] <= r["round_failed"]).all()
+    assert (r["round_failed"] == r["secagg/failed"]).all()  # the fleet failed none here
     assert r["secagg/failed"].sum() >= 1 and (r["secagg/failed"] == 0).any()
+    assert out["summary"]["failed_rounds"] == int(r["secagg/failed"].sum())
     releases = out["summary"]["dp"]["releases"]
     assert releases == int((r["secagg/failed"] == 0).sum())  # a failed protocol releases nothing
     from fedray.front.report import report

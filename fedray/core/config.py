@@ -73,6 +73,13 @@ class DataConfig:
                                        "the CSV file (blogtext), the Parquet file or "
                                        "directory (parquet), the save_to_disk directory (hf), "
                                        "the dataset directory (leaf, tff)")
+    hf_id: str | None = spec(None, help="hf: a Hugging Face dataset id (flwrlabs/femnist, "
+                                        "sentiment140, ...) read from the local hub cache "
+                                        "(HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/"
+                                        "hub) instead of data.root; fetched only with "
+                                        "data.download=true")
+    hf_split: str = spec("train", help="hf with hf_id: the split whose Parquet files are read")
+    hf_revision: str = spec("main", help="hf with hf_id: the ref or commit of the snapshot")
     client_column: str | None = spec(None, help="parquet/hf: the column naming each row's "
                                                 "client (author, writer, device)")
     label_column: str = spec("label", help="parquet/hf: the integer class column; tff: the "
@@ -93,7 +100,9 @@ class DataConfig:
                          "to keep one test set across seeds, e.g. to share one pretrained "
                          "base (a base must never have seen the run's test samples: "
                          "checked before Ray starts)")
-    download: bool = spec(False, help="let torchvision download cifar* into root")
+    download: bool = spec(False, help="let torchvision download cifar* into root; hf: let "
+                                      "huggingface_hub fetch data.hf_id's Parquet files "
+                                      "into its cache")
     image_size: int | None = spec(None, ge=8, help="upsample digits to this square size")
     channels: int = spec(1, ge=1, le=3, help="digits channels (3 replicates the grey image)")
     partition: Literal["iid", "dirichlet", "pathological", "shard", "inner_dirichlet",

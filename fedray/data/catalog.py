@@ -105,7 +105,13 @@ def _check_synthetic(cfg: Any) -> None:
 
 def _check_table(cfg: Any) -> None:
     d = cfg.data
-    if not d.root or not Path(d.root).exists():
+    if getattr(d, "hf_id", None) is not None:
+        if d.dataset != "hf":
+            raise ConfigError("data.hf_id", d.hf_id, "unset unless data.dataset=hf")
+        if d.root is not None:
+            raise ConfigError("data.root", d.root, "unset when data.hf_id is set (one or the "
+                                                   "other)")
+    elif not d.root or not Path(d.root).exists():
         raise ConfigError("data.root", d.root, f"an existing local path for {d.dataset}")
     if not d.client_column:
         raise ConfigError("data.client_column", d.client_column,

@@ -205,11 +205,21 @@ def _inside(path: str, root: str) -> bool:
     return os.path.commonpath([real, top]) == top and real != top
 
 
+def _parquet(d: DataConfig) -> bool:
+    """Whether the source files are Parquet (``parquet``, and ``hf`` from the hub cache) or
+    Arrow streams (``hf`` save_to_disk)."""
+    return d.dataset == "parquet" or getattr(d, "hf_id", None) is not None
+
+
 def _source_files(d: DataConfig) -> list[str]:
     """The data files of ``data.root``: the Parquet file(s), or the Arrow files an ``hf``
     save_to_disk directory's ``state.json`` names. A file of a directory must lie inside it
     once links are resolved: a manifest name with ``..``, an absolute name or a link out of
     the directory is refused, so a planted directory cannot make fedray read elsewhere."""
+    if d.dataset == "hf" and d.hf_id is not None:  # Parquet files of the hub cache
+        from fedray.data.hub import split_files
+
+        return split_files(d.hf_id, d.hf_split, d.hf_revision, d.download)
     root = os.path.abspath(d.root)
     if d.dataset == "parquet":
         if os.path.isfile(root):
@@ -261,7 +271,7 @@ def _file_schema(d: DataConfig, path: str) -> tuple[Any, int, int]:
     import pyarrow.parquet as pq
 
     try:
-        if d.dataset == "parquet":
+        if _parquet(d):
             meta = pq.read_metadata(path)
             size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
             return meta.schema.to_arrow_schema(), meta.num_rows, size
@@ -389,7 +399,7 @@ def _read_source(d: DataConfig, files: list[str]) -> tuple[Any, list[str], np.nd
     tables, features = [], []
     for f in files:
         try:
-            if d.dataset == "parquet":
+            if _parquet(d):
                 t = pq.read_table(f)
             else:
                 with pa.memory_map(f) as src:
@@ -684,7 +694,9 @@ class TablePopulation:
         test_rows = np.flatnonzero(is_test)
         pick = np.sort(rng(seed, -1, -1, "population-global-test").choice(
             test_rows, min(GLOBAL_TEST_MAX, len(test_rows)), replace=False))
-        info = {"source": redact(d.root), "dataset": d.dataset, "rows": int(len(y)),
+        source = d.root if d.root is not None else \
+            f"hf://{d.hf_id}@{d.hf_revision}/{d.hf_split}"
+        info = {"source": redact(source), "dataset": d.dataset, "rows": int(len(y)),
                 "ids_total": int(len(natural)),
                 "ids_too_small": int(len(natural) - len(eligible)),
                 "classes": [str(v) for v in classes.tolist()],

@@ -66,7 +66,8 @@ class SyncLoop:
                                                 error="dropped out mid-round")
         final, attempts = trained.final, trained.attempts
         if p.secagg is not None:
-            secure_begin(p.secagg, r, sampled, final, elements(p, trained))
+            secure_begin(p.secagg, r, sampled, final, elements(p, trained),
+                         {c for c in final if not trained.upload(c)[1]})
         download = p.ledger.charge_downloads(sampled, attempts,
                                              {c: bcast[p.tiers.of(c)].nbytes for c in sampled})
         times, duration = time_round(p, sampled, final, download, draw.reports)
@@ -88,11 +89,15 @@ class SyncLoop:
             raise RoundFailedError(r, len(accepted), p.cfg.runtime.min_accepted,
                                    [(c, str(final[c].status), final[c].error) for c in sampled
                                     if not final[c].ok])
-        if failed:
+        if p.secagg is not None:  # the protocol runs (and costs) even when it cannot sum
+            policy_metrics, broke = secure_aggregate(p, r, sampled, [] if failed else accepted,
+                                                     start, final, download, extra,
+                                                     client_extra)
+            if broke and not failed:
+                p.server.failed_rounds += 1
+                extra["round_failed"] = 1.0
+        elif failed:
             policy_metrics = {}
-        elif p.secagg is not None and accepted:
-            policy_metrics = secure_aggregate(p, r, sampled, accepted, start, extra,
-                                              client_extra)
         else:
             policy_metrics = aggregate(p, trained, accepted, r, extra, bcast)
         p.server.round = r
@@ -169,10 +174,11 @@ def elements(p: RoundParts, trained: Trained) -> int:
 
 
 def secure_begin(secagg: Any, r: int, sampled: list[int], final: dict[int, ClientResult],
-                 elements: int) -> None:
+                 elements: int, unclean: set[int]) -> None:
     """Before the clock times the round: the clients that leave secure aggregation before
-    sharing keys are dropped (their training wasted, no upload); every other upload is a
-    masked input of ``elements`` words."""
+    sharing keys are dropped (their training wasted, no upload); a client whose update
+    holds NaN or Inf sends nothing (it checks before masking: the server could not); every
+    other upload is a masked input of ``elements`` words."""
     left = secagg.leave_before_sharing(r, sampled)
     for c in sampled:
         res = final[c]
@@ -180,15 +186,20 @@ def secure_begin(secagg: Any, r: int, sampled: list[int], final: dict[int, Clien
             res.status, res.error = Status.DROPPED, "left SecAgg before sharing keys"
             res.upload_bytes = 0
         elif res.ok:
-            res.upload_bytes = secagg.masked_bytes(elements)
+            res.upload_bytes = 0 if c in unclean else secagg.masked_bytes(elements)
 
 
 def secure_aggregate(p: RoundParts, r: int, sampled: list[int], accepted: list, start: float,
-                     extra: dict, client_extra: dict) -> dict[str, Any]:
+                     final: dict[int, ClientResult], download: dict[int, int], extra: dict,
+                     client_extra: dict) -> tuple[dict[str, Any], bool]:
     """The round through secure aggregation (:mod:`fedray.services.secure_round`): its
-    protocol bytes on the ledger, its phases on the clock, a failed protocol a failed round
+    protocol bytes on the ledger and in each client's up and down bytes (the masked input
+    already is its upload), its phases on the clock, a failed protocol a failed round
     (model unchanged, nothing released); else the method's linear step from the unmasked
-    sum with unit weights, or central DP's release from it. Returns the policy's metrics."""
+    sum with unit weights, or central DP's release from it (noise calibrated to the
+    quantized update's bound). Returns (the policy's metrics, whether the protocol
+    failed). The key phases are charged after training although they run before it: a
+    fraction of a second that the deadline and availability checks leave out."""
     tiers = {c: p.tiers.of(c) for c in sampled}
 
     def link(ids: np.ndarray, down: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -198,7 +209,11 @@ def secure_aggregate(p: RoundParts, r: int, sampled: list[int], accepted: list, 
     ids = np.array(sampled, dtype=np.int64)
     until = dict(zip(sampled, p.fleet.online_until(ids, start).tolist(), strict=True))
     res = p.secagg.run(r, p.server.params, sampled, accepted, link, until, p.ledger.sim_time)
-    p.ledger.charge_protocol(*res.extra_bytes())
+    up, down = res.extra_bytes()
+    p.ledger.charge_protocol(up, down)
+    for c in sampled:
+        final[c].upload_bytes += up.get(c, 0)
+        download[c] += down.get(c, 0)
     spent = sum(res.seconds.values())
     p.ledger.sim_time += spent
     extra["sim_seconds"] += spent
@@ -207,19 +222,18 @@ def secure_aggregate(p: RoundParts, r: int, sampled: list[int], accepted: list, 
     for c in sampled:
         client_extra.setdefault(c, {}).update(res.client_row(c))
     if res.failed:
-        p.server.failed_rounds += 1
-        extra["round_failed"] = 1.0
-        return {}
+        return {}, True
     if p.privacy is not None:
         mean, metrics = p.privacy.release(p.server.params, res.total, res.within,
-                                          len(res.included), r)
+                                          len(res.included), r,
+                                          p.secagg.sensitivity_slack(res.elements))
         extra.update(metrics)
         p.server.params, out = p.policy.aggregate(p.server.params,
                                                   [(c, 1, mean) for c in res.included], r)
-        return out
+        return out, False
     p.server.params, out = p.policy.aggregate_sum(p.server.params, res.total,
                                                   float(len(res.included)), r)
-    return out
+    return out, False
 
 
 def time_round(p: RoundParts, sampled: list[int], final: dict[int, ClientResult],

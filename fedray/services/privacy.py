@@ -455,18 +455,19 @@ class CentralDP:
                 total[k] += clipped[k]
         return self.release(global_state, total, within, len(deltas), round)
 
-    def release(self, global_state: State, total: State, within: int, count: int, round: int
-                ) -> tuple[State, dict[str, float]]:
+    def release(self, global_state: State, total: State, within: int, count: int, round: int,
+                slack: float = 0.0) -> tuple[State, dict[str, float]]:
         """The round's release from ``total`` = Σ of ``count`` clipped updates, ``within``
         of which were inside the clip before clipping: Gaussian noise of std z·C on the sum,
         divided by K (or q·N). :meth:`privatize` computes the sum here; secure aggregation
         (:mod:`fedray.services.secure_round`) hands over the unmasked sum of the clients'
-        own clipped, quantized updates — the server's noise comes after unmasking."""
+        own clipped, quantized updates — the server's noise comes after unmasking, calibrated
+        to C + ``slack``, the bound a quantized clipped update really has."""
         names = list(total)
         if self.template is None:
             self.template = {k: tuple(np.shape(v)) for k, v in total.items()}
         g = rng(self.seed, round, -1, "dp-noise")
-        std = self.z_update * self.clip
+        std = self.z_update * (self.clip + slack)
         mean = {k: ((total[k] + g.standard_normal(np.shape(total[k])) * std)
                     / self.denominator).astype(np.float32) for k in names}
         used = self.clip

@@ -19,16 +19,23 @@ The server learns only Σ over the clients whose masked input it holds, so the m
 **unweighted** — every included client weight 1, as in DP-FedAvg and Kairouz et al. 2021 —
 and the method's step is :meth:`AggregationPolicy.aggregate_sum` (capability ``linear``);
 with central DP the server adds its Gaussian noise to the unmasked sum
-(:meth:`fedray.services.privacy.CentralDP.release`: accountant and denominator unchanged).
+(:meth:`fedray.services.privacy.CentralDP.release`: accountant and denominator unchanged),
+its std z · (C + √m / scale): stochastic rounding moves a clipped update by less than
+√m / scale in L2, so that is the sensitivity the quantized sum really has.
 
 Dropouts at every phase: a client sampled advertises keys; it leaves before sharing with
 probability ``secagg.dropout`` (its training is wasted: status ``dropped``); the fleet's
 mid-round dropouts, deadlines, over-commitment surplus, NaN uploads and training errors send
 no masked input (their pairwise masks are removed through their shares); a client that
 sent one leaves before unmasking with probability ``secagg.dropout`` again, or when its
-availability session ends before the round's unmasking does. Fewer than the threshold left in
-any phase, or too few shares for any secret: the round fails as the protocol does (logged
-``round_failed``, model unchanged, nothing released).
+availability session ends before the round's training part does. Fewer than the threshold
+left in any phase, or too few shares for any secret: the round fails as the protocol does
+(logged ``round_failed``, model unchanged, nothing released). The threshold t defaults to a
+majority of the neighbours that can answer the unmasking — with over-commitment only K of
+the S clients sampled send inputs, so d (K − 1)/(S − 1) of a client's d neighbours in
+expectation. Shares go to a client's neighbours only (Bonawitz et al. also keep one for
+oneself; the neighbourhood form is SecAgg+'s, used for both). Non-floating tensors (a
+BatchNorm counter) are not summed: the server keeps its own.
 
 Costs: every message's bytes per client and phase go to the byte ledger (the masked input is
 the client's upload, ⌈bits · m / 8⌉ bytes, in place of the chain's encoding) and to
@@ -118,13 +125,25 @@ class SecAggConfig:
         if k < 2:
             raise ConfigError("clients.per_round", k, "at least 2 with secagg.enabled (a "
                                                       "client's secrets are shared with others)")
-        d = self.neighbours(k)
+        for knob, value, unused in (("dropout", self.dropout, 0.0),
+                                    ("threshold", self.threshold, None),
+                                    ("degree", self.degree, None)):
+            if value != unused and (self.protocol == "none" or (
+                    knob == "degree" and self.protocol == "secagg")):
+                raise ConfigError(f"secagg.{knob}", value,
+                                  f"unset with secagg.protocol={self.protocol} (it has no "
+                                  f"{'graph degree' if knob == 'degree' else knob})")
         if self.protocol == "secagg_plus" and self.degree is not None and self.degree % 2:
             raise ConfigError("secagg.degree", self.degree, "an even number (Harary graph)")
+        sampled = cohort_sampled(cfg)
+        d = self.responding(sampled, k)
         if self.threshold is not None and self.threshold > d:
+            extra = (f", of the {sampled} clients sampled only the first {k} to report send "
+                     f"masked inputs (fleet.overcommit)" if sampled > k else "")
             raise ConfigError("secagg.threshold", self.threshold,
-                              f"at most {d}: each client's secrets are shared among its {d} "
-                              f"neighbours (clients.per_round {k}, {self.protocol})")
+                              f"at most {d}: each client's secrets are shared among its "
+                              f"neighbours and at most {d} of them answer the unmasking "
+                              f"(clients.per_round {k}, {self.protocol}{extra})")
         n = max_summed(cfg)
         scale = self.resolved_scale(n)
         if scale is None or required_bits(self.clip, scale, n) > self.bits:
@@ -140,6 +159,21 @@ class SecAggConfig:
     def neighbours(self, n: int) -> int:
         """d: how many others each of n clients masks and shares with."""
         return min(n - 1, self.graph_degree(n) or n - 1)
+
+    def responding(self, sampled: int, reports: int) -> int:
+        """How many of a client's neighbours can answer the unmasking when ``sampled``
+        clients share keys and at most ``reports`` of them send masked inputs (over-
+        commitment's surplus never does): d, or d (K − 1) / (S − 1) of them in expectation."""
+        d = self.neighbours(sampled)
+        return d if sampled <= reports else max(1, d * (reports - 1) // (sampled - 1))
+
+    def resolved_threshold(self, sampled: int, reports: int) -> int:
+        """t: ``threshold``, or a majority of the neighbours that can answer, ⌊d'/2⌋ + 1.
+        (t ≤ d/2 is enough against a semi-honest server; Bonawitz et al.'s active-server
+        variant needs t > n/2, which fedray does not simulate.)"""
+        if self.threshold is not None:
+            return self.threshold
+        return self.responding(sampled, reports) // 2 + 1
 
     def graph_degree(self, n: int) -> int | None:
         """SecAgg+'s k for a cohort of n (None: the complete graph)."""
@@ -157,6 +191,13 @@ class SecAggConfig:
         while q >= 1 and required_bits(self.clip, q / self.clip, n) > self.bits:
             q -= 1  # float rounding of q / clip * clip above q
         return q / self.clip if q >= 1 else None
+
+
+def cohort_sampled(cfg: Any) -> int:
+    """Clients sampled a round (they all share keys): ⌈(1 + o) K⌉ with over-commitment o,
+    at most N, as the runtime's sampler draws."""
+    k, o = cfg.clients.sampled_count(), cfg.fleet.overcommit
+    return min(cfg.clients.num_clients, math.ceil((1 + o) * k)) if o else k
 
 
 def max_summed(cfg: Any) -> int:
@@ -178,6 +219,7 @@ class SecureRound:
     included: list[int]
     within: int
     reason: str | None
+    elements: int
     up: dict[str, dict[int, int]]
     down: dict[str, dict[int, int]]
     seconds: dict[str, float] = field(default_factory=dict)
@@ -222,9 +264,10 @@ class SecureAggregator:
         self.s: SecAggConfig = cfg.secagg
         self.seed = cfg.seed
         self.privacy = privacy
-        self.scale = self.s.resolved_scale(max_summed(cfg))
+        self.n = max_summed(cfg)
+        self.reports = cfg.clients.sampled_count()
+        self.scale = self.s.resolved_scale(self.n)
         self.words_extra = 1 if privacy is not None and privacy.adaptive else 0
-        self.left_share: set[int] = set()
 
     def masked_bytes(self, m: int) -> int:
         return (self.s.bits * (m + self.words_extra) + 7) // 8
@@ -247,12 +290,18 @@ class SecureAggregator:
 
     def leave_before_sharing(self, r: int, sampled: list[int]) -> set[int]:
         """The clients that leave after advertising keys, before sharing them (drawn with
-        probability ``dropout`` from (seed, round, client)); remembered for :meth:`run`."""
+        probability ``dropout`` from (seed, round, client): a pure function, so
+        :meth:`run` draws the same set)."""
         ids = np.array(sorted(sampled), dtype=np.int64)
         gone = (ids[uniform(self.seed, r, ids, "secagg-leave-share") < self.s.dropout]
                 if self.s.protocol != "none" and self.s.dropout > 0 else ids[:0])
-        self.left_share = {int(c) for c in gone}
-        return set(self.left_share)
+        return {int(c) for c in gone}
+
+    def sensitivity_slack(self, m: int) -> float:
+        """How far stochastic rounding can move a clipped update in L2: every coordinate
+        by less than 1/scale, so ‖q − x‖ < √m / scale. Central DP's noise is calibrated to
+        C plus this (the bound the quantized update really has)."""
+        return math.sqrt(m) / self.scale
 
     def run(self, r: int, global_state: State, sampled: list[int],
             accepted: list[tuple[int, int, State]], link_seconds: Any,
@@ -278,7 +327,8 @@ class SecureAggregator:
             inputs[c] = words
         m = len(next(iter(inputs.values()))) if inputs else self.words_extra
         senders = sorted(inputs)
-        cohort = sorted(set(sampled) - (self.left_share if s.protocol != "none" else set()))
+        left_share = self.leave_before_sharing(r, sampled)
+        cohort = sorted(set(sampled) - left_share)
         if s.protocol == "none":
             return self._plain(inputs, senders, sampled, template, m)
         for c in sampled:
@@ -287,14 +337,13 @@ class SecureAggregator:
         leave = arr[uniform(self.seed, r, arr, "secagg-leave-unmask") < s.dropout] \
             if s.dropout > 0 else arr[:0]
         gone = {int(c) for c in leave} | {c for c in senders if online_until[c] < end}
-        drops = Drops(before_share=set(self.left_share),
+        drops = Drops(before_share=left_share,
                       before_masked=set(cohort) - set(senders), before_unmask=gone)
         k = s.graph_degree(len(sampled))
-        d = min(len(sampled) - 1, k or len(sampled) - 1)
-        t = s.threshold if s.threshold is not None else d // 2 + 1
+        t = s.resolved_threshold(len(sampled), self.reports)
         res = secure_sum(inputs, s.bits, t, self.seed, r, drops, k)
-        out = SecureRound(None, res.included, 0, res.reason, res.up, res.down,
-                          left={"share": len(drops.before_share),
+        out = SecureRound(None, res.included, 0, res.reason, m - self.words_extra, res.up,
+                          res.down, left={"share": len(drops.before_share),
                                 "masked_input": len(drops.before_masked),
                                 "unmask": len(drops.before_unmask)})
         out.seconds = self._seconds(res, r, sampled, k, m, link_seconds)
@@ -312,8 +361,10 @@ class SecureAggregator:
         down = {ph: dict.fromkeys(sampled, 0) for ph in PHASES}
         for c in senders:
             up["masked_input"][c] = self.masked_bytes(m - self.words_extra)
-        out = SecureRound(None, senders, 0, None, up, down)
-        out.total, out.within = self._decode(total, template) if senders else ({}, 0)
+        out = SecureRound(None, senders, 0, None if senders else "no masked input arrived",
+                          m - self.words_extra, up, down)
+        if senders:
+            out.total, out.within = self._decode(total, template)
         return out
 
     def _decode(self, total: np.ndarray, template: dict[str, tuple]) -> tuple[State, int]:
@@ -342,11 +393,13 @@ class SecureAggregator:
             active = (up + down) > 0
             t = link_seconds(ids, down, up)
             out[ph] = float(np.max(t[active], initial=0.0))
+        shared = {c for c in sampled if res.up["share"][c] > 0}
         senders = list(res.seen)
-        out["masked_input"] = max(((1 + deg[c]) * per for c in senders), default=0.0)
-        dropped_after_sharing = [c for c in sampled if res.up["share"][c] > 0
-                                 and c not in res.seen]
-        out["unmask"] += (len(senders) + sum(deg[c] for c in dropped_after_sharing)) * per
+        out["masked_input"] = max(((1 + sum(v in shared for v in (
+            graph[c] if graph else sampled) if v != c)) * per for c in senders), default=0.0)
+        if sum(res.up["unmask"].values()):  # the server expanded masks only if it unmasked
+            dropped = [c for c in shared if c not in res.seen]
+            out["unmask"] += (len(senders) + sum(deg[c] for c in dropped)) * per
         return out
 
 
@@ -365,10 +418,12 @@ def secagg_summary(cfg: Any, rounds: Any, protocol_bytes: int, total_bytes: int
         return float(np.nansum(rounds.column(col).to_numpy(zero_copy_only=False))) \
             if col in rounds.column_names else 0.0
 
+    k, sampled = cfg.clients.sampled_count(), cohort_sampled(cfg)
     return {"protocol": s.protocol, "bits": s.bits, "clip": s.clip,
             "scale": s.resolved_scale(n), "max_clients_summed": n,
-            "degree": s.graph_degree(cfg.clients.sampled_count()),
-            "threshold": s.threshold, "failed_rounds": int(total("secagg/failed")),
+            "degree": s.neighbours(sampled) if s.protocol != "none" else None,
+            "threshold": s.resolved_threshold(sampled, k) if s.protocol != "none" else None,
+            "failed_rounds": int(total("secagg/failed")),
             "protocol_bytes": int(protocol_bytes),
             "protocol_share_of_bytes": protocol_bytes / total_bytes if total_bytes else 0.0,
             "bytes_per_phase": {ph: int(total(f"secagg/{ph}_up_bytes")
