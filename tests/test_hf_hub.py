@@ -76,7 +76,8 @@ def test_no_download_unless_asked_and_one_line_for_what_is_missing(tmp_path, hub
     hub_dataset(hub)
     with pytest.raises(ConfigError) as e:
         hub_cfg(tmp_path, "data.hf_split=validation")
-    assert e.value.path == "data.hf_split" and "\n" not in str(e.value)
+    assert e.value.path == "data.hf_id" and "split 'validation'" in str(e.value)
+    assert "\n" not in str(e.value)
     with pytest.raises(ConfigError) as e:
         load_config(None, ["data.dataset=hf", "data.hf_id=flwrlabs/shakespeare",
                            "data.client_column=character_id"])
@@ -102,10 +103,47 @@ def test_download_goes_through_huggingface_hub_and_fails_in_one_line(tmp_path, h
     assert not (tmp_path / "cache").exists()
 
 
+def test_configs_the_parquet_conversion_and_a_second_cache(tmp_path, hub, monkeypatch):
+    """Files of two configurations (top-level folders) need data.hf_config; the hub's
+    Parquet conversion (refs/convert/parquet, {config}/{split}/0000.parquet) is read with
+    that revision; a split is a file's own name or its own folder, never an ancestor."""
+    folder, _ = hub_dataset(hub)
+    snap = folder / "snapshots" / COMMIT
+    blob = os.path.join("..", "..", "..", "..", "blobs", os.listdir(folder / "blobs")[0])
+    for cfg in ("letters", "digits"):
+        (snap / cfg / "train").mkdir(parents=True)
+        os.symlink(blob, snap / cfg / "train" / "0000.parquet")
+    import shutil
+
+    shutil.rmtree(snap / "data")  # only the two configurations hold train now
+    with pytest.raises(ConfigError) as e:
+        hub_cfg(tmp_path)
+    assert e.value.path == "data.hf_config" and "digits, letters" in str(e.value)
+    assert build_client_data(hub_cfg(tmp_path, "data.hf_config=digits")).num_clients == 4
+    (snap / "digits" / "train").rename(snap / "digits" / "train_extra")
+    assert build_client_data(hub_cfg(tmp_path)).num_clients == 4  # train_extra is not train
+    (folder / "refs" / "refs" / "convert").mkdir(parents=True)
+    (folder / "refs" / "refs" / "convert" / "parquet").write_text(COMMIT)
+    assert build_client_data(hub_cfg(tmp_path, "data.hf_revision=refs/convert/parquet",
+                                     "data.hf_config=letters")).num_clients == 4
+    second = tmp_path / "home"  # HF_HOME's hub, searched after HF_HUB_CACHE
+    monkeypatch.setenv("HF_HOME", str(second))
+    hub_dataset(second / "hub", repo="flwrlabs/cifar10")
+    cfg = load_config(None, ["data.dataset=hf", "data.hf_id=flwrlabs/cifar10",
+                             "data.client_column=writer_id", "data.label_column=character",
+                             "data.feature_columns=[image]", "clients.num_clients=4",
+                             f"data.cache_dir={tmp_path / 'cache'}"])
+    assert build_client_data(cfg).num_clients == 4
+
+
 @pytest.mark.parametrize("extra, path", [
     (["data.hf_id=../etc/passwd"], "data.hf_id"),
     (["data.hf_id=a/b/c"], "data.hf_id"),
+    (["data.hf_id=a--b/c"], "data.hf_id"),  # the cache folder joins owner and name with --
     (["data.hf_split=../train"], "data.hf_split"),
+    (["data.hf_split=train/x"], "data.hf_split"),
+    (["data.hf_split=tr\u00e9in"], "data.hf_split"),
+    (["data.hf_revision=../../x"], "data.hf_revision"),
     (["data.root=/tmp"], "data.root"),
 ])
 def test_bad_ids_and_mixed_sources_are_refused(tmp_path, hub, extra, path):
@@ -123,3 +161,13 @@ def test_a_link_out_of_the_dataset_folder_is_refused(tmp_path, hub):
     with pytest.raises(ConfigError) as e:
         hub_cfg(tmp_path)
     assert e.value.path == "data.hf_id" and "is a link to" in str(e.value)
+
+
+def test_names_are_whole_ascii_matches():
+    from fedray.data.hub import check_names
+
+    for split in ("train\n", "tréin", "a/b"):
+        with pytest.raises(ConfigError) as e:
+            check_names("flwrlabs/femnist", split, "main")
+        assert e.value.path == "data.hf_split"
+    check_names("sentiment140", "train", "refs/convert/parquet", "default")

@@ -255,6 +255,14 @@ def test_inner_dirichlet_has_exact_sizes_and_its_own_class_prior():
     assert [len(p) for p in q] == [len(p) for p in partition(labels, 7, "linear", rng(2))]
     with pytest.raises(PartitionError):
         inner_dirichlet(labels, np.array([10, 10]), 0.5, rng(0))
+    with pytest.raises(PartitionError):
+        inner_dirichlet(labels, np.array([500.0, 500.0]), 0.5, rng(0))
+    # Flower deals one sample at a time to a random client: two clients whose priors both
+    # favour class 0 share its exhaustion evenly instead of the first taking it all
+    two = np.repeat(np.arange(2), 500)
+    got = [np.bincount(two[p], minlength=2) for p in inner_dirichlet(
+        two, np.array([500, 500]), 1e-3, rng(0))]
+    assert all(200 < g[0] < 300 for g in got), got
 
 
 def test_shard_and_inner_dirichlet_through_the_config():

@@ -79,7 +79,11 @@ class DataConfig:
                                         "hub) instead of data.root; fetched only with "
                                         "data.download=true")
     hf_split: str = spec("train", help="hf with hf_id: the split whose Parquet files are read")
-    hf_revision: str = spec("main", help="hf with hf_id: the ref or commit of the snapshot")
+    hf_revision: str = spec("main", help="hf with hf_id: the ref or commit of the snapshot "
+                                         "(refs/convert/parquet: the hub's Parquet "
+                                         "conversion)")
+    hf_config: str | None = spec(None, help="hf with hf_id: the configuration (top-level "
+                                            "folder) when the split has files in several")
     client_column: str | None = spec(None, help="parquet/hf: the column naming each row's "
                                                 "client (author, writer, device)")
     label_column: str = spec("label", help="parquet/hf: the integer class column; tff: the "

@@ -122,12 +122,13 @@ def _check_table(cfg: Any) -> None:
     src = check_table_source(d)  # files, schemas and column types, from footers/headers
     # the conversion holds the table read (memory-mapped for hf), its reordered copy and the
     # float32 feature matrix (at most the table's size), plus per-row index arrays
-    read = 0 if d.dataset == "hf" else src.table_bytes
+    read = 0 if d.dataset == "hf" and d.hf_id is None else src.table_bytes  # Arrow: mapped
     est = memory.Estimate(GLOBAL_TEST_MAX * 4 * max(1, len(src.features)),
                           read + 2 * src.table_bytes + max(src.rows, 0) * memory.PER_ROW_BYTES,
                           "a smaller table (fewer rows, or fewer columns with "
                           "data.feature_columns), or a machine with more memory")
-    memory.require("data.root", d.root, est, cfg.runtime.ray_address)
+    memory.require("data.hf_id" if d.hf_id else "data.root", d.hf_id or d.root, est,
+                   cfg.runtime.ray_address)
 
 
 def _leaf(d: Any, num_clients: int, seed: int) -> Any:

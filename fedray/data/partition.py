@@ -208,34 +208,55 @@ def shard(labels: np.ndarray, num_clients: int, shards_per_client: int,
 def inner_dirichlet(labels: np.ndarray, sizes: np.ndarray, alpha: float,
                     rng: np.random.Generator) -> list[np.ndarray]:
     """Flower Datasets' ``InnerDirichletPartitioner``: client i gets exactly ``sizes[i]``
-    samples whose classes follow its own prior p_i ~ Dir(alpha · 1). Clients are filled
-    in a seeded random order, each by a multinomial draw of its remaining need over its
-    prior restricted to the classes that still have samples (renormalized; a class running
-    out mid-draw sends the rest of the need to a new draw), so sizes are exact and no class
-    is over-drawn. (Flower assigns one sample at a time to a random client with the same
-    exhausted-class rule; the distribution matches, the draws do not.)"""
+    samples whose classes follow its own prior p_i ~ Dir(alpha · 1), drawn as Flower draws
+    them — one sample at a time for a random client that still has room, its class from
+    p_i restricted to the classes that still have samples (renormalized; a client whose
+    prior has no mass left draws uniformly among them). Vectorised: the slots (client
+    ids, each repeated by its size) in a seeded random order get their classes drawn at
+    once; the slots before the first one that takes more of a class than is left are kept,
+    that class is marked empty and the rest redrawn — at most classes + 1 passes."""
     labels = _dense_labels(labels)
     n = len(labels)
-    if int(np.sum(sizes)) != n or np.min(sizes) < 0:
-        raise PartitionError(f"inner_dirichlet sizes sum to {int(np.sum(sizes))}, not {n}",
-                             "scheme", "inner_dirichlet", "sizes that hold every sample")
+    sizes = np.asarray(sizes)
+    if not np.issubdtype(sizes.dtype, np.integer) or sizes.min(initial=0) < 0 or \
+            int(sizes.sum()) != n:
+        raise PartitionError(f"inner_dirichlet sizes must be non-negative integers summing to "
+                             f"{n}", "scheme", "inner_dirichlet", "sizes that hold every sample")
     if not alpha > 0:
         raise PartitionError(f"alpha must be > 0, got {alpha}", "alpha", alpha, "a number > 0")
     grouped, class_sizes = _grouped_by_class(labels, rng)
     num_clients, num_classes = len(sizes), len(class_sizes)
     priors = np.nan_to_num(rng.dirichlet(np.full(num_classes, alpha), size=num_clients))
+    slots = rng.permutation(np.repeat(np.arange(num_clients), sizes.astype(np.int64)))
     left = class_sizes.astype(np.int64).copy()
+    cls_of_slot = np.empty(n, dtype=np.int64)
+    done = 0
+    while done < n:
+        avail = left > 0
+        p = priors * avail
+        mass = p.sum(axis=1, keepdims=True)
+        p = np.where(mass > 0, p / np.where(mass > 0, mass, 1), avail / avail.sum())
+        cdf = np.cumsum(p, axis=1)
+        last = num_classes - 1 - np.argmax(p[:, ::-1] > 0, axis=1)  # no draw past it, even
+        cdf[np.arange(num_classes)[None, :] >= last[:, None]] = 1.0  # where rounding left <1
+        rest = slots[done:]
+        u = rng.random(len(rest))
+        drawn = np.empty(len(rest), dtype=np.int64)
+        step = max(1, (1 << 22) // num_classes)
+        for i in range(0, len(rest), step):
+            c = cdf[rest[i:i + step]]
+            drawn[i:i + step] = (u[i:i + step, None] >= c).sum(axis=1)
+        rank = np.zeros(len(rest), dtype=np.int64)  # how many of its class drawn before it
+        order = np.argsort(drawn, kind="stable")
+        starts = np.searchsorted(drawn[order], np.arange(num_classes))
+        rank[order] = np.arange(len(rest)) - starts[drawn[order]]
+        over = np.flatnonzero(rank >= left[drawn])
+        keep = over[0] if over.size else len(rest)
+        cls_of_slot[done:done + keep] = drawn[:keep]
+        left -= np.bincount(drawn[:keep], minlength=num_classes)
+        done += keep
     counts = np.zeros((num_classes, num_clients), dtype=np.int64)
-    for i in rng.permutation(num_clients):
-        need = int(sizes[i])
-        while need > 0:
-            avail = left > 0
-            p = priors[i] * avail
-            p = p / p.sum() if p.sum() > 0 else avail / avail.sum()
-            take = np.minimum(rng.multinomial(need, p), left)
-            counts[:, i] += take
-            left -= take
-            need -= int(take.sum())
+    np.add.at(counts, (cls_of_slot, slots), 1)
     owner = np.repeat(np.tile(np.arange(num_clients), num_classes), counts.ravel())
     client_of = np.empty(n, dtype=np.int64)
     client_of[grouped] = owner

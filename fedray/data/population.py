@@ -211,6 +211,11 @@ def _parquet(d: DataConfig) -> bool:
     return d.dataset == "parquet" or getattr(d, "hf_id", None) is not None
 
 
+def _source_key(d: DataConfig) -> str:
+    """The config field that names the source files (for error messages)."""
+    return "data.hf_id" if getattr(d, "hf_id", None) is not None else "data.root"
+
+
 def _source_files(d: DataConfig) -> list[str]:
     """The data files of ``data.root``: the Parquet file(s), or the Arrow files an ``hf``
     save_to_disk directory's ``state.json`` names. A file of a directory must lie inside it
@@ -219,7 +224,7 @@ def _source_files(d: DataConfig) -> list[str]:
     if d.dataset == "hf" and d.hf_id is not None:  # Parquet files of the hub cache
         from fedray.data.hub import split_files
 
-        return split_files(d.hf_id, d.hf_split, d.hf_revision, d.download)
+        return split_files(d.hf_id, d.hf_split, d.hf_revision, d.download, d.hf_config)
     root = os.path.abspath(d.root)
     if d.dataset == "parquet":
         if os.path.isfile(root):
@@ -279,7 +284,8 @@ def _file_schema(d: DataConfig, path: str) -> tuple[Any, int, int]:
             return pa.ipc.open_stream(src).schema, -1, os.path.getsize(path)
     except (pa.ArrowInvalid, OSError) as e:
         reason = " ".join(str(e).split())[:160]
-        raise ConfigError("data.root", path, f"readable {d.dataset} data ({reason})") from None
+        raise ConfigError(_source_key(d), path, f"readable {d.dataset} data ({reason})"
+                          ) from None
 
 
 def _is_number(t: Any) -> bool:
@@ -383,8 +389,8 @@ def check_table_source(d: DataConfig) -> SourceCheck:
         if first is None:
             first = (path, schema)
         elif not schema.equals(first[1], check_metadata=False):
-            raise ConfigError("data.root", path, f"files of one schema (this one differs "
-                                                 f"from {first[0]}'s)")
+            raise ConfigError(_source_key(d), path, f"files of one schema (this one differs "
+                                                    f"from {first[0]}'s)")
         rows = -1 if n < 0 or rows < 0 else rows + n
         size += b
     return SourceCheck(files, features, rows, size)
@@ -406,7 +412,8 @@ def _read_source(d: DataConfig, files: list[str]) -> tuple[Any, list[str], np.nd
                     t = pa.ipc.open_stream(src).read_all()
         except (pa.ArrowInvalid, OSError) as e:
             reason = " ".join(str(e).split())[:160]
-            raise ConfigError("data.root", f, f"readable {d.dataset} data ({reason})") from None
+            raise ConfigError(_source_key(d), f, f"readable {d.dataset} data ({reason})"
+                              ) from None
         features = _check_schema(d, f, t.schema)
         if tables and not t.schema.equals(tables[0].schema, check_metadata=False):
             raise ConfigError("data.root", f, f"files of one schema (this one differs from "

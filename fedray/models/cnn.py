@@ -55,6 +55,9 @@ def pfl_cnn(input_shape: tuple[int, ...], num_classes: int, *, dense: int = 128)
     its TF2 model. Inputs are channels-first here (pfl transposes HWC batches). On 32×32×3
     images with 10 classes: 1,626,442 parameters."""
     c, h, w = image_shape(input_shape, "pfl_cnn")
+    if min(h, w) < 6:
+        raise ValueError(f"pfl_cnn needs images of at least 6x6 (two 3x3 convolutions and a "
+                         f"2x2 pool), got {h}x{w}")
     layers = unflatten_if_flat(input_shape, (c, h, w))
     layers += [nn.Conv2d(c, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(),
                nn.MaxPool2d(2), nn.Dropout(0.25), nn.Flatten(),
