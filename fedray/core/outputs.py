@@ -23,6 +23,13 @@ from fedray.core.storage import first_link
 OVERWRITE_HINT = "a new file (pass --overwrite to replace it)"
 
 
+def resolves_inside(path: str, root: str) -> bool:
+    """``path``, links resolved, lies strictly inside the directory ``root`` (links
+    resolved): how a reader confines the files a dataset directory or cache names."""
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    return os.path.commonpath([real, top]) == top and real != top
+
+
 def refuse_links(root: str, rel: str, field: str) -> str:
     """``root/rel`` after checking that ``rel`` is a plain relative path (no ``..``, not
     absolute) and that no existing component below ``root`` is a symbolic link; the root

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 
+from fedray.core.outputs import resolves_inside
 from fedray.core.spec import ConfigError
 
 NAME = re.compile(r"[A-Za-z0-9][\w.-]{0,95}", re.ASCII)
@@ -56,17 +57,12 @@ def cache_dirs() -> list[str]:
     return list(dict.fromkeys(os.path.abspath(os.path.expanduser(p)) for p in out if p))
 
 
-def _inside(path: str, root: str) -> bool:
-    real, top = os.path.realpath(path), os.path.realpath(root)
-    return os.path.commonpath([real, top]) == top and real != top
-
-
 def _snapshot(folder: str, revision: str) -> str | None:
     """The snapshot directory of ``revision`` (a ref or a commit) in a dataset's folder."""
     ref = os.path.join(folder, "refs", revision)
     commit = revision
     if os.path.isfile(ref):
-        if not _inside(ref, folder):
+        if not resolves_inside(ref, folder):
             raise ConfigError("data.hf_revision", revision, f"a ref inside {folder}")
         with open(ref, encoding="utf-8", errors="replace") as f:
             commit = f.read(200).strip()
@@ -125,7 +121,7 @@ def _files(folder: str, snap: str, repo_id: str, split: str, config: str | None
         for name in names:
             path = os.path.join(dirpath, name)
             if _in_split(os.path.relpath(path, snap), split, config):
-                if not _inside(path, folder):
+                if not resolves_inside(path, folder):
                     raise ConfigError("data.hf_id", repo_id,
                                       f"cached files inside {folder} ({path} is a link to "
                                       f"{os.path.realpath(path)})")

@@ -41,13 +41,13 @@ from typing import Any
 import numpy as np
 
 from fedray.core.config import DataConfig
+from fedray.core.outputs import resolves_inside
 from fedray.core.seeding import rng
 from fedray.core.spec import ConfigError, redact, short_repr
 from fedray.data.population import (
     GLOBAL_TEST_MAX,
     TablePopulation,
     _cache_root,
-    _inside,
     _remove_stale_temps,
     write_cache_entry,
 )
@@ -80,7 +80,7 @@ def leaf_files(root: str) -> dict[str, list[str]]:
         if not files:
             raise ConfigError("data.root", folder, "a folder holding LEAF .json shards")
         for path in files:
-            if not _inside(path, root) or not os.path.isfile(path):
+            if not resolves_inside(path, root) or not os.path.isfile(path):
                 raise ConfigError("data.root", path, f"a regular file inside {root} (this "
                                                      f"one resolves to "
                                                      f"{os.path.realpath(path)})")
@@ -208,7 +208,7 @@ def natural_split_population(d: DataConfig, num_clients: int, seed: int, kind: s
     folder = os.path.join(_cache_root(d), "populations")
     _remove_stale_temps(folder)
     path, index_path = (os.path.join(folder, key + ext) for ext in (".arrow", ".index.npz"))
-    if all(os.path.isfile(p) and _inside(p, folder) for p in (path, index_path)):
+    if all(os.path.isfile(p) and resolves_inside(p, folder) for p in (path, index_path)):
         try:
             return TablePopulation._from_cache(path, index_path)
         except (ValueError, KeyError, IndexError, TypeError, OSError):

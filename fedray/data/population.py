@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from fedray.core.config import DataConfig, ExperimentConfig
+from fedray.core.outputs import resolves_inside
 from fedray.core.seeding import rng
 from fedray.core.spec import ConfigError, redact, short_repr
 from fedray.data.federated import local_test_count
@@ -199,12 +200,6 @@ def _cache_root(d: DataConfig) -> str:
         os.path.expanduser("~"), ".cache", "fedray")
 
 
-def _inside(path: str, root: str) -> bool:
-    """``path``, links resolved, lies inside the directory ``root`` (links resolved)."""
-    real, top = os.path.realpath(path), os.path.realpath(root)
-    return os.path.commonpath([real, top]) == top and real != top
-
-
 def _parquet(d: DataConfig) -> bool:
     """Whether the source files are Parquet (``parquet``, and ``hf`` from the hub cache) or
     Arrow streams (``hf`` save_to_disk)."""
@@ -235,7 +230,7 @@ def _source_files(d: DataConfig) -> list[str]:
             raise ConfigError("data.root", d.root, "a Parquet file or a directory holding "
                                                    ".parquet files")
         for path in files:
-            if not _inside(path, root):
+            if not resolves_inside(path, root):
                 raise ConfigError("data.root", path, f"files inside {d.root} (this one is a "
                                                      f"link to {os.path.realpath(path)})")
         return files
@@ -243,7 +238,7 @@ def _source_files(d: DataConfig) -> list[str]:
     if not os.path.isfile(state):
         raise ConfigError("data.root", d.root, "a Hugging Face `datasets` save_to_disk "
                                                "directory (holding state.json)")
-    if not _inside(state, root):
+    if not resolves_inside(state, root):
         raise ConfigError("data.root", state, f"a state.json inside {d.root} (this one is a "
                                               f"link to {os.path.realpath(state)})")
     try:
@@ -260,7 +255,7 @@ def _source_files(d: DataConfig) -> list[str]:
             raise ConfigError("data.root", state, f"plain file names inside the directory "
                                                   f"(got {short_repr(name)})")
         path = os.path.join(root, name)
-        if not _inside(path, root):
+        if not resolves_inside(path, root):
             raise ConfigError("data.root", state, f"files inside the directory ({name!r} is "
                                                   f"a link to {os.path.realpath(path)})")
         if not os.path.isfile(path):
@@ -657,7 +652,7 @@ class TablePopulation:
         _remove_stale_temps(folder)
         path = os.path.join(folder, key + ".arrow")
         index_path = os.path.join(folder, key + ".index.npz")
-        if all(os.path.isfile(p) and _inside(p, folder) for p in (path, index_path)):
+        if all(os.path.isfile(p) and resolves_inside(p, folder) for p in (path, index_path)):
             try:
                 return cls._from_cache(path, index_path)
             except (ValueError, KeyError, IndexError, TypeError, OSError):

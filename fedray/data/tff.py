@@ -22,9 +22,10 @@ from typing import Any
 import numpy as np
 
 from fedray.core.config import DataConfig
+from fedray.core.outputs import resolves_inside
 from fedray.core.spec import ConfigError
 from fedray.data.leaf import MAX_CLASSES, SPLITS, Rows, natural_split_population
-from fedray.data.population import TablePopulation, _inside
+from fedray.data.population import TablePopulation
 
 FEATURES = ("pixels", "image")
 
@@ -41,7 +42,7 @@ def tff_files(root: str) -> dict[str, str]:
             raise ConfigError("data.root", root, f"exactly one *{split}*.h5 file (found "
                                                  f"{len(found)})")
         path = os.path.join(root, found[0])
-        if not _inside(path, root) or not os.path.isfile(path):
+        if not resolves_inside(path, root) or not os.path.isfile(path):
             raise ConfigError("data.root", path, f"a regular file inside {root} (this one "
                                                  f"resolves to {os.path.realpath(path)})")
         out[split] = path

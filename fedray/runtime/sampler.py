@@ -9,11 +9,11 @@ no state between rounds. Over-commitment (``fleet.overcommit`` = o) draws
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from fedray.core.seeding import rng
 from fedray.methods.base import ClientSampler, Draw
+from fedray.services.fleet import sampled_per_round
 from fedray.services.privacy import poisson_sample
 
 
@@ -71,8 +71,7 @@ def make_sampler(cfg: Any, fleet: Any, privacy: Any) -> ClientSampler:
     """The runtime's sampler of a run: Poisson with Poisson-sampled central DP, else among
     the online clients when the fleet has an availability model, else uniform."""
     n, k = cfg.clients.num_clients, cfg.clients.sampled_count()
-    o = cfg.fleet.overcommit
-    want = min(n, math.ceil((1 + o) * k)) if o else k
+    want = sampled_per_round(cfg)
     if privacy is not None and privacy.sampling == "poisson":
         return PoissonSampler(cfg.seed, n, k)
     if fleet.availability is None:

@@ -386,6 +386,13 @@ class Profiles:
     latency_ms: np.ndarray
 
 
+def sampled_per_round(cfg: Any) -> int:
+    """Clients a synchronous round samples: K, or ⌈(1 + o) K⌉ with over-commitment
+    ``fleet.overcommit`` = o (the round closes on the first K reports), at most N."""
+    k, o = cfg.clients.sampled_count(), cfg.fleet.overcommit
+    return min(cfg.clients.num_clients, math.ceil((1 + o) * k)) if o else k
+
+
 class Fleet:
     """Profiles, availability and the time formula of a run's clients (see the module)."""
 

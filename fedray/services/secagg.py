@@ -194,6 +194,7 @@ class SecAggResult:
     up: dict[str, dict[int, int]]
     down: dict[str, dict[int, int]]
     seen: dict[int, np.ndarray] = field(default_factory=dict)  # the masked inputs received
+    graph: dict[int, list[int]] = field(default_factory=dict)  # who masks with whom
 
     @property
     def failed(self) -> bool:
@@ -226,7 +227,7 @@ def secure_sum(inputs: dict[int, np.ndarray], bits: int, threshold: int, seed: i
     masked: dict[int, np.ndarray] = {}
 
     def fail(reason: str, included: list[int]) -> SecAggResult:
-        return SecAggResult(None, included, reason, up, down, masked)
+        return SecAggResult(None, included, reason, up, down, masked, graph)
 
     def wrap(v: np.ndarray) -> np.ndarray:
         return v & mod
@@ -333,7 +334,7 @@ def secure_sum(inputs: dict[int, np.ndarray], bits: int, threshold: int, seed: i
             if u in u2:  # u added +p if u < v, else -p: undo it
                 p = prg(_agree(key, pub_s[u], b"secagg-mask"), m, bits)
                 total = wrap(total - p) if u < v else wrap(total + p)
-    return SecAggResult(total, u2, None, up, down, masked)
+    return SecAggResult(total, u2, None, up, down, masked, graph)
 
 
 # ----------------------------------------------------------------------------- integers

@@ -58,11 +58,11 @@ import numpy as np
 from fedray.core import registry
 from fedray.core.seeding import rng, uniform
 from fedray.core.spec import ConfigError, spec
+from fedray.services.fleet import sampled_per_round
 from fedray.services.secagg import (
     PHASES,
     Drops,
     dequantize,
-    neighbours,
     quantize,
     required_bits,
     secure_sum,
@@ -135,7 +135,7 @@ class SecAggConfig:
                                   f"{'graph degree' if knob == 'degree' else knob})")
         if self.protocol == "secagg_plus" and self.degree is not None and self.degree % 2:
             raise ConfigError("secagg.degree", self.degree, "an even number (Harary graph)")
-        sampled = cohort_sampled(cfg)
+        sampled = sampled_per_round(cfg)  # all of them share keys
         d = self.responding(sampled, k)
         if self.threshold is not None and self.threshold > d:
             extra = (f", of the {sampled} clients sampled only the first {k} to report send "
@@ -191,13 +191,6 @@ class SecAggConfig:
         while q >= 1 and required_bits(self.clip, q / self.clip, n) > self.bits:
             q -= 1  # float rounding of q / clip * clip above q
         return q / self.clip if q >= 1 else None
-
-
-def cohort_sampled(cfg: Any) -> int:
-    """Clients sampled a round (they all share keys): ⌈(1 + o) K⌉ with over-commitment o,
-    at most N, as the runtime's sampler draws."""
-    k, o = cfg.clients.sampled_count(), cfg.fleet.overcommit
-    return min(cfg.clients.num_clients, math.ceil((1 + o) * k)) if o else k
 
 
 def max_summed(cfg: Any) -> int:
@@ -264,9 +257,8 @@ class SecureAggregator:
         self.s: SecAggConfig = cfg.secagg
         self.seed = cfg.seed
         self.privacy = privacy
-        self.n = max_summed(cfg)
         self.reports = cfg.clients.sampled_count()
-        self.scale = self.s.resolved_scale(self.n)
+        self.scale = self.s.resolved_scale(max_summed(cfg))
         self.words_extra = 1 if privacy is not None and privacy.adaptive else 0
 
     def masked_bytes(self, m: int) -> int:
@@ -346,7 +338,7 @@ class SecureAggregator:
                           res.down, left={"share": len(drops.before_share),
                                 "masked_input": len(drops.before_masked),
                                 "unmask": len(drops.before_unmask)})
-        out.seconds = self._seconds(res, r, sampled, k, m, link_seconds)
+        out.seconds = self._seconds(res, sampled, m, link_seconds)
         if not res.failed:
             out.total, out.within = self._decode(res.total, template)
         return out
@@ -379,12 +371,13 @@ class SecureAggregator:
             at += size
         return out, within
 
-    def _seconds(self, res: Any, r: int, sampled: list[int], k: int | None, m: int,
-                 link_seconds: Any) -> dict[str, float]:
-        """Simulated seconds of each phase the round waits for (module docstring)."""
+    def _seconds(self, res: Any, sampled: list[int], m: int, link_seconds: Any
+                 ) -> dict[str, float]:
+        """Simulated seconds of each phase the round waits for (module docstring), over the
+        neighbour graph the protocol used."""
         per = self.s.prg_ns * 1e-9 * m
-        graph = neighbours(sampled, k, self.seed, r) if k else None
-        deg = {c: (len(graph[c]) if graph else len(sampled) - 1) for c in sampled}
+        graph = res.graph
+        deg = {c: len(graph[c]) for c in sampled}
         ids = np.array(sampled, dtype=np.int64)
         out = {}
         for ph in ("advertise", "share", "unmask"):
@@ -395,8 +388,8 @@ class SecureAggregator:
             out[ph] = float(np.max(t[active], initial=0.0))
         shared = {c for c in sampled if res.up["share"][c] > 0}
         senders = list(res.seen)
-        out["masked_input"] = max(((1 + sum(v in shared for v in (
-            graph[c] if graph else sampled) if v != c)) * per for c in senders), default=0.0)
+        out["masked_input"] = max(((1 + sum(v in shared for v in graph[c])) * per
+                                   for c in senders), default=0.0)
         if sum(res.up["unmask"].values()):  # the server expanded masks only if it unmasked
             dropped = [c for c in shared if c not in res.seen]
             out["unmask"] += (len(senders) + sum(deg[c] for c in dropped)) * per
@@ -418,7 +411,7 @@ def secagg_summary(cfg: Any, rounds: Any, protocol_bytes: int, total_bytes: int
         return float(np.nansum(rounds.column(col).to_numpy(zero_copy_only=False))) \
             if col in rounds.column_names else 0.0
 
-    k, sampled = cfg.clients.sampled_count(), cohort_sampled(cfg)
+    k, sampled = cfg.clients.sampled_count(), sampled_per_round(cfg)
     return {"protocol": s.protocol, "bits": s.bits, "clip": s.clip,
             "scale": s.resolved_scale(n), "max_clients_summed": n,
             "degree": s.neighbours(sampled) if s.protocol != "none" else None,
