@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fedray-installed
 
-.PHONY: demo tour test lint bench flower-venv clean
+.PHONY: demo tour test docs preflight-demo preflight-test lint bench flower-venv clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,16 +13,25 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[test]"
 	touch $(STAMP)
 
-demo: $(STAMP)
+# each target checks its prerequisites first (one line naming what is missing), before any download
+preflight-%:
+	@PYTHON=$(PYTHON) VENV=$(VENV) sh scripts/preflight.sh $*
+
+demo: preflight-demo $(STAMP)
 	$(PY) jobs/favor_blogtext.py --out runs/favor-blogtext
 
-tour: $(STAMP)
+tour: preflight-demo $(STAMP)
 	$(VENV)/bin/fedray demo
 
-test: $(STAMP)
-	$(VENV)/bin/ruff check fedray tests jobs benchmarks
+test: preflight-test $(STAMP)
+	$(VENV)/bin/ruff check fedray tests jobs benchmarks docs examples
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 	VENV=$(VENV) bash tests/cluster/run.sh
+
+# the documentation site into site/ (--strict: a broken link, a missing reference or any
+# warning fails the build); the tests build it too (tests/test_docs.py)
+docs: preflight-demo $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d site
 
 bench: $(STAMP)
 	bash benchmarks/setup_flower_venv.sh
@@ -30,4 +39,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/sim_overhead.py --clients 10 50 100 --fedray-warm
 
 clean:
-	rm -rf $(VENV) .venv-flower runs
+	rm -rf $(VENV) .venv-flower runs site

@@ -134,3 +134,26 @@ def wait_for_checkpoint(latest, at_least: int, timeout: float = 240) -> None:
         if latest.exists() and int((latest.read_text() or "0").split()[0]) >= at_least:
             return
         time.sleep(0.05)
+
+
+def build_site(out, config=None):
+    """``mkdocs build --strict`` of the documentation site (or of ``config``) into ``out``."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d",
+                           str(out), "-f", str(config or root / "mkdocs.yml")],
+                          cwd=root, env=env, text=True, capture_output=True, timeout=600)
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory):
+    """The documentation site as ``make docs`` builds it, once per test session."""
+    out = tmp_path_factory.mktemp("site")
+    res = build_site(out)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return out

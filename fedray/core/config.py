@@ -342,11 +342,12 @@ class FleetConfig:
         if self.min_reports > cfg.clients.sampled_count():
             raise ConfigError("fleet.min_reports", self.min_reports,
                               f"at most the {cfg.clients.sampled_count()} clients per round")
+        from fedray.core.storage import absolute
         from fedray.services.fleet import Fleet
 
         for key in ("trace", "availability"):  # the driver actor may run elsewhere
             if getattr(self, key):
-                setattr(self, key, os.path.abspath(getattr(self, key)))
+                setattr(self, key, absolute(getattr(self, key)))
         fleet = Fleet.of(cfg)  # reads and checks the trace files
         tr = fleet.trace
         if self.deadline_s is not None and tr is not None and tr.known.all():

@@ -194,6 +194,13 @@ def _reason(e: OSError) -> str:
     return e.strerror or " ".join(str(e).split())[:160]
 
 
+def absolute(path: str) -> str:
+    """``path`` as another process must open it: a local path made absolute (the driver
+    and the executors of a cluster the run joined work in their own directories), a URI
+    (``s3://...``) unchanged. Config paths pass through this when the config is checked."""
+    return path if "://" in path else os.path.abspath(path)
+
+
 class Storage:
     """A directory on some filesystem; paths are relative to its root."""
 
@@ -218,7 +225,14 @@ class Storage:
         return not self.listdir("")
 
     def __reduce__(self):
-        return (Storage, (self.uri,))
+        return (Storage, (self.location,))
+
+    @property
+    def location(self) -> str:
+        """What another process opens this directory with: a local directory's absolute
+        path (a relative one would resolve against that process's working directory — a
+        Ray worker of a cluster the run joined has its own), the URI otherwise."""
+        return absolute(self.uri)
 
     def path(self, rel: str) -> str:
         """The full path of ``rel``, which stays inside the directory: a relative path

@@ -273,8 +273,8 @@ class Experiment:
                 wanted[key] = wanted.get(key, 0) + tier.executors
         warm.retain(wanted)  # idle actors this run cannot use free their resources first
         self.pool = ExecutorPool(self.cfg, self.algorithm_cls, ray.put(self.data),
-                                 self.storage.uri, warm=keep)
-        args = (self.cfg, self.algorithm_cls, self.pool, self.storage.uri, self.cohort)
+                                 self.storage.location, warm=keep)
+        args = (self.cfg, self.algorithm_cls, self.pool, self.storage.location, self.cohort)
         # the driver lives on the head node (where a submitted job's entry point runs):
         # losing a worker node never takes the round loop with it
         new_driver = ray.remote(Driver).options(

@@ -35,6 +35,7 @@ nothing here knows about Ray.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -96,6 +97,10 @@ class FavorParams:
     def validate(self, cfg: Any) -> None:
         if not self.base:
             raise ConfigError("algorithm.base", self.base, "a hub id or a model directory")
+        if os.path.isdir(self.base):  # a local model (not a hub id): absolute, since the
+            self.base = os.path.abspath(self.base)  # executors work in their own directory
+        if self.asce and os.path.isdir(self.asce):
+            self.asce = os.path.abspath(self.asce)
         if cfg is not None and cfg.data.dataset == "blogtext" and not self.asce:
             raise ConfigError("algorithm.asce", self.asce, "the ASCE directory (style "
                                                            "targets come from it)")

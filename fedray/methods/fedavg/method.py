@@ -71,6 +71,10 @@ class FedAvgParams:
     base: str | None = spec(None, help=BASE_HELP)
 
     def validate(self, cfg: Any) -> None:
+        from fedray.core.storage import absolute
+
+        if self.base is not None:  # the executors may work in another directory
+            self.base = absolute(self.base)
         check_base(self.base, cfg.model if cfg is not None else None)
 
 
