@@ -35,7 +35,7 @@ def lose_a_whole_tier(cluster: Cluster, tmp: str) -> str:
     node = cluster.add_node(num_cpus=1, resources={"gone": 1})
     cfg = load_config(None, OVERRIDES + [
         "runtime.tiers=[{name: g, executors: 1, num_cpus: 1, resources: {gone: 1}}]",
-        "runtime.placement_timeout_s=5"])
+        "runtime.placement_timeout_s=20"])  # the first placement on a loaded 2-core box
     exp = Experiment(cfg, f"{tmp}/lost")
     exp.start()
     exp.step()
