@@ -30,7 +30,6 @@ def config_keys() -> str:
     import dataclasses
 
     from fedray.core.config import keys
-    from fedray.front.cli import key_line  # noqa: F401  (the CLI's own formatting, same rows)
 
     sections: dict[str, list[dict]] = {}
     for k in keys():
@@ -52,7 +51,7 @@ def config_keys() -> str:
     return "\n".join(out)
 
 
-def _commands() -> list[tuple[list[str], Any]]:
+def _commands() -> list[list[str]]:
     import typer
 
     from fedray.front.cli import app
@@ -61,7 +60,7 @@ def _commands() -> list[tuple[list[str], Any]]:
     found = []
 
     def walk(cmd: Any, path: list[str]) -> None:
-        found.append((path, cmd))
+        found.append(path)
         for name in sorted(getattr(cmd, "commands", {}) or {}):
             walk(cmd.commands[name], path + [name])
 
@@ -84,7 +83,7 @@ def _run(args: list[str]) -> str:
 def cli() -> str:
     """Every command's ``--help``, as the terminal shows it."""
     out = []
-    for path, _ in _commands():
+    for path in _commands():
         title = " ".join(["fedray", *path])
         out.append(f"## `{title}`\n\n```text\n{_run(path + ['--help'])}\n```\n")
     return "\n".join(out)

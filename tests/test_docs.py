@@ -50,6 +50,7 @@ class Block:
     text: str
     mark: str
     shown: list[str]  # a text block right after it: the last command's output
+    end: int  # the line after its closing fence
 
 
 def page_blocks(path: Path) -> list[Block]:
@@ -67,11 +68,11 @@ def page_blocks(path: Path) -> list[Block]:
         prev = next((ln for ln in reversed(lines[:i]) if ln.strip()), "")
         mark = MARK.search(prev)
         block = Block(str(path.relative_to(ROOT)), i + 1, m.group(1),
-                      "\n".join(lines[i + 1:j]) + "\n", mark.group(1) if mark else "", [])
+                      "\n".join(lines[i + 1:j]) + "\n", mark.group(1) if mark else "", [],
+                      j + 1)
         if out and block.lang == "text" and out[-1].lang == "bash" and \
                 all(not ln.strip() for ln in lines[out[-1].end:i]):
             out[-1].shown = block.text.splitlines()
-        block.end = j + 1  # type: ignore[attr-defined]
         out.append(block)
         i = j + 1
     return out

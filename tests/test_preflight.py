@@ -79,8 +79,8 @@ def test_no_disk_for_the_venv(tmp_path):
 
 
 def test_no_chromium_only_matters_for_test(tmp_path):
-    line = one_line(preflight(tmp_path / "a", "test", chromium=False) if (tmp_path / "a").mkdir()
-                    is None else None)
+    (tmp_path / "a").mkdir()
+    line = one_line(preflight(tmp_path / "a", "test", chromium=False))
     assert "'chromium' is missing" in line and "apt-get install chromium" in line
     (tmp_path / "b").mkdir()
     assert preflight(tmp_path / "b", "demo", chromium=False).returncode == 0

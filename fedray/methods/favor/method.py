@@ -97,10 +97,12 @@ class FavorParams:
     def validate(self, cfg: Any) -> None:
         if not self.base:
             raise ConfigError("algorithm.base", self.base, "a hub id or a model directory")
+        from fedray.core.storage import absolute
+
         if os.path.isdir(self.base):  # a local model (not a hub id): absolute, since the
-            self.base = os.path.abspath(self.base)  # executors work in their own directory
+            self.base = absolute(self.base)  # executors work in their own directory
         if self.asce and os.path.isdir(self.asce):
-            self.asce = os.path.abspath(self.asce)
+            self.asce = absolute(self.asce)
         if cfg is not None and cfg.data.dataset == "blogtext" and not self.asce:
             raise ConfigError("algorithm.asce", self.asce, "the ASCE directory (style "
                                                            "targets come from it)")

@@ -28,19 +28,22 @@ from fedray.methods.fedavg.policy import FedAvgPolicy
 from fedray.wire.payload import Payload
 
 
-def check_base(base: str | None, model_cfg: dict | None = None) -> None:
+def check_base(base: str | None, model_cfg: dict | None = None) -> str | None:
     """Fail at config time when ``algorithm.base`` is not a `fedray pretrain` output of the
-    configured model."""
+    configured model; return it as the executors must open it (absolute: they may work in
+    another directory)."""
     if base is None:
-        return
-    from fedray.core.storage import Storage
+        return None
+    from fedray.core.storage import Storage, absolute
     from fedray.models.pretrain import load_base
 
+    base = absolute(base)
     if not Storage(base).exists("base.npz"):
         raise ConfigError("algorithm.base", base,
                           "a directory written by `fedray pretrain` (holding base.npz)")
     if model_cfg is not None:
         _same_model(base, load_base(base)[1], model_cfg)
+    return base
 
 
 def _same_model(base: str, meta: dict, model_cfg: dict) -> None:
@@ -71,11 +74,7 @@ class FedAvgParams:
     base: str | None = spec(None, help=BASE_HELP)
 
     def validate(self, cfg: Any) -> None:
-        from fedray.core.storage import absolute
-
-        if self.base is not None:  # the executors may work in another directory
-            self.base = absolute(self.base)
-        check_base(self.base, cfg.model if cfg is not None else None)
+        self.base = check_base(self.base, cfg.model if cfg is not None else None)
 
 
 @register_method

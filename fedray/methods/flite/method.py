@@ -62,11 +62,7 @@ class FliteParams:
     def validate(self, cfg: Any) -> None:
         if self.r > self.d:
             raise ConfigError("algorithm.r", self.r, f"at most algorithm.d = {self.d}")
-        from fedray.core.storage import absolute
-
-        if self.base is not None:  # the executors may work in another directory
-            self.base = absolute(self.base)
-        check_base(self.base, cfg.model if cfg is not None else None)
+        self.base = check_base(self.base, cfg.model if cfg is not None else None)
         if self.base is None and self.identity_check:
             raise ConfigError("algorithm.identity_check", True,
                               "false without algorithm.base (the server has no θ^pre)")
