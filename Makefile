@@ -4,6 +4,9 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fedray-installed
+# pytest workers (pytest-xdist; each has its own local Ray, whole test files per worker): the
+# suite mostly waits on process and actor starts, so 2 workers on 2 cores nearly halve it
+TEST_WORKERS ?= 2
 
 .PHONY: demo tour test docs preflight-demo preflight-test lint bench flower-venv clean
 
@@ -25,7 +28,7 @@ tour: preflight-demo $(STAMP)
 
 test: preflight-test $(STAMP)
 	$(VENV)/bin/ruff check fedray tests jobs benchmarks docs examples
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=25
 	VENV=$(VENV) bash tests/cluster/run.sh
 
 # the documentation site into site/ (--strict: a broken link, a missing reference or any

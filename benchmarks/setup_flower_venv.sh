@@ -14,6 +14,11 @@ PY="$VENV/bin/python"
 PYTHON_BIN="${PYTHON_BIN:-python3.11}"
 FLWR_VERSION="${FLWR_VERSION:-1.42.0}"
 
+# One setup at a time (parallel test workers, two terminals): the second waits, then finds
+# the venv ready.
+exec 9>"$VENV.lock"
+flock 9
+
 if [[ -x "$PY" ]] && "$PY" -c "import flwr, torch, yaml" >/dev/null 2>&1; then
     echo "[setup_flower_venv] $VENV already has flwr, torch and yaml; nothing to do" >&2
     exit 0

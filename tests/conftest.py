@@ -1,5 +1,6 @@
-"""Shared fixtures: one real local Ray instance per test session (2 CPUs, plus one
-declared GPU so fractional-GPU placement can be tested without a GPU)."""
+"""Shared fixtures: one real local Ray instance per test session — per pytest-xdist worker
+under ``make test`` — (2 CPUs, plus one declared GPU so fractional-GPU placement can be
+tested without a GPU)."""
 
 from __future__ import annotations
 
