@@ -36,6 +36,11 @@ client is held anywhere), e.g. the population benchmark's MLP 32-32-10 on 20 sam
     .venv-flower/bin/python benchmarks/flower_sim.py --clients 100000 --per-round 1000 \\
         --features 32 --hidden 32 --samples 20 --rounds 3 --ray-local
 
+FEMNIST-shaped mode (opt-in, used by ``benchmarks/sim_overhead.py --workload femnist``):
+``--leaf-root DIR`` trains LEAF's FEMNIST CNN (batch 10, lr 0.05) on the LEAF-format
+directory ``benchmarks/femnist_workload.py`` writes, client i on the i-th writer in sorted
+id order (the files read once per client actor), all N clients every round.
+
 ``--ray-local`` starts a fresh local Ray (``address="local"``) instead of letting
 ``ray.init`` join one it finds via ``/tmp/ray/ray_current_cluster``. In scale mode the JSON
 line also carries ``per_round``, the shape, ``parameters``, ``setup_seconds`` (start of
@@ -128,9 +133,17 @@ def train(msg: Message, context: Context) -> Message:
     classes = int(config.get("classes", NUM_CLASSES))
     samples = int(config.get("samples", SAMPLES_PER_CLIENT))
 
-    model = make_model(features, hidden, classes)
+    batch_size = BATCH_SIZE
+    if "leaf_root" in config:  # the FEMNIST-shaped workload: LEAF's files, LEAF's CNN
+        import femnist_workload as fw
+
+        model = fw.leaf_cnn()
+        x, y = map(torch.from_numpy, fw.client_train(str(config["leaf_root"]), client_id))
+        samples, batch_size = len(y), fw.BATCH_SIZE
+    else:
+        model = make_model(features, hidden, classes)
+        x, y = client_data(seed, client_id, samples, features, classes)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    x, y = client_data(seed, client_id, samples, features, classes)
     # Deterministic shuffling per (seed, client, round).
     gen = torch.Generator().manual_seed(seed * 1_000_003 + client_id * 1_009
                                         + int(config["server-round"]))
@@ -141,8 +154,8 @@ def train(msg: Message, context: Context) -> Message:
     steps = 0
     for _ in range(LOCAL_EPOCHS):
         perm = torch.randperm(samples, generator=gen)
-        for start in range(0, samples, BATCH_SIZE):
-            idx = perm[start:start + BATCH_SIZE]
+        for start in range(0, samples, batch_size):
+            idx = perm[start:start + batch_size]
             opt.zero_grad()
             loss = loss_fn(model(x[idx]), y[idx])
             loss.backward()
@@ -207,19 +220,27 @@ class TimedFedAvg(FedAvg):
 
 
 def make_server_app(strategy: TimedFedAvg, num_rounds: int, seed: int,
-                    shape: dict[str, int] | None = None) -> ServerApp:
-    """``shape`` (scale mode): features, hidden, classes and samples, sent to the clients."""
+                    shape: dict[str, int] | None = None,
+                    leaf_root: str | None = None) -> ServerApp:
+    """``shape`` (scale mode): features, hidden, classes and samples, sent to the clients;
+    ``leaf_root`` (the FEMNIST-shaped workload): the LEAF directory the clients read."""
     server_app = ServerApp()
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
         torch.manual_seed(seed)
-        model = make_model(**{k: v for k, v in (shape or {}).items() if k != "samples"})
+        if leaf_root is not None:
+            import femnist_workload as fw
+
+            model, config = fw.leaf_cnn(), {"lr": fw.LR, "leaf_root": leaf_root}
+        else:
+            model = make_model(**{k: v for k, v in (shape or {}).items() if k != "samples"})
+            config = {"lr": LR, **(shape or {})}
         strategy.start(
             grid=grid,
             initial_arrays=ArrayRecord(model.state_dict()),
             num_rounds=num_rounds,
-            train_config=ConfigRecord({"lr": LR, "seed": seed, **(shape or {})}),
+            train_config=ConfigRecord({"seed": seed, **config}),
         )
 
     return server_app
@@ -236,6 +257,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Ray CPUs per client actor (Flower's default is 1)")
     p.add_argument("--log-level", default="WARNING",
                    help="level of the 'flwr' logger (logs go to stderr)")
+    p.add_argument("--leaf-root", default=None,
+                   help="the FEMNIST-shaped workload: train LEAF's CNN on the LEAF directory "
+                        "benchmarks/femnist_workload.py writes (client i = i-th writer)")
     scale = p.add_argument_group("scale mode (opt-in; see the module docstring)")
     scale.add_argument("--per-round", type=int, default=None,
                        help="clients sampled per round (default: all N)")
@@ -281,10 +305,23 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.getLogger("flwr").setLevel(args.log_level.upper())
     torch.set_num_threads(1)
-    n_params = sum(p.numel() for p in make_model(
-        shape["features"], shape["hidden"], shape["classes"]).parameters())
+    leaf_root = os.path.abspath(args.leaf_root) if args.leaf_root else None
+    if leaf_root is not None:
+        if scaled:
+            raise SystemExit("--leaf-root is its own workload: no scale-mode flags with it")
+        # the client actors import femnist_workload (this folder) when they train
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [os.path.dirname(os.path.abspath(__file__)), os.environ.get("PYTHONPATH", "")])
+        import femnist_workload as fw
+
+        n_params, expected = sum(p.numel() for p in fw.leaf_cnn().parameters()), \
+            fw.EXPECTED_PARAMS
+    else:
+        n_params, expected = sum(p.numel() for p in make_model(
+            shape["features"], shape["hidden"], shape["classes"]).parameters()), \
+            EXPECTED_PARAMS
     if not scaled:
-        assert n_params == EXPECTED_PARAMS, n_params
+        assert n_params == expected, n_params
 
     strategy = TimedFedAvg(
         # FedAvg samples max(int(N * fraction_train), min_train_nodes) = K nodes
@@ -296,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         report_rounds=scaled,
     )
     server_app = make_server_app(strategy, args.rounds, args.seed,
-                                 shape if scaled else None)
+                                 shape if scaled else None, leaf_root)
     backend_config: dict = {
         "client_resources": {"num_cpus": args.num_cpus_per_client, "num_gpus": 0.0},
     }
@@ -322,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         "e2e_seconds": round(e2e, 6),
         "flwr_version": flwr.__version__,
         "torch_version": torch.__version__,
+        "workload": "femnist" if leaf_root else "mlp",
+        "parameters": n_params,
     }
     if scaled:
         out.update({

@@ -28,6 +28,11 @@ Differences that remain: pfl's ``Dataset`` iterates a user's data in stored orde
 client reshuffles each round; the data are i.i.d. noise either way), and pfl prints its
 metrics after every round (to stderr here).
 
+FEMNIST-shaped mode (``--leaf-root DIR``, used by ``benchmarks/sim_overhead.py --workload
+femnist``): LEAF's FEMNIST CNN, batch 10, lr 0.05, user i the i-th writer (sorted id order)
+of the LEAF-format directory ``benchmarks/femnist_workload.py`` writes, each user's rows as
+LEAF stores them.
+
 Modes:
 
 * single process (default): pfl's simulator runs the clients one after another in this
@@ -111,6 +116,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="1: single process; W >= 2: torchrun --nproc_per_node W")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads per process (default: torch's own)")
+    p.add_argument("--leaf-root", default=None,
+                   help="the FEMNIST-shaped workload: LEAF's CNN on the LEAF directory "
+                        "benchmarks/femnist_workload.py writes (user i = i-th writer)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -127,6 +135,8 @@ def launch(args: argparse.Namespace, t0_wall: float) -> int:
             "--seed", str(args.seed), "--workers", str(args.workers)]
     if args.threads is not None:
         cmd += ["--threads", str(args.threads)]
+    if args.leaf_root:
+        cmd += ["--leaf-root", args.leaf_root]
     env = {**os.environ, _T0_ENV: repr(t0_wall)}
     out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
     exit_s = time.time() - t0_wall
@@ -182,13 +192,13 @@ def simulate(args: argparse.Namespace, t0_wall: float) -> dict:
     if dist.world_size != args.workers:
         raise SystemExit(f"pfl sees world size {dist.world_size}, expected {args.workers}")
 
-    class MLP(nn.Module):
-        """MLP 784-256-10 with the ``loss`` and ``metrics`` methods PyTorchModel needs."""
+    class Net(nn.Module):
+        """The workload's network (MLP 784-256-10, or LEAF's FEMNIST CNN) with the ``loss``
+        and ``metrics`` methods PyTorchModel needs."""
 
-        def __init__(self) -> None:
+        def __init__(self, net: nn.Module) -> None:
             super().__init__()
-            self.net = nn.Sequential(nn.Linear(IN_FEATURES, HIDDEN), nn.ReLU(),
-                                     nn.Linear(HIDDEN, NUM_CLASSES))
+            self.net = net
             self.loss_fn = nn.CrossEntropyLoss()
 
         def forward(self, x):
@@ -238,15 +248,25 @@ def simulate(args: argparse.Namespace, t0_wall: float) -> dict:
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
 
-    user_data = {c: list(client_data(np, args.seed, c)) for c in range(args.clients)}
+    if args.leaf_root:  # the FEMNIST-shaped workload: LEAF's files, LEAF's CNN
+        import femnist_workload as fw
+
+        rows = fw.read_train(args.leaf_root)[:args.clients]
+        user_data = {c: list(xy) for c, xy in enumerate(rows)}
+        net, expected, lr, batch = fw.leaf_cnn(), fw.EXPECTED_PARAMS, fw.LR, fw.BATCH_SIZE
+    else:
+        user_data = {c: list(client_data(np, args.seed, c)) for c in range(args.clients)}
+        net = nn.Sequential(nn.Linear(IN_FEATURES, HIDDEN), nn.ReLU(),
+                            nn.Linear(HIDDEN, NUM_CLASSES))
+        expected, lr, batch = EXPECTED_PARAMS, LR, BATCH_SIZE
     train_data = FederatedDataset.from_slices(
         user_data, MinimizeReuseUserSampler(list(range(args.clients))))
     backend = SimulatedBackend(training_data=train_data, val_data=train_data,
                                postprocessors=[WeightByDatapoints()])
 
-    module = MLP()
+    module = Net(net)
     n_params = sum(p.numel() for p in module.parameters())
-    assert n_params == EXPECTED_PARAMS, n_params
+    assert n_params == expected, n_params
     model = PyTorchModel(model=module, local_optimizer_create=torch.optim.SGD,
                          central_optimizer=torch.optim.SGD(module.parameters(),
                                                            lr=CENTRAL_LR))
@@ -254,8 +274,8 @@ def simulate(args: argparse.Namespace, t0_wall: float) -> dict:
         central_num_iterations=args.rounds, evaluation_frequency=args.rounds + 1,
         train_cohort_size=args.clients, val_cohort_size=None)
     train_params = NNTrainHyperParams(local_num_epochs=LOCAL_EPOCHS,
-                                      local_learning_rate=LR,
-                                      local_batch_size=BATCH_SIZE)
+                                      local_learning_rate=lr,
+                                      local_batch_size=batch)
     timer = RoundTimer(args.clients)
     FedAvgNoEval().run(algorithm_params=algorithm_params, backend=backend, model=model,
                        model_train_params=train_params, callbacks=[timer])
@@ -269,6 +289,8 @@ def simulate(args: argparse.Namespace, t0_wall: float) -> dict:
         "rounds": args.rounds,
         "round_seconds": [round(s, 6) for s in rounds],
         "e2e_seconds": round(t_end - t0_wall, 6),
+        "workload": "femnist" if args.leaf_root else "mlp",
+        "parameters": n_params,
         "pfl_version": pfl.__version__,
         "torch_version": torch.__version__,
         "workers": dist.world_size,

@@ -129,6 +129,15 @@ def _proc_stat(pid: int) -> tuple[int, int, int, int] | None:
     return int(rest[1]), int(rest[3]), int(rest[19]), int(rest[21]) * PAGE
 
 
+def _title(pid: int) -> str:
+    """The start of ``pid``'s command line (a Ray actor's reads ``ray::Executor...``)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")[:80].strip()
+    except OSError:
+        return ""
+
+
 def _all_stats() -> dict[int, tuple[int, int, int, int]]:
     out = {}
     for name in os.listdir("/proc"):
@@ -153,6 +162,8 @@ class TreeSampler(threading.Thread):
         self.min_free, self.max_rss, self.on_guard = min_free, max_rss, on_guard
         self.peak_bytes = 0
         self.peak_procs = 0
+        self.peak_by_pid: dict[int, int] = {}  # pid -> its own peak RSS
+        self.titles: dict[int, str] = {}  # pid -> its command line's start (ray::Executor)
         self.samples = 0
         self.seen: dict[int, int] = {}  # pid -> starttime of every member ever sampled
         self.guard: str | None = None
@@ -181,6 +192,9 @@ class TreeSampler(threading.Thread):
         members = self.members()
         for pid, st in members.items():
             self.seen[pid] = st[2]
+            self.peak_by_pid[pid] = max(st[3], self.peak_by_pid.get(pid, 0))
+            if not self.titles.get(pid, "").startswith("ray::"):  # Ray renames its workers
+                self.titles[pid] = _title(pid) or self.titles.get(pid, "")
         total = sum(st[3] for st in members.values())
         self.samples += 1
         if total > self.peak_bytes:
@@ -302,6 +316,9 @@ def run_measured(cmd: list[str], log_path: str, timeout: float, min_free_gb: flo
             "timeout_seconds": timeout,
             "memory_guard": sampler.guard, "peak_rss_gb": sampler.peak_bytes / GB,
             "peak_rss_processes": sampler.peak_procs, "rss_samples": sampler.samples,
+            "process_peaks": sorted(([sampler.titles.get(p, ""), b / GB]
+                                     for p, b in sampler.peak_by_pid.items()),
+                                    key=lambda t: -t[1])[:12],
             "processes_seen": len(sampler.seen), "leftovers_killed": left}
 
 
@@ -382,11 +399,12 @@ def child_fedray(spec: dict) -> None:
         out.update(config_seconds=t_cfg - t0, data_seconds=t_data - t_cfg,
                    start_seconds=t_started - t_data, setup_seconds=t_started - t0)
         data = exp.data
-        probe = range(min(cfg.clients.num_clients, 1000))
-        sizes = [data.num_samples(c, "train") for c in probe]
-        out.update(data_kind=type(data).__name__,
-                   train_samples_mean=sum(sizes) / len(sizes),
-                   train_samples_min=min(sizes), train_samples_max=max(sizes))
+        out["data_kind"] = type(data).__name__
+        if hasattr(data, "num_samples"):  # client tables (FAVoR's text has its own shape)
+            probe = range(min(cfg.clients.num_clients, 1000))
+            sizes = [data.num_samples(c, "train") for c in probe]
+            out.update(train_samples_mean=sum(sizes) / len(sizes),
+                       train_samples_min=min(sizes), train_samples_max=max(sizes))
         rounds, driver, sampled, ok = [], [], [], []
         while not exp.done:
             t = time.perf_counter()

@@ -2,7 +2,16 @@
 
 Workload (the issue's anchor): FedAvg, MLP 784-256-10, seeded synthetic data, 256 training
 samples per client, batch 32, 1 local epoch, SGD lr 0.05, N clients all sampled, 5 rounds,
-no evaluation.
+no evaluation. ``--workload femnist`` (issue #28's FEMNIST-shaped workload): LEAF's FEMNIST
+CNN (6.6M parameters) on a generated LEAF-format FEMNIST of N writers with 100–300 samples
+each, batch 10, read by fedray's LEAF reader and by the peers' scripts from the same files
+(``benchmarks/femnist_workload.py``).
+
+With ``--vectorize`` two more sides run: fedray with ``runtime.vectorize=on`` (cohorts of
+``--cohort-size``, default ⌈N / 2⌉: one cohort per executor), and the vectorized bound —
+the same cohorts through the method's batched hook (``cohort_update``) in this process, no
+runtime, torch's default thread count: the limit the vectorized runtime is measured
+against.
 
 - bound: the identical computation in this process, no runtime — the same FedAvg client
   update and aggregation code fedray runs, called in a loop. Run twice, with torch's
@@ -43,6 +52,8 @@ process) ≤ 0.6, fedray e2e ÷ Flower e2e ≤ 1/3.
 
     .venv/bin/python benchmarks/sim_overhead.py --clients 10 50 100 --out benchmarks/results
     .venv/bin/python benchmarks/sim_overhead.py --clients 10 --fedray-warm --no-flower
+    .venv/bin/python benchmarks/sim_overhead.py --workload femnist --clients 100 --rounds 3 \
+        --vectorize
 """
 
 from __future__ import annotations
@@ -61,7 +72,14 @@ TARGETS = {"fedray_round_over_bound": 0.55, "fedray_e2e_over_pfl": 0.6,
            "fedray_e2e_over_flower": 1 / 3}
 
 
-def workload(n: int, rounds: int, seed: int) -> list[str]:
+def workload(n: int, rounds: int, seed: int, leaf_root: str | None = None) -> list[str]:
+    """fedray's overrides: the MLP anchor workload, or with ``leaf_root`` the FEMNIST-shaped
+    one (``benchmarks/femnist_workload.py``)."""
+    if leaf_root is not None:
+        from femnist_workload import fedray_overrides
+
+        return fedray_overrides(leaf_root, n, rounds, seed,
+                                os.path.join(os.path.dirname(leaf_root), "cache"))
     return [
         "name=sim-overhead", f"seed={seed}", f"rounds={rounds}",
         "data.dataset=synthetic", "data.synthetic_features=784", "data.synthetic_classes=10",
@@ -75,32 +93,39 @@ def workload(n: int, rounds: int, seed: int) -> list[str]:
     ]
 
 
-def run_bound(cfg, threads: int | None = None) -> dict:
-    """The same client updates and aggregation, in a loop, in this process."""
+def run_bound(cfg, threads: int | None = None, cohort: int | None = None) -> dict:
+    """The same client updates and aggregation, in a loop, in this process; with ``cohort``
+    the vectorized bound: the same clients as cohorts of ``cohort`` through the method's own
+    batched hook (``cohort_update``, what ``runtime.vectorize=on`` runs), no runtime."""
     import torch
 
     from fedray.core.registry import build_method
-    from fedray.data import build_federated
+    from fedray.data import build_data
     from fedray.methods.base import ClientContext
 
     default_threads = torch.get_num_threads()
     torch.set_num_threads(threads or default_threads)
     t0 = time.perf_counter()
     algo = build_method(cfg)
-    data = build_federated(cfg.data, cfg.clients.num_clients, cfg.seed)
+    data = build_data(cfg)
     model = algo.build_resident(data.input_shape, data.num_classes, "cpu")
     state = algo.init_global_state(model, cfg.seed)
     policy = algo.make_policy()
     times = []
+    n = cfg.clients.num_clients
     for r in range(1, cfg.rounds + 1):
         tr = time.perf_counter()
         ups = []
-        for c in range(cfg.clients.num_clients):
-            x, y = data.client_arrays(c, r, "train")
-            xt, yt = data.client_arrays(c, r, "test")
-            out = algo.client_update(ClientContext(c, r, cfg.seed, "default", x, y, xt, yt,
-                                                   model), state)
-            ups.append((c, out.num_samples, out.upload))
+        for first in range(0, n, cohort or 1):
+            ctxs = []
+            for c in range(first, min(n, first + (cohort or 1))):
+                x, y = data.client_arrays(c, r, "train")
+                xt, yt = data.client_arrays(c, r, "test")
+                ctxs.append(ClientContext(c, r, cfg.seed, "default", x, y, xt, yt, model))
+            outs = (algo.cohort_update(ctxs, state) if cohort
+                    else [algo.client_update(ctxs[0], state)])
+            ups += [(ctx.client_id, out.num_samples, out.upload)
+                    for ctx, out in zip(ctxs, outs, strict=True)]
         if cfg.runtime.reduce == "executors":
             state = reduce_in_groups(cfg, policy, state, ups, r)
         else:
@@ -108,7 +133,7 @@ def run_bound(cfg, threads: int | None = None) -> dict:
         times.append(time.perf_counter() - tr)
     e2e = time.perf_counter() - t0
     torch.set_num_threads(default_threads)
-    samples = [data.num_samples(c, "train") for c in range(cfg.clients.num_clients)]
+    samples = [data.num_samples(c, "train") for c in range(n)]
     return {"round_seconds": times, "e2e_seconds": e2e, "threads": threads or default_threads,
             "state": state, "mean_train_samples": float(np.mean(samples))}
 
@@ -141,13 +166,12 @@ class BoundHalf:
         torch.set_num_threads(1)
         from fedray.core.config import load_config
         from fedray.core.registry import build_method
-        from fedray.data import build_federated
+        from fedray.data import build_data
 
         self.cfg = load_config(None, overrides)
         self.part, self.parts = part, parts
         self.algo = build_method(self.cfg)
-        self.data = build_federated(self.cfg.data, self.cfg.clients.num_clients,
-                                    self.cfg.seed)
+        self.data = build_data(self.cfg)
         self.model = self.algo.build_resident(self.data.input_shape, self.data.num_classes,
                                               "cpu")
         self.state = self.algo.init_global_state(self.model, self.cfg.seed)
@@ -254,13 +278,14 @@ def run_fedray_warm(cfg, out: str) -> dict:
         ray.shutdown()
 
 
-def run_flower(n: int, rounds: int, seed: int) -> dict | None:
+def run_flower(n: int, rounds: int, seed: int, leaf_root: str | None = None) -> dict | None:
     py = os.path.join(ROOT, ".venv-flower", "bin", "python")
     if not os.path.exists(py):
         return None
-    out = subprocess.run([py, os.path.join(ROOT, "benchmarks", "flower_sim.py"), "--clients",
-                          str(n), "--rounds", str(rounds), "--seed", str(seed)],
-                         capture_output=True, text=True, timeout=1800)
+    cmd = [py, os.path.join(ROOT, "benchmarks", "flower_sim.py"), "--clients", str(n),
+           "--rounds", str(rounds), "--seed", str(seed)]
+    out = subprocess.run(cmd + (["--leaf-root", leaf_root] if leaf_root else []),
+                         capture_output=True, text=True, timeout=3600)
     if out.returncode != 0:
         print(out.stderr[-3000:], file=sys.stderr)
         return None
@@ -270,15 +295,17 @@ def run_flower(n: int, rounds: int, seed: int) -> dict | None:
 PFL_PY = os.path.join(ROOT, ".venv-pfl", "bin", "python")
 
 
-def run_pfl(n: int, rounds: int, seed: int, workers: int = 1,
-            threads: int | None = None) -> tuple[dict | None, str | None]:
+def run_pfl(n: int, rounds: int, seed: int, workers: int = 1, threads: int | None = None,
+            leaf_root: str | None = None) -> tuple[dict | None, str | None]:
     """``benchmarks/pfl_sim.py`` under ``.venv-pfl``: (its JSON line, None) or (None, why)."""
     cmd = [PFL_PY, os.path.join(ROOT, "benchmarks", "pfl_sim.py"), "--clients", str(n),
            "--rounds", str(rounds), "--seed", str(seed), "--workers", str(workers)]
     if threads is not None:
         cmd += ["--threads", str(threads)]
+    if leaf_root:
+        cmd += ["--leaf-root", leaf_root]
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     except subprocess.TimeoutExpired:
         return None, f"pfl_sim.py --workers {workers} timed out"
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
@@ -331,6 +358,15 @@ def main() -> None:
                    help="also time a cold fedray run with runtime.vectorize=on (its state is "
                         "the bound's up to float32 rounding: the column shows the largest "
                         "relative difference of a tensor)")
+    p.add_argument("--no-floors", action="store_true",
+                   help="skip the 2-process floor and the 2-Ray-actor floor")
+    p.add_argument("--cohort-size", type=int, default=None,
+                   help="runtime.cohort_size of the vectorized runs (default ceil(N / 2): "
+                        "one cohort per executor)")
+    p.add_argument("--workload", choices=["mlp", "femnist"], default="mlp",
+                   help="mlp: the MLP 784-256-10 anchor (default); femnist: LEAF's FEMNIST "
+                        "CNN on a generated LEAF-format FEMNIST of N writers with 100-300 "
+                        "samples each (benchmarks/femnist_workload.py)")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     args = p.parse_args()
 
@@ -350,46 +386,58 @@ def main() -> None:
         print(f"[sim_overhead] {note}", file=sys.stderr)
 
     rows = [measure(n, args, load_config, use_pfl, notes) for n in args.clients]
-    with open(os.path.join(args.out, "sim_overhead.json"), "w") as f:
+    name = "sim_overhead.json" if args.workload == "mlp" else f"sim_overhead_{args.workload}.json"
+    with open(os.path.join(args.out, name), "w") as f:
         json.dump(rows, f, indent=2)
     print(markdown(rows, notes))
 
 
 def measure(n: int, args, load_config, use_pfl: bool, notes: list[str]) -> dict:
-    cfg = load_config(None, workload(n, args.rounds, args.seed))
+    leaf = None
+    if args.workload == "femnist":
+        from femnist_workload import write
+
+        leaf = write(os.path.join(args.out, f"femnist-leaf-{n}-{args.seed}", "data"), n,
+                     args.seed)
+
+    def over(*extra: str) -> list[str]:
+        return workload(n, args.rounds, args.seed, leaf) + list(extra)
+
+    cfg = load_config(None, over())
     bounds = [run_bound(cfg), run_bound(cfg, threads=1)]
     bound = min(bounds, key=lambda b: steady(b["round_seconds"]))
-    floor2 = steady(run_bound_parallel(workload(n, args.rounds, args.seed), args.rounds))
-    ray2 = steady(run_bound_ray(workload(n, args.rounds, args.seed), args.rounds))
+    floor2 = None if args.no_floors else steady(run_bound_parallel(over(), args.rounds))
+    ray2 = None if args.no_floors else steady(run_bound_ray(over(), args.rounds))
     stamp = int(time.time())
     fed = run_fedray(cfg, os.path.join(args.out, f"run-n{n}-{stamp}"))
     same = all(np.array_equal(bounds[1]["state"][k], fed["state"][k]) for k in fed["state"])
     fed_warm = same_warm = fed_reduce = same_reduce = None
     if args.fedray_warm:
-        warm = load_config(None, workload(n, args.rounds, args.seed) + ["runtime.keep_warm=true"])
+        warm = load_config(None, over("runtime.keep_warm=true"))
         fed_warm = run_fedray_warm(warm, os.path.join(args.out, f"run-n{n}-{stamp}-warm"))
         same_warm = all(np.array_equal(bounds[1]["state"][k], fed_warm["state"][k])
                         for k in fed_warm["state"])
-        red = load_config(None, workload(n, args.rounds, args.seed) + [
-            "runtime.keep_warm=true", "runtime.reduce=executors"])
+        red = load_config(None, over("runtime.keep_warm=true", "runtime.reduce=executors"))
         fed_reduce = run_fedray_warm(red, os.path.join(args.out, f"run-n{n}-{stamp}-reduce"))
         ref = run_bound(red, threads=1)["state"]  # the same sums, grouped, in this process
         same_reduce = all(np.array_equal(ref[k], fed_reduce["state"][k]) for k in ref)
-    fed_vec = gap = None
+    fed_vec = gap = vbound = None
     if args.vectorize:
-        vec = load_config(None, workload(n, args.rounds, args.seed) + ["runtime.vectorize=on"])
+        cohort = args.cohort_size or -(-n // 2)  # one cohort per executor by default
+        vec = load_config(None, over("runtime.vectorize=on", f"runtime.cohort_size={cohort}"))
+        vbound = run_bound(vec, cohort=cohort)
         fed_vec = run_fedray(vec, os.path.join(args.out, f"run-n{n}-{stamp}-vectorized"))
         ref = bounds[1]["state"]
         gap = max(float(np.linalg.norm(fed_vec["state"][k] - ref[k]) /
                         max(float(np.linalg.norm(ref[k])), 1e-30)) for k in ref)
-    flower = None if args.no_flower else run_flower(n, args.rounds, args.seed)
+    flower = None if args.no_flower else run_flower(n, args.rounds, args.seed, leaf)
 
     pfl = pfl2 = None
     pfl_by_threads: dict = {}
     if use_pfl:
         runs = []
         for threads in (None, 1):
-            res, note = run_pfl(n, args.rounds, args.seed, threads=threads)
+            res, note = run_pfl(n, args.rounds, args.seed, threads=threads, leaf_root=leaf)
             if res is None:
                 notes.append(f"N={n}: {note}")
             else:
@@ -399,20 +447,21 @@ def measure(n: int, args, load_config, use_pfl: bool, notes: list[str]) -> dict:
         if n % 2:
             notes.append(f"N={n}: pfl×2 skipped (pfl's 2-worker simulation needs an even N)")
         else:
-            pfl2, note = run_pfl(n, args.rounds, args.seed, workers=2)
+            pfl2, note = run_pfl(n, args.rounds, args.seed, workers=2, leaf_root=leaf)
             if pfl2 is None:
                 notes.append(f"N={n}: {note}")
 
     row = {
+        "workload": args.workload,
         "clients": n, "mean_train_samples": bound["mean_train_samples"],
         "bound_threads": bound["threads"],
         "bound_round_s_by_threads": {b["threads"]: steady(b["round_seconds"])
                                      for b in bounds},
         "bound_round_s": steady(bound["round_seconds"]),
         "bound2_round_s": floor2,
-        "bound2_round_ratio": floor2 / steady(bound["round_seconds"]),
+        "bound2_round_ratio": ratio(floor2, steady(bound["round_seconds"])),
         "ray2_round_s": ray2,
-        "ray2_round_ratio": ray2 / steady(bound["round_seconds"]),
+        "ray2_round_ratio": ratio(ray2, steady(bound["round_seconds"])),
         "flower_round_s": steady(flower["round_seconds"]) if flower else None,
         "bound_e2e_s": bound["e2e_seconds"],
         "flower_e2e_s": flower["e2e_seconds"] if flower else None,
@@ -435,7 +484,13 @@ def measure(n: int, args, load_config, use_pfl: bool, notes: list[str]) -> dict:
             row[f"{other}_e2e_ratio"] = row[f"{other}_e2e_s"] / row["bound_e2e_s"]
     add_fedray(row, "fedray", fed, same)
     if fed_vec is not None:
+        row["vbound_round_s"] = steady(vbound["round_seconds"])
+        row["vbound_threads"] = vbound["threads"]
+        row["vbound_round_ratio"] = row["vbound_round_s"] / row["bound_round_s"]
         add_fedray(row, "fedray_vec", fed_vec, f"≈ ({gap:.0e})")
+        row["fedray_vec_over_vbound"] = row["fedray_vec_round_s"] / row["vbound_round_s"]
+        row["fedray_vec_over_fedray"] = row["fedray_vec_round_s"] / row["fedray_round_s"]
+        row["fedray_vec_over_ray2"] = ratio(row["fedray_vec_round_s"], ray2)
     if fed_warm is not None:
         add_fedray(row, "fedray_warm", fed_warm, same_warm)
         add_fedray(row, "fedray_reduce", fed_reduce, same_reduce)
@@ -479,6 +534,20 @@ def markdown(rows: list[dict], notes: list[str] | None = None) -> str:
                 f"{f(r['pfl_round_s'])} | {x(r.get('pfl_round_ratio'))} | "
                 f"{f(r['pfl2_round_s'])} | {x(r.get('pfl2_round_ratio'))} | "
                 f"{r[k + '_state_equals_bound']} |")
+    vec = [r for r in rows if "vbound_round_s" in r]
+    if vec:
+        lines += ["", "Vectorized (`runtime.vectorize=on`) per steady-state round (s):", "",
+                  "| N | bound | vectorized bound | vbound/bound | fedray off | fedray on | "
+                  "on/bound | on/vbound | on/off | on/2 Ray actors | Flower | pfl |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in vec:
+            lines.append(
+                f"| {r['clients']} | {f(r['bound_round_s'])} | {f(r['vbound_round_s'])} | "
+                f"{x(r['vbound_round_ratio'])} | {f(r['fedray_round_s'])} | "
+                f"{f(r['fedray_vec_round_s'])} | {x(r['fedray_vec_round_ratio'])} | "
+                f"{x(r['fedray_vec_over_vbound'])} | {x(r['fedray_vec_over_fedray'])} | "
+                f"{x(r['fedray_vec_over_ray2'])} | {f(r['flower_round_s'])} | "
+                f"{f(r['pfl_round_s'])} |")
     lines += ["", "End to end (s):", "",
               "| N | fedray Ray | bound | fedray | Flower | pfl | pfl×2 | fedray/Flower "
               f"(≤ {t['fedray_e2e_over_flower']:.2f}) | fedray/pfl "

@@ -155,6 +155,37 @@ def test_the_leaf_femnist_cnn_has_leafs_parameter_count():
     assert flat(torch.zeros(2, 784)).shape == (2, 62)
 
 
+def test_the_benchmarks_femnist_workload_is_what_fedray_reads(tmp_path):
+    """``benchmarks/femnist_workload.py`` (what Flower and pfl-research train in
+    ``sim_overhead.py --workload femnist``) hands every client the rows fedray's LEAF reader
+    hands it, in the same client order, and its plain CNN is ``leaf_cnn`` layer for layer."""
+    import sys
+
+    import torch
+
+    from fedray.models import build_model
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks"))
+    import femnist_workload as fw
+
+    root = fw.write(str(tmp_path / "femnist"), clients=5, seed=3)
+    rows = fw.read_train(root)
+    assert len(rows) == 5 and all(100 <= len(y) <= 300 for _, y in rows)
+    cfg = load_config(None, fw.fedray_overrides(root, 5, 1, 3, str(tmp_path / "cache")))
+    pop = build_client_data(cfg)
+    assert pop.input_shape == (1, 28, 28) and pop.num_classes == fw.CLASSES
+    for c, (x, y) in enumerate(rows):
+        fx, fy = pop.client_arrays(c, 1, "train")
+        assert np.array_equal(np.asarray(fx).reshape(x.shape), x) and np.array_equal(fy, y)
+    ours, theirs = build_model("leaf_cnn", (1, 28, 28), fw.CLASSES), fw.leaf_cnn()
+    assert [(n, p.shape) for n, p in ours.named_parameters()] == \
+        [(n, p.shape) for n, p in theirs.named_parameters()]
+    theirs.load_state_dict(ours.state_dict())
+    probe = torch.from_numpy(rows[0][0][:3])
+    assert torch.equal(ours(probe), theirs(probe))
+    assert sum(p.numel() for p in theirs.parameters()) == fw.EXPECTED_PARAMS
+
+
 @pytest.mark.ray
 def test_fedavg_runs_on_a_leaf_dataset(ray_session, tmp_path):
     from fedray.runtime import run_experiment
