@@ -21,6 +21,39 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def warm_runs(request):
+    """Runs of this process on the session's Ray keep their driver and executors warm
+    (``runtime.keep_warm``, bitwise a cold run's: tests/test_warm.py) for the module's next
+    run of the same shape; the module's end frees them. Most of the suite's time was actor
+    starts (a torch import each). A module whose subprocesses, sweeps or actor counts need
+    the session's CPUs free sets ``WARM_RUNS = False``; a run that starts its own Ray, or a
+    config that says ``keep_warm`` itself, is left as it is."""
+    if not getattr(request.module, "WARM_RUNS", True):
+        yield
+        return
+    import dataclasses
+
+    import ray
+
+    from fedray.runtime import experiment, release_warm
+
+    start = experiment.Experiment.start
+
+    def warm_start(self):
+        if ray.is_initialized() and not self.cfg.runtime.keep_warm:
+            self.cfg = dataclasses.replace(
+                self.cfg, runtime=dataclasses.replace(self.cfg.runtime, keep_warm=True))
+        return start(self)
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(experiment.Experiment, "start", warm_start)
+    yield
+    patch.undo()
+    if ray.is_initialized():
+        release_warm()
+
+
 @pytest.fixture(scope="session")
 def flower_python():
     """``.venv-flower``'s interpreter (Flower pins its own Ray), created by

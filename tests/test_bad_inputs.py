@@ -90,6 +90,9 @@ CONFIG_CASES = [
 ]
 
 
+WARM_RUNS = False  # conftest.warm_runs: its commands run in subprocesses on the session's Ray
+
+
 @pytest.mark.parametrize("overrides,field,rule", CONFIG_CASES,
                          ids=[" ".join(c[0]) for c in CONFIG_CASES])
 def test_bad_config_values(overrides, field, rule):

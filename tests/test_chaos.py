@@ -14,6 +14,8 @@ from fedray.core import checkpoint
 from fedray.core.storage import Storage
 from fedray.observe.metrics import read_metrics
 
+WARM_RUNS = False  # conftest.warm_runs: its runs lose actors on purpose
+
 
 @pytest.mark.ray
 def test_driver_killed_mid_round_then_resumed_is_bitwise_the_same(ray_session, tiny_cfg,

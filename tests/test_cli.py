@@ -23,6 +23,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 runner = CliRunner()
 
 
+WARM_RUNS = False  # conftest.warm_runs: its jobs run as subprocesses on the session Ray
+
+
 def one_json(result) -> dict:
     assert result.exit_code == 0, result.output
     lines = [ln for ln in result.stdout.splitlines() if ln.strip()]

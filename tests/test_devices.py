@@ -22,6 +22,9 @@ from fedray.runtime.pool import executor_bundle, executor_options, requested_res
 GPU_TIERS = "[{name: g, executors: 2, num_cpus: 1, num_gpus: 0.25}]"
 
 
+WARM_RUNS = False  # conftest.warm_runs: it reads the session's free resources
+
+
 def test_cuda_only_with_a_granted_gpu_share():
     assert device_for(["0"], cuda_available=True) == "cuda"
     # Ray leaves CUDA_VISIBLE_DEVICES unset for a worker granted no GPU: it must not use one

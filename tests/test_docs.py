@@ -42,6 +42,9 @@ TIMING = re.compile(r"\d+(?:\.\d+)?\s?(?:s|min|ms)\b|\d+:\d\d(?::\d\d)?|\d+(?:\.
 LINKED = ("configs", "jobs", "examples", "fedray", "benchmarks", "cluster.yaml", ".venv")
 
 
+WARM_RUNS = False  # conftest.warm_runs: the pages run as subprocesses on the session Ray
+
+
 @dataclasses.dataclass
 class Block:
     page: str

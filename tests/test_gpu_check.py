@@ -15,6 +15,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.ray
 
 
+WARM_RUNS = False  # conftest.warm_runs: its checks run in a subprocess on the session's Ray
+
+
 def gpu_check(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, PY=sys.executable, **(env or {}))
     return subprocess.run(["bash", "benchmarks/gpu_check.sh", *args], cwd=ROOT, env=env,

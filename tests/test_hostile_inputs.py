@@ -34,6 +34,9 @@ TINY = ["clients.num_clients=4", "model.hidden=[8]", "rounds=2"]
 DEAD_RAY = "127.0.0.1:9"  # the discard port: nothing answers, check_reachable fails fast
 
 
+WARM_RUNS = False  # conftest.warm_runs: its runs are stopped by signals in subprocesses
+
+
 def no_ray(cfg):
     raise ConfigError("test", "init_ray", "no Ray work: this input should have been refused "
                                           "before Ray")

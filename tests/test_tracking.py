@@ -23,6 +23,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "fedray", "configs", "fedavg_digits.yaml")
 
 
+WARM_RUNS = False  # conftest.warm_runs: a sweep's trials need the session's CPUs
+
+
 def scalars(logdir: str, tag: str) -> list[tuple[int, float]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -22,6 +22,9 @@ SMALL = ["rounds=4", "clients.num_clients=6", "model.hidden=[16]", "eval.clients
          "runtime.tiers=[{name: default, executors: 1, num_cpus: 0.5}]"]
 
 
+WARM_RUNS = False  # conftest.warm_runs: Tune's trials need the session's CPUs
+
+
 def test_space_syntax_and_validation():
     assert parse_space_arg("algorithm.theta=grid:0,0.5,1") == (
         "algorithm.theta", {"grid": [0, 0.5, 1]})

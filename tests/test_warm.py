@@ -17,6 +17,9 @@ A = {"clients.fraction": 0.67, "local.momentum": 0.5, "local.keep_optimizer_stat
      "runtime.chunk_size": 1}
 
 
+WARM_RUNS = False  # conftest.warm_runs: it tests keep_warm itself
+
+
 @pytest.fixture
 def warm_registry(ray_session):
     release_warm()
@@ -74,16 +77,34 @@ def test_idle_actors_of_another_shape_free_their_cpus(warm_registry, tiny_cfg, t
     assert warm_registry.idle() == {}
 
 
-def test_an_unfinished_run_keeps_nothing_and_a_dead_idle_executor_is_replaced(
+def test_a_stopped_run_parks_a_failed_one_keeps_nothing_and_a_dead_idle_executor_is_replaced(
         warm_registry, tiny_cfg, tmp_path):
     keep = tiny_cfg(**{**A, "runtime.keep_warm": "true"})
     run_experiment(keep, str(tmp_path / "w1"), progress=False)
     assert sorted(warm_registry.idle().values()) == [1, 2]
     exp = Experiment(keep, str(tmp_path / "cut"))
-    exp.start()  # takes the warm actors
+    pids = {e["pid"] for e in exp.start()["executors"]}  # takes the warm actors
     exp.step()
-    exp.release()  # interrupted: they may hold anything, so they are killed
+    exp.release()  # stopped between rounds: nothing in flight, so they are parked again
+    assert sorted(warm_registry.idle().values()) == [1, 2]
+    resumed = Experiment(keep, str(tmp_path / "cut"), resume=True)
+    assert {e["pid"] for e in resumed.start()["executors"]} == pids
+    while not resumed.done:
+        resumed.step()
+    resumed.close()
+    assert_bitwise_equal(final_state(tmp_path / "w1"), final_state(tmp_path / "cut"))
+    exp = Experiment(keep, str(tmp_path / "failed"))
+    exp.start()
+    exp.failed = True  # what a round that raised leaves (step() sets it)
+    exp.release()
     assert warm_registry.idle() == {}
+    buffered = tiny_cfg(**{"runtime.keep_warm": "true", "algorithm.name": "fedbuff",
+                           "algorithm.concurrency": 2, "algorithm.buffer_size": 2})
+    exp = Experiment(buffered, str(tmp_path / "async"))
+    exp.start()
+    exp.step()
+    exp.release()  # an asynchronous loop has clients in flight between steps: not kept
+    assert not any("driver" in k for k in warm_registry.idle())
 
     run_experiment(keep, str(tmp_path / "w2"), progress=False)
     key = next(k for k in warm_registry.idle() if "executor" in k)

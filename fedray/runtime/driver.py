@@ -134,6 +134,10 @@ class Driver:
     def get_round(self) -> int:
         return self.parts.server.round
 
+    def at_rest(self) -> bool:
+        """No client in flight between steps (always so for a synchronous loop)."""
+        return not self.loop.inflight_clients()
+
     def executor_handles(self) -> dict[str, list[Any]]:
         return self.pool.handles()
 

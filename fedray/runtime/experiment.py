@@ -190,6 +190,7 @@ class Experiment:
         self.driver: Any = None
         self.pool: Any = None
         self.failed = False  # a round raised: nothing of this run is kept warm
+        self.ready = False  # started: the driver and executors are set up
         self.started_ray = False
         self.round = 0
         self.rows: list[dict] = []
@@ -299,6 +300,7 @@ class Experiment:
             self.release()
             raise
         self.round = self.info["round"]
+        self.ready = True
         return self.info
 
     @property
@@ -368,9 +370,26 @@ class Experiment:
         warm.give(self.driver_key, self.driver)
         self.driver = self.pool = None
 
+    def at_rest(self) -> bool:
+        """With ``keep_warm``, a run stopped between steps (started, nothing failed) whose
+        driver has no client in flight (a synchronous loop; an asynchronous one always has):
+        its driver and executors are idle, so :meth:`release` parks them as a finished run's
+        (a resume of it in this process then starts warm)."""
+        import ray
+
+        if not (self.cfg.runtime.keep_warm and self.ready and not self.failed
+                and self.driver is not None and self.pool is not None):
+            return False
+        try:
+            return bool(ray.get(self.driver.at_rest.remote(), timeout=60))
+        except Exception:  # noqa: BLE001 — a driver that cannot say is not kept
+            return False
+
     def release(self) -> None:
         import ray
 
+        if self.at_rest():
+            self._park()
         if self.tracker is not None:  # no-op after close(); else the tracked run FAILED
             try:
                 self.tracker.close()
@@ -419,9 +438,11 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | None = None, *, resume:
                     on_round(row)
         return exp.close()
     except (Stopped, KeyboardInterrupt) as e:
+        exp.failed = True  # stopped mid-way by a signal: nothing is kept warm
         exp.discard()
         raise exp.stopped(e) from None
     except BaseException:
+        exp.failed = True
         exp.discard()
         raise
     finally:
