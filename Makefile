@@ -8,7 +8,7 @@ STAMP := $(VENV)/.fedray-installed
 # suite mostly waits on process and actor starts, so 2 workers on 2 cores nearly halve it
 TEST_WORKERS ?= 2
 
-.PHONY: demo tour test docs preflight-demo preflight-test lint bench flower-venv clean
+.PHONY: demo tour test docs preflight-demo preflight-test lint bench flower-venv-background clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,12 @@ demo: preflight-demo $(STAMP)
 tour: preflight-demo $(STAMP)
 	$(VENV)/bin/fedray demo
 
-test: preflight-test $(STAMP)
+# .venv-flower (Flower pins its own Ray; the interoperability tests need it) builds in the
+# background meanwhile: the tests run the same script, which waits for it (it takes a lock)
+flower-venv-background:
+	@(bash benchmarks/setup_flower_venv.sh > .venv-flower.log 2>&1 &)
+
+test: preflight-test flower-venv-background $(STAMP)
 	$(VENV)/bin/ruff check fedray tests jobs benchmarks docs examples
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=25
 	VENV=$(VENV) bash tests/cluster/run.sh

@@ -285,8 +285,8 @@ def test_every_job_json_prints_one_strict_json_object(ray_session, tmp_path):
         "sweep.py": ["configs/fedavg_digits.yaml", "--smoke", "--space", "local.lr=grid:0.1",
                      "-s", "rounds=1", "-s", "clients.num_clients=6", "-s", tiers],
         "sweep_orders.py": ["--smoke"],
-        # one θ of the preset's grid: its five trials run (and are counted) as a submitted
-        # job in tests/cluster/run.sh
+        # one θ of the preset's grid: a two-θ grid runs (and is counted) as a submitted job
+        # in tests/cluster/run.sh
         "sweep_drod.py": ["--smoke", "--space", "algorithm.theta=grid:0.5"],
         "sweep_flite.py": ["--smoke"],
         "sweep_favor.py": ["--smoke"],

@@ -12,7 +12,9 @@ Isolation: nothing of a run survives in an actor but the imported modules and to
 process settings, which are part of the shape (threads, determinism). Client updates seed
 their own generators from (seed, round, client), so a warm run gives the bits a cold run
 gives (tested). Only executors this process created go back to the registry (a replacement
-created by the driver dies with it); a run that fails returns nothing. Idle actors whose
+created by the driver dies with it); a run that fails or is stopped by a signal returns
+nothing, one released between synchronous rounds (``Experiment.release`` after ``step``)
+returns them as a finished one does, so resuming it here starts warm. Idle actors whose
 shape the next run does not use are killed before it places its own, so they never hold
 resources it needs; :func:`release_warm` kills the rest (or the process's exit does).
 """
