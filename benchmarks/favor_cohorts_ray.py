@@ -54,8 +54,15 @@ def overrides(prep: dict, mode: str, executors: int, args: argparse.Namespace) -
         f"runtime.vectorize={mode}", f"runtime.cohort_size={cohort}"]
 
 
+SYSTEM = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
+
+
 def executor_peak(meas: dict) -> float | None:
-    peaks = [gb for title, gb in meas.get("process_peaks", []) if "Executor" in title]
+    """The largest Ray worker process' peak: an executor holding the base (the sampler
+    may first see a worker under its idle title, ``ray::IDLE``, so titles cannot tell an
+    executor from the driver; the driver holds no LM and is the smaller)."""
+    peaks = [gb for title, gb in meas.get("process_peaks", [])
+             if title.startswith("ray::") and not title.startswith(SYSTEM)]
     return max(peaks) if peaks else None
 
 
@@ -111,7 +118,7 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
              f"{args.rounds} rounds (s/round: median of rounds 2..R):", "",
              "| vectorize | executors | cohort | s/round | ÷ off ×2 (≤ 0.5) | "
              "peak summed RSS GB | ÷ off ×1 (≤ 1.2) | largest executor GB | "
-             "÷ off ×1's executor |", "|---|---|---|---|---|---|---|---|---|"]
+             "÷ off ×1's |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         t = None if r["round_s"] is None or today["round_s"] is None else \
             r["round_s"] / today["round_s"]
