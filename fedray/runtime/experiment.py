@@ -236,7 +236,9 @@ class Experiment:
         """After a failure: remove the run directory when this run created it and recorded
         no round yet (a failure while starting: Ray, placement, the driver's setup), so the
         same command can simply be run again; a directory that held anything before, or a
-        run with a round on record (a failed round's rows say why) is kept as it is."""
+        run with a round on record (a failed round's rows say why) is kept as it is. Its
+        driver and executors are never kept warm (a signal may have stopped them mid-call)."""
+        self.failed = True
         self.release()
         if not self.created or not os.path.isdir(self.storage.root):
             return
@@ -338,9 +340,7 @@ class Experiment:
         self.storage.write_bytes("summary.json", json_text(summary, indent=2).encode())
         if self.tracker is not None:
             self.tracker.close(summary)
-        if self.cfg.runtime.keep_warm and self.done and not self.failed:
-            self._park()
-        self.release()
+        self.release()  # parks the driver and executors with keep_warm (at_rest)
         return summary
 
     def _park(self) -> None:
@@ -371,15 +371,17 @@ class Experiment:
         self.driver = self.pool = None
 
     def at_rest(self) -> bool:
-        """With ``keep_warm``, a run stopped between steps (started, nothing failed) whose
-        driver has no client in flight (a synchronous loop; an asynchronous one always has):
-        its driver and executors are idle, so :meth:`release` parks them as a finished run's
-        (a resume of it in this process then starts warm)."""
+        """With ``keep_warm``, whether :meth:`release` parks the driver and executors: a run
+        that started, failed nowhere and either finished or stopped between steps with no
+        client in flight (a synchronous loop; an asynchronous one always has some), so
+        the next run — or this one's resume — in this process starts warm."""
         import ray
 
         if not (self.cfg.runtime.keep_warm and self.ready and not self.failed
                 and self.driver is not None and self.pool is not None):
             return False
+        if self.done:
+            return True
         try:
             return bool(ray.get(self.driver.at_rest.remote(), timeout=60))
         except Exception:  # noqa: BLE001 — a driver that cannot say is not kept
@@ -438,11 +440,9 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | None = None, *, resume:
                     on_round(row)
         return exp.close()
     except (Stopped, KeyboardInterrupt) as e:
-        exp.failed = True  # stopped mid-way by a signal: nothing is kept warm
         exp.discard()
         raise exp.stopped(e) from None
     except BaseException:
-        exp.failed = True
         exp.discard()
         raise
     finally:
