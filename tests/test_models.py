@@ -1,6 +1,7 @@
 """Model registry, builders and FLOP/parameter profiling."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -34,9 +35,11 @@ def test_every_model_builds_and_runs(name, shape):
     torch.manual_seed(0)
     kwargs = {"width": 8} if name.startswith("resnet") else {}
     model = build_model(name, shape, 7, **kwargs)
-    tokens = getattr(get_model_builder(name), "token_ids", False)  # char_lstm: ids < 7
+    builder = get_model_builder(name)
+    tokens = getattr(builder, "token_ids", False)  # char_lstm: ids < 7
     out = model(torch.randint(0, 7, (2, *shape)).float() if tokens else torch.randn(2, *shape))
-    assert out.shape == (2, 7)
+    per_token = getattr(builder, "per_token", False)  # next-token logits at every step
+    assert out.shape == ((2, 7, math.prod(shape)) if per_token else (2, 7))
     assert torch.isfinite(out).all()
 
 

@@ -91,6 +91,20 @@ class DataConfig:
     feature_columns: list[str] | None = spec(
         None, help="parquet/hf: numeric feature columns, or one fixed-size list column "
                    "(default: every numeric column but the client and label ones)")
+    vocab: str | None = spec(
+        None, help="tff text (StackOverflow tokens): a word-count file inside data.root, one "
+                   "'word count' per line, most frequent first (TFF's stackoverflow."
+                   "word_count); its first data.vocab_size words are the vocabulary. "
+                   "Default: the one *.word_count file of data.root, else the train split's "
+                   "own counts (ties in first-seen order)")
+    vocab_size: int = spec(10_000, ge=1, le=1_000_000,
+                           help="tff text (StackOverflow tokens): words in the vocabulary "
+                                "(TFF: 10,000; ids pad 0, words 1..V, OOV V+1, BOS V+2, "
+                                "EOS V+3)")
+    seq_len: int | None = spec(
+        None, ge=1, le=4096, help="tff text: steps per example (default TFF's: 20 words a "
+                                  "StackOverflow sentence, 80 characters a Shakespeare "
+                                  "window)")
     cache_dir: str | None = spec(
         None, help="parquet/hf/leaf: where the memory-mapped Arrow copy is kept (default "
                    "$FEDRAY_CACHE or ~/.cache/fedray)")

@@ -193,13 +193,15 @@ def build_leaf(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
 
 def natural_split_population(d: DataConfig, num_clients: int, seed: int, kind: str,
                              files: list[str], read: Any, split_note: str,
-                             key_extra: list[Any] | None = None) -> TablePopulation:
+                             key_extra: list[Any] | None = None,
+                             extra_info: dict[str, Any] | None = None) -> TablePopulation:
     """A dataset that comes split by natural client and by train/test (LEAF, TFF): the
     cache entry keyed by ``files`` (path, size, modification time), ``clients.num_clients``,
     ``data.min_samples``, the seed and ``key_extra`` (the reader's own settings), else
-    ``read()`` → ({user: {"train": [(x, y), ...], "test": [...]}}, input shape, class count
-    or None) converted into it: the first ``clients.num_clients`` users in sorted id order
-    with at least ``data.min_samples`` rows, each user's train rows then its test rows,
+    ``read()`` → ({user: {"train": [(x, y), ...], "test": [...]}}, input shape, class count,
+    class names (a vocabulary) or None) converted into it: the first
+    ``clients.num_clients`` users in sorted id order with at least ``data.min_samples``
+    rows, each user's train rows then its test rows,
     classes 0..the largest label (unless ``read`` says), the global test set up to 10,000
     of the kept users' test rows (seeded)."""
     stat = [(f, os.path.getsize(f), os.path.getmtime(f)) for f in files]
@@ -236,11 +238,14 @@ def natural_split_population(d: DataConfig, num_clients: int, seed: int, kind: s
                                                                    strict=True)])
     pick = np.sort(rng(seed, -1, -1, "population-global-test").choice(
         test_rows, min(GLOBAL_TEST_MAX, len(test_rows)), replace=False))
-    classes = num_classes or 1 + max(int(y.max()) for r in rows.values() for s in SPLITS
-                                     for _, y in r[s] if len(y))
+    if isinstance(num_classes, list):
+        names = num_classes
+    else:
+        names = [str(c) for c in range(num_classes or 1 + max(
+            int(y.max()) for r in rows.values() for s in SPLITS for _, y in r[s] if len(y)))]
     info = {"source": redact(d.root), "dataset": kind, "rows": int(len(y)),
             "ids_total": len(rows), "ids_too_small": len(rows) - len(eligible),
-            "classes": [str(c) for c in range(classes)], "input_shape": list(shape),
-            "split": split_note}
+            "classes": names, "input_shape": list(shape), "split": split_note,
+            **(extra_info or {})}
     return write_cache_entry(path, index_path, x, y, offsets_a, split_a,
                              np.asarray(keep).astype(str), x[pick], y[pick], info)

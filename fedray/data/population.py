@@ -591,12 +591,18 @@ def write_cache_entry(path: str, index_path: str, x: np.ndarray, y: np.ndarray,
     as an uncompressed Arrow IPC file, the index (offsets, split points, natural ids, the
     global test set, ``info``) as a plain ``.npz`` — through temporary names, so that an
     interrupted write leaves nothing half-written; return it, memory-mapped. ``info`` may
-    hold ``input_shape`` (default: flat rows)."""
+    hold ``input_shape`` (default: flat rows); per-token labels (y of shape (N, steps))
+    are stored as fixed-size lists and ``info["label_shape"]`` set."""
     import pyarrow as pa
 
     x2 = x.reshape(len(x), -1)
+    ycol: Any = y
+    if y.ndim > 1:
+        info = {**info, "label_shape": [int(s) for s in y.shape[1:]]}
+        ycol = pa.FixedSizeListArray.from_arrays(pa.array(y.reshape(-1)),
+                                                 int(np.prod(y.shape[1:])))
     out = pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(x2.reshape(-1)),
-                                                           x2.shape[1]), "y": y})
+                                                           x2.shape[1]), "y": ycol})
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp, tmp_index = _temp_name(path), _temp_name(index_path)
     try:
@@ -731,7 +737,12 @@ class TablePopulation:
             raise ValueError("expected one record batch")
         self._x = xcol.chunk(0).values.to_numpy(zero_copy_only=True).reshape(
             len(ycol), *self.input_shape)
-        self._y = ycol.chunk(0).to_numpy(zero_copy_only=True)
+        label_shape = tuple(int(s) for s in self.info.get("label_shape", ()))
+        if label_shape:
+            self._y = ycol.chunk(0).values.to_numpy(zero_copy_only=True).reshape(
+                len(ycol), *label_shape)
+        else:
+            self._y = ycol.chunk(0).to_numpy(zero_copy_only=True)
 
     def client_arrays(self, cid: int, round: int, split: str = "train"
                       ) -> tuple[np.ndarray, np.ndarray]:

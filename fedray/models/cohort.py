@@ -86,7 +86,10 @@ def cohort_problems(model: nn.Module, input_shape: Sequence[int], num_classes: i
     if not probe:
         return []
     try:
-        probe = [(np.zeros((1, *input_shape), np.float32), np.zeros(1, np.int64))] * 2
+        x0 = np.zeros((1, *input_shape), np.float32)
+        with torch.no_grad():  # per-token logits (1, classes, steps) take (1, steps) targets
+            steps = tuple(model(torch.from_numpy(x0)).shape[2:])
+        probe = [(x0, np.zeros((1, *steps), np.int64))] * 2
         train_cohort(model, probe, [0, 1], epochs=1, batch_size=1, lr=0.0, seed=0, round=0)
     except Exception as e:  # noqa: BLE001 — the reason is the answer
         return [f"a batched gradient fails: {type(e).__name__}: {str(e).splitlines()[0][:160]}"]
@@ -207,7 +210,9 @@ def concat_inputs(data: Sequence[tuple[np.ndarray, np.ndarray]], device: str
     is the sum of the clients' sizes, not K times the largest."""
     x0 = data[0][0]
     xs = np.concatenate([x for x, _ in data] + [np.zeros((1, *x0.shape[1:]), x0.dtype)])
-    ys = np.concatenate([y for _, y in data] + [np.zeros(1, np.int64)]).astype(np.int64)
+    y0 = data[0][1]
+    ys = np.concatenate([y for _, y in data] + [np.zeros((1, *y0.shape[1:]), np.int64)]
+                        ).astype(np.int64)
     return torch.from_numpy(xs).to(device), torch.from_numpy(ys).to(device)
 
 
@@ -216,6 +221,17 @@ def masked_mean(per_row: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     the divisor is the batch size the client's sequential step had, as in
     ``nn.CrossEntropyLoss``'s mean and ``batchmean``."""
     return torch.where(m > 0, per_row, 0.0).sum() / m.sum().clamp(min=1.0)
+
+
+def cohort_cross_entropy(out: torch.Tensor, y: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """One client's ``nn.CrossEntropyLoss()`` of its sequential step: the mean over its real
+    rows (:func:`masked_mean`), or for per-token targets (y of shape (B, steps)) over their
+    targets that are not padding (``ignore_index``), as the loss averages them."""
+    ce = nn.functional.cross_entropy(out, y, reduction="none")
+    if y.ndim == 1:
+        return masked_mean(ce, m)
+    w = m[:, None] * (y != -100)
+    return (ce * w).sum() / w.sum().clamp(min=1.0)
 
 
 def _momentum_buffers(states: Sequence[dict | None] | None, params: list[torch.Tensor],
@@ -265,7 +281,7 @@ def train_cohort(model: nn.Module, data: Sequence[tuple[np.ndarray, np.ndarray]]
     def loss(flat: tuple[torch.Tensor, ...], x: torch.Tensor, y: torch.Tensor,
              m: torch.Tensor) -> torch.Tensor:
         out = functional_call(model, (dict(zip(names, flat, strict=True)), fixed), (x,))
-        return masked_mean(nn.functional.cross_entropy(out.float(), y, reduction="none"), m)
+        return cohort_cross_entropy(out.float(), y, m)
 
     step = vmap(grad_and_value(loss))
     totals, counts = [0.0] * k, [0] * k

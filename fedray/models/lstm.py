@@ -44,11 +44,15 @@ class LSTMClassifier(nn.Module):
         if self.image_input:  # (B, C, H, W) -> (B, H, C, W): one step per image row
             x = x.permute(0, 2, 1, 3)
         x = x.reshape(x.shape[0], self.steps, self.features)
-        last = self._cells(x) if _batched(x) else self.lstm(x)[0][:, -1]
-        return self.head(last)
+        return self.head(self._run(x)[:, -1])
+
+    def _run(self, x: torch.Tensor) -> torch.Tensor:
+        """Every step's top hidden state of :attr:`lstm`: ``nn.LSTM``, or under a batching
+        transform its equations written out (:meth:`_cells`)."""
+        return self._cells(x) if _batched(x) else self.lstm(x)[0]
 
     def _cells(self, x: torch.Tensor) -> torch.Tensor:
-        """The last hidden state of :attr:`lstm` written out cell by cell (PyTorch's
+        """Every step's top hidden state of :attr:`lstm` written out cell by cell (PyTorch's
         equations and gate order i, f, g, o, with its own weights): what a batched call over
         stacked parameters (:mod:`fedray.models.cohort`) runs, since ``nn.LSTM`` has no
         batching rule and would loop client by client. Equal to ``nn.LSTM`` up to float
@@ -67,7 +71,7 @@ class LSTMClassifier(nn.Module):
                 h = torch.sigmoid(o) * torch.tanh(c)
                 outs.append(h)
             seq = torch.stack(outs, dim=1)
-        return seq[:, -1]
+        return seq
 
 
 def _batched(x: torch.Tensor) -> bool:
@@ -101,8 +105,7 @@ class CharLSTM(LSTMClassifier):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         seq = self.embed(x.reshape(x.shape[0], self.steps).long())
-        last = self._cells(seq) if _batched(seq) else self.lstm(seq)[0][:, -1]
-        return self.head(last)
+        return self.head(self._run(seq)[:, -1])
 
 
 def char_lstm(input_shape: tuple[int, ...], num_classes: int, *, vocab: int | None = None,
@@ -118,3 +121,56 @@ def char_lstm(input_shape: tuple[int, ...], num_classes: int, *, vocab: int | No
 
 
 char_lstm.token_ids = True  # its inputs are token ids, not features
+
+
+class NextTokenLSTM(LSTMClassifier):
+    """A language model over token ids (stored as floats, one per step): an embedding, the
+    stacked LSTM of :class:`LSTMClassifier`, an optional projection, and a Linear scoring
+    the next token at every step. The logits are ``(B, vocab, steps)`` — classes second, as
+    ``nn.CrossEntropyLoss`` takes per-token targets ``(B, steps)``, whose padded targets
+    (``-100``, its ``ignore_index``) drop out of the loss.
+
+    ``unscored_targets`` are the ids TFF's headline accuracy leaves out besides padding
+    (``accuracy_no_oov_no_eos``: the out-of-vocabulary bucket, beginning and end of
+    sentence): in TFF's layout — pad 0, the vocabulary 1..V, one OOV bucket V+1, BOS V+2,
+    EOS V+3 — the last three classes (:mod:`fedray.data.tff`)."""
+
+    def __init__(self, steps: int, vocab: int, embed: int, hidden: int, layers: int,
+                 project: int | None):
+        super().__init__((steps,), steps, embed, hidden, layers, vocab)
+        self.embed = nn.Embedding(vocab, embed)
+        self.project = nn.Linear(hidden, project) if project else None
+        if project:
+            self.head = nn.Linear(project, vocab)
+        self.unscored_targets = tuple(range(max(vocab - 3, 0), vocab))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self._run(self.embed(x.reshape(x.shape[0], self.steps).long()))
+        if self.project is not None:
+            h = self.project(h)
+        return self.head(h).transpose(1, 2)
+
+
+def word_lstm(input_shape: tuple[int, ...], num_classes: int, *, embed: int = 96,
+              hidden: int = 670, layers: int = 1, project: int = 96) -> nn.Module:
+    """TFF's StackOverflow next-word LSTM (``create_recurrent_model``: a 96-wide embedding,
+    one LSTM of 670, a dense layer to 96, a dense layer to the 10,004 ids of a 10,000-word
+    vocabulary with one OOV bucket, BOS and EOS) scoring every step. 4,050,748 parameters in
+    Keras; PyTorch's second LSTM bias adds 4 × 670 = 2,680 (4,053,428)."""
+    return NextTokenLSTM(math.prod(int(d) for d in input_shape), num_classes, embed, hidden,
+                         layers, project or None)
+
+
+def next_char_lstm(input_shape: tuple[int, ...], num_classes: int, *, embed: int = 8,
+                   hidden: int = 256, layers: int = 2) -> nn.Module:
+    """TFF's Shakespeare next-character LSTM (``create_recurrent_model``: an 8-wide
+    embedding, two LSTM layers of 256, a dense layer to the 90 ids of 86 characters, pad,
+    OOV, BOS and EOS) scoring every step. 820,522 parameters in Keras; PyTorch's second
+    LSTM biases add 2 × 4 × 256 = 2,048 (822,570)."""
+    return NextTokenLSTM(math.prod(int(d) for d in input_shape), num_classes, embed, hidden,
+                         layers, None)
+
+
+for _builder in (word_lstm, next_char_lstm):
+    _builder.token_ids = True
+    _builder.per_token = True  # logits (B, classes, steps) for targets (B, steps)

@@ -3,6 +3,7 @@ run local SGD, evaluate. No Ray, no federated logic."""
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -291,7 +292,10 @@ class DPSGD:
 @torch.no_grad()
 def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, device: str = "cpu",
              batch_size: int = 1024) -> dict[str, float]:
-    """Mean cross-entropy and accuracy of ``model`` on (x, y)."""
+    """Mean cross-entropy and accuracy of ``model`` on (x, y); per-token targets (y of
+    shape (N, steps)) are scored by :func:`evaluate_tokens`."""
+    if y.ndim == 2:
+        return evaluate_tokens(model, x, y, device, batch_size)
     model.eval()
     n = len(x)
     if n == 0:
@@ -304,3 +308,42 @@ def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, device: str = "cpu"
         loss += float(nn.functional.cross_entropy(out, yb, reduction="sum"))
         correct += int((out.argmax(1) == yb).sum())
     return {"loss": loss / n, "accuracy": correct / n, "n": float(n)}
+
+
+IGNORE = -100  # a padded target: nn.CrossEntropyLoss's ignore_index, out of every score
+
+
+@torch.no_grad()
+def evaluate_tokens(model: nn.Module, x: np.ndarray, y: np.ndarray, device: str = "cpu",
+                    batch_size: int = 256) -> dict[str, float]:
+    """Next-token scores as TFF reports them, over the targets that are not padding
+    (``IGNORE``): ``loss`` the mean cross-entropy per token (what local training
+    minimises; Keras' ``mask_zero`` masks the same positions), ``perplexity`` its
+    exponential, ``accuracy`` TFF's ``accuracy_no_oov_no_eos`` (the model's
+    ``unscored_targets`` — OOV, BOS, EOS — left out as well), ``accuracy_with_oov`` every
+    non-pad target, and ``n`` the tokens ``accuracy`` counts (what weighs a client in a
+    mean over clients, as TFF's token-weighted metrics do)."""
+    model.eval()
+    unscored = torch.tensor(sorted(getattr(model, "unscored_targets", ())), dtype=torch.long,
+                            device=device)
+    loss, tokens, correct_all, correct, scored = 0.0, 0, 0, 0, 0
+    for start in range(0, len(x), batch_size):
+        xb = torch.from_numpy(x[start:start + batch_size]).to(device)
+        yb = torch.from_numpy(y[start:start + batch_size]).to(device)
+        out = model(xb).float()
+        loss += float(nn.functional.cross_entropy(out, yb, ignore_index=IGNORE,
+                                                  reduction="sum"))
+        real = yb != IGNORE
+        hit = (out.argmax(1) == yb) & real
+        keep = real & ~torch.isin(yb, unscored)
+        tokens += int(real.sum())
+        correct_all += int(hit.sum())
+        correct += int((hit & keep).sum())
+        scored += int(keep.sum())
+    if tokens == 0:
+        return {"loss": float("nan"), "accuracy": float("nan"), "n": 0.0,
+                "perplexity": float("nan"), "accuracy_with_oov": float("nan")}
+    mean = loss / tokens
+    return {"loss": mean, "accuracy": correct / scored if scored else float("nan"),
+            "n": float(scored), "perplexity": math.exp(min(mean, 700.0)),
+            "accuracy_with_oov": correct_all / tokens}

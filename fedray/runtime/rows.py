@@ -89,7 +89,9 @@ def _scores(evaluation: Evaluation, per_tier: dict[str, float]) -> dict[str, flo
                               **res.extra}.items()}
     asr = [v.extra["attack_success_rate"] for v in scores.values()
            if "attack_success_rate" in v.extra]  # a backdoor's, on the global test set
+    ppl = [v.extra["perplexity"] for v in scores.values() if "perplexity" in v.extra]
     return {**({"attack_success_rate": float(np.mean(asr))} if asr else {}),
+            **({"global_perplexity": float(np.mean(ppl))} if ppl else {}),
             "personalized_accuracy": float(accs.mean()) if accs.size else math.nan,
             "personalized_accuracy_std": float(accs.std()) if accs.size else math.nan,
             "personalized_accuracy_ft": float(ft.mean()) if ft.size else math.nan,
