@@ -27,14 +27,19 @@ STRINGS = h5py.string_dtype()
 
 
 def write_text(root, feature: str, clients: dict[str, tuple[list[str], list[str]]],
-               name: str) -> None:
-    """TFF-layout train and test files of one text feature per client."""
+               name: str, fixed: bool = False) -> None:
+    """TFF-layout train and test files of one text feature per client (variable-length
+    UTF-8 strings, or with ``fixed`` NumPy ``S`` bytes as TFF's own HDF5 test wrote them)."""
     os.makedirs(root, exist_ok=True)
     for i, split in enumerate(("train", "test")):
         with h5py.File(os.path.join(root, f"{name}_{split}.h5"), "w") as f:
             for c, texts in clients.items():
-                f.create_dataset(f"examples/{c}/{feature}",
-                                 data=np.array(texts[i], dtype=object), dtype=STRINGS)
+                if fixed:
+                    f.create_dataset(f"examples/{c}/{feature}",
+                                     data=np.array([t.encode() for t in texts[i]], dtype="S"))
+                else:
+                    f.create_dataset(f"examples/{c}/{feature}",
+                                     data=np.array(texts[i], dtype=object), dtype=STRINGS)
                 if feature == "tokens":  # StackOverflow's other features are ignored
                     f.create_dataset(f"examples/{c}/tags",
                                      data=np.array(["py"] * len(texts[i]), dtype=object),
@@ -97,15 +102,26 @@ def test_stackoverflow_rows_follow_tffs_word_rules(tmp_path):
     assert pop.natural_ids.tolist() == ["u1", "u2"]  # the same client ids in both splits
 
 
+def test_fixed_length_strings_read_as_the_variable_length_ones(tmp_path):
+    write_text(tmp_path / "a", "tokens", SO, "stackoverflow")
+    write_text(tmp_path / "b", "tokens", SO, "stackoverflow", fixed=True)
+    a, b = (build_client_data(cfg_of(tmp_path / k, tmp_path)) for k in "ab")
+    assert a.info["classes"] == b.info["classes"]
+    for c in range(2):
+        for split in ("train", "test"):
+            assert all(np.array_equal(u, v) for u, v in zip(
+                a.client_arrays(c, 1, split), b.client_arrays(c, 1, split), strict=True))
+
+
 def test_without_a_word_count_file_the_train_split_counts(tmp_path):
     root = tmp_path / "so"
     write_text(root, "tokens", SO, "stackoverflow")
     pop = build_client_data(cfg_of(root, tmp_path, "data.vocab_size=2"))
-    # train words: python, list and a twice each (first seen in that order), the rest once
-    assert pop.info["classes"][1:3] == ["python", "list"] and pop.num_classes == 6
+    # users using a word (TFF's count): list 2 (u1, u2), then python first seen of the 1s
+    assert pop.info["classes"][1:3] == ["list", "python"] and pop.num_classes == 6
     assert pop.input_shape == (20,)  # TFF's default sentence length
     x, _ = pop.client_arrays(0, 1)
-    assert x[0, :4].tolist() == [4, 1, 2, 5]  # bos python list eos
+    assert x[0, :4].tolist() == [4, 2, 1, 5]  # bos python list eos
 
 
 def test_bad_vocabularies_are_one_error_before_ray(tmp_path):
@@ -150,7 +166,7 @@ class Fixed(nn.Module):
     def __init__(self, predict: torch.Tensor, classes: int):
         super().__init__()
         self.predict, self.classes = predict, classes
-        self.unscored_targets = (classes - 3, classes - 2, classes - 1)
+        self.unscored_targets = (classes - 3, classes - 1)  # oov, eos
 
     def forward(self, x):
         out = torch.full((len(x), self.classes, self.predict.shape[1]), -1e4)
@@ -165,20 +181,22 @@ def test_token_scores_are_tffs_masked_accuracies_and_perplexity():
     # scored targets (no pad, oov, eos): 1 2 | 3 4 → hits 1, 3 → 2 of 4
     assert s["accuracy"] == 0.5 and s["n"] == 4
     # every non-pad target (7 of them): hits 1, 5, 7, 3, 5 → 5 of 7
-    assert s["accuracy_with_oov"] == pytest.approx(5 / 7)
+    assert s["accuracy_all_tokens"] == pytest.approx(5 / 7)
     # misses cost 1e4 nats each (2 of the 7 non-pad targets)
     assert s["loss"] == pytest.approx(2e4 / 7, rel=1e-5)
     uniform = evaluate_tokens(nn.Sequential(), np.zeros((2, classes, 5), np.float32), y)
     assert uniform["perplexity"] == pytest.approx(classes, rel=1e-6)  # ln 8 per token
-    assert uniform["accuracy"] == uniform["accuracy_with_oov"]  # no unscored targets
+    assert uniform["accuracy"] == uniform["accuracy_all_tokens"]  # no unscored targets
 
 
 def test_models_have_tffs_published_sizes():
     # Keras: 4,050,748 and 820,522; PyTorch's LSTM has a second bias vector per gate
     word = profile_model(build_model("word_lstm", (20,), 10_004), (20,))["parameters"]
     assert word == 4_050_748 + 4 * 670
-    char = profile_model(build_model("next_char_lstm", (80,), 90), (80,))["parameters"]
-    assert char == 820_522 + 2 * 4 * 256
+    assert build_model("word_lstm", (20,), 10_004).unscored_targets == (10_001, 10_003)
+    char = build_model("next_char_lstm", (80,), 90)
+    assert profile_model(char, (80,))["parameters"] == 820_522 + 2 * 4 * 256
+    assert char.unscored_targets == ()  # TFF's Shakespeare accuracy masks padding only
 
 
 def test_local_training_minimises_the_per_token_loss_and_cohorts_match(tmp_path):
@@ -225,4 +243,4 @@ def test_fedavg_runs_the_stackoverflow_task_end_to_end(ray_session, tmp_path):
     assert summary["rounds"] == 2 and 0 <= summary["final_global_accuracy"] <= 1
     last = pq.read_table(tmp_path / "run" / "rounds.parquet").to_pylist()[-1]
     assert last["global_perplexity"] == pytest.approx(np.exp(last["global_loss"]), rel=1e-6)
-    assert 0 <= last["tier/default/accuracy_with_oov"] <= 1
+    assert 0 <= last["tier/default/accuracy_all_tokens"] <= 1

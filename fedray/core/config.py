@@ -96,7 +96,7 @@ class DataConfig:
                    "'word count' per line, most frequent first (TFF's stackoverflow."
                    "word_count); its first data.vocab_size words are the vocabulary. "
                    "Default: the one *.word_count file of data.root, else the train split's "
-                   "own counts (ties in first-seen order)")
+                   "own counts (users using each word; ties in first-seen order)")
     vocab_size: int = spec(10_000, ge=1, le=1_000_000,
                            help="tff text (StackOverflow tokens): words in the vocabulary "
                                 "(TFF: 10,000; ids pad 0, words 1..V, OOV V+1, BOS V+2, "

@@ -32,27 +32,20 @@ the seed; a second run maps the cache without reading JSON.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from fedray.core.config import DataConfig
 from fedray.core.outputs import resolves_inside
-from fedray.core.seeding import rng
-from fedray.core.spec import ConfigError, redact, short_repr
-from fedray.data.population import (
-    GLOBAL_TEST_MAX,
-    TablePopulation,
-    _cache_root,
-    _remove_stale_temps,
-    write_cache_entry,
-)
+from fedray.core.spec import ConfigError, short_repr
+from fedray.data.natural import SPLITS, Block, Natural, natural_split_population, ordered_map
+from fedray.data.population import TablePopulation
 
-SPLITS = ("train", "test")
 MAX_CLASSES = 1 << 20  # a label beyond this is not a class id (and would size the classes)
 LETTERS = ("\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}")
 _INDEX = {ch: i for i, ch in enumerate(LETTERS)}
@@ -160,92 +153,62 @@ def input_shape_of(d: int) -> tuple[int, ...]:
     return (1, s, s) if s * s == d and s > 1 else (d,)
 
 
-Rows = dict[str, dict[str, list[tuple[np.ndarray, np.ndarray]]]]
-
-
 def build_leaf(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
     """The LEAF dataset at ``data.root`` as a population (see the module docstring)."""
     files = leaf_files(os.path.abspath(d.root))
+    shards = [f for s in SPLITS for f in files[s]]
 
-    def read() -> tuple[Rows, tuple[int, ...], int | None]:
-        rows: Rows = {}
-        width, text = None, False
-        for split in SPLITS:
-            for f in files[split]:
-                for user, (x, y, is_text) in _shard(f).items():
-                    text |= is_text
-                    if len(x) and width is None:
-                        width = x.shape[1]
-                    if len(x) and x.shape[1] != width:
-                        raise _bad(f, f"user {user}", f"x vectors of the dataset's one length "
-                                                      f"{width} (got {x.shape[1]})")
-                    rows.setdefault(user, {"train": [], "test": []})[split].append((x, y))
-        if text:  # the letters' classes (and the extra one when a letter fell outside)
-            top = max(int(max(x.max(initial=0), y.max(initial=0))) for r in rows.values()
-                      for s in SPLITS for x, y in r[s])
-            return rows, (int(width or 1),), len(LETTERS) + (top >= len(LETTERS))
-        return rows, input_shape_of(int(width or 1)), None
+    def read(scratch: str) -> Natural:
+        os.makedirs(scratch)
+        index: dict[str, dict[str, list[tuple[int, int, int]]]] = {}
+        width, text, top = None, False, 0
+        units = [(k, f, os.path.join(scratch, f"{k}.bin")) for k, f in enumerate(shards)]
+        for k, users in enumerate(ordered_map(_spool_shard, units)):
+            for user, n, w, is_text, at, most in users:
+                text, top = text or is_text, max(top, most)
+                if n and width is None:
+                    width = w
+                if n and w != width:
+                    raise _bad(shards[k], f"user {user}", f"x vectors of the dataset's one "
+                                                          f"length {width} (got {w})")
+                split = "train" if k < len(files["train"]) else "test"
+                index.setdefault(user, {"train": [], "test": []})[split].append((k, at, n))
 
-    return natural_split_population(d, num_clients, seed, "leaf",
-                                    [f for s in SPLITS for f in files[s]], read,
+        def blocks() -> Iterator[Block]:
+            for user in sorted(index):
+                parts = [[_unspool(units[k][2], at, n, width or 1) for k, at, n in
+                          index[user][split]] for split in SPLITS]
+                yield Block.of(user, parts[0], parts[1], (int(width or 1),))
+
+        def shape() -> tuple[int, ...]:
+            return (int(width or 1),) if text else input_shape_of(int(width or 1))
+
+        # the letters' classes (and the extra one when a letter fell outside)
+        return Natural(blocks(), shape, lambda: len(LETTERS) + (top >= len(LETTERS))
+                       if text else None)
+
+    return natural_split_population(d, num_clients, seed, "leaf", shards, read,
                                     "LEAF's own train/ and test/ per user")
 
 
-def natural_split_population(d: DataConfig, num_clients: int, seed: int, kind: str,
-                             files: list[str], read: Any, split_note: str,
-                             key_extra: list[Any] | None = None,
-                             extra_info: dict[str, Any] | None = None) -> TablePopulation:
-    """A dataset that comes split by natural client and by train/test (LEAF, TFF): the
-    cache entry keyed by ``files`` (path, size, modification time), ``clients.num_clients``,
-    ``data.min_samples``, the seed and ``key_extra`` (the reader's own settings), else
-    ``read()`` → ({user: {"train": [(x, y), ...], "test": [...]}}, input shape, class count,
-    class names (a vocabulary) or None) converted into it: the first
-    ``clients.num_clients`` users in sorted id order with at least ``data.min_samples``
-    rows, each user's train rows then its test rows,
-    classes 0..the largest label (unless ``read`` says), the global test set up to 10,000
-    of the kept users' test rows (seeded)."""
-    stat = [(f, os.path.getsize(f), os.path.getmtime(f)) for f in files]
-    key = hashlib.sha256(json.dumps([kind, stat, d.min_samples, num_clients, seed,
-                                     key_extra or []]).encode()).hexdigest()[:32]
-    folder = os.path.join(_cache_root(d), "populations")
-    _remove_stale_temps(folder)
-    path, index_path = (os.path.join(folder, key + ext) for ext in (".arrow", ".index.npz"))
-    if all(os.path.isfile(p) and resolves_inside(p, folder) for p in (path, index_path)):
-        try:
-            return TablePopulation._from_cache(path, index_path)
-        except (ValueError, KeyError, IndexError, TypeError, OSError):
-            pass  # a damaged cache entry is rebuilt
-    rows, shape, num_classes = read()
-    sizes = {u: sum(len(x) for s in SPLITS for x, _ in r[s]) for u, r in rows.items()}
-    eligible = [u for u in sorted(rows) if sizes[u] >= d.min_samples]
-    if len(eligible) < num_clients:
-        raise ConfigError("clients.num_clients", num_clients,
-                          f"at most the {len(eligible)} users of {d.root} with >= "
-                          f"{d.min_samples} samples (data.min_samples)")
-    keep = eligible[:num_clients]
-    xs, ys, offsets, split_at = [], [], [0], []
-    for u in keep:
-        for split in SPLITS:
-            for x, y in rows[u][split]:
-                xs.append(x.reshape(len(x), -1))
-                ys.append(y)
-            if split == "train":
-                split_at.append(offsets[-1] + sum(len(x) for x, _ in rows[u]["train"]))
-        offsets.append(offsets[-1] + sizes[u])
-    x, y = np.concatenate(xs), np.concatenate(ys)
-    offsets_a, split_a = np.asarray(offsets, np.int64), np.asarray(split_at, np.int64)
-    test_rows = np.concatenate([np.arange(a, b) for a, b in zip(split_a, offsets_a[1:],
-                                                                   strict=True)])
-    pick = np.sort(rng(seed, -1, -1, "population-global-test").choice(
-        test_rows, min(GLOBAL_TEST_MAX, len(test_rows)), replace=False))
-    if isinstance(num_classes, list):
-        names = num_classes
-    else:
-        names = [str(c) for c in range(num_classes or 1 + max(
-            int(y.max()) for r in rows.values() for s in SPLITS for _, y in r[s] if len(y)))]
-    info = {"source": redact(d.root), "dataset": kind, "rows": int(len(y)),
-            "ids_total": len(rows), "ids_too_small": len(rows) - len(eligible),
-            "classes": names, "input_shape": list(shape), "split": split_note,
-            **(extra_info or {})}
-    return write_cache_entry(path, index_path, x, y, offsets_a, split_a,
-                             np.asarray(keep).astype(str), x[pick], y[pick], info)
+def _spool_shard(unit: tuple[int, str, str]) -> list[tuple[str, int, int, bool, int, int]]:
+    """One shard parsed and checked (:func:`_shard`), its users' rows appended to the file
+    ``unit[2]`` (x float32, then y int64); per user (id, rows, width, text, byte offset,
+    the largest id for text)."""
+    _, path, out = unit
+    found = []
+    with open(out, "wb") as fh:
+        for user, (x, y, is_text) in _shard(path).items():
+            at = fh.tell()
+            fh.write(x.tobytes())
+            fh.write(y.tobytes())
+            most = int(max(x.max(initial=0), y.max(initial=0))) if is_text else 0
+            found.append((user, len(y), int(x.shape[1]) if x.ndim == 2 else 0, is_text,
+                          at, most))
+    return found
+
+
+def _unspool(path: str, at: int, n: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    x = np.fromfile(path, np.float32, n * width, offset=at).reshape(n, width)
+    y = np.fromfile(path, np.int64, n, offset=at + x.nbytes)
+    return x, y

@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import socket
 import time
 from dataclasses import dataclass, field
@@ -191,7 +192,7 @@ FEATURE_RULE = ("integer or floating columns, or one list column of integers or 
                 "or one encoded-image column (a Hugging Face Image feature: struct of bytes "
                 "and path) of one size and mode in every row")
 STALE_TEMP_S = 24 * 3600
-_TEMP = re.compile(r"^[0-9a-f]{32}\.(?:arrow|index\.npz)\.tmp-(?P<host>[A-Za-z0-9._-]+)-"
+_TEMP = re.compile(r"^[0-9a-f]{32}\.(?:arrow|index\.npz|spool)\.tmp-(?P<host>[A-Za-z0-9._-]+)-"
                    r"(?P<pid>[0-9]+)$")
 
 
@@ -566,7 +567,10 @@ def _remove_stale_temps(folder: str) -> None:
         try:
             if m["host"] == host and not _alive(int(m["pid"])) or \
                     now - os.lstat(full).st_mtime > STALE_TEMP_S:
-                os.remove(full)
+                if os.path.isdir(full) and not os.path.islink(full):
+                    shutil.rmtree(full)  # a natural-split build's spool folder
+                else:
+                    os.remove(full)
         except OSError:
             pass  # removed meanwhile by another build
 
@@ -581,6 +585,31 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True  # another user's live process
     return True
+
+
+def mapped_batches(path: str, input_shape: tuple[int, ...], label_shape: tuple[int, ...]
+                   ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
+    """A cache entry's rows, memory-mapped: the first row of each record batch and each
+    batch's x and y as NumPy views (no copy). A batch holds whole clients."""
+    import pyarrow as pa
+
+    reader = pa.ipc.open_file(pa.memory_map(path))
+    starts, xs, ys, at = [], [], [], 0
+    for i in range(reader.num_record_batches):
+        batch = reader.get_batch(i)
+        xcol, ycol = batch.column("x"), batch.column("y")
+        n = len(ycol)
+        if xcol.offset or ycol.offset or xcol.null_count or ycol.null_count:
+            raise ValueError("unexpected record batch layout")
+        xs.append(xcol.values.to_numpy(zero_copy_only=True).reshape(n, *input_shape))
+        ys.append(ycol.values.to_numpy(zero_copy_only=True).reshape(n, *label_shape)
+                  if label_shape else ycol.to_numpy(zero_copy_only=True))
+        starts.append(at)
+        at += n
+    if not xs:  # an entry without rows
+        starts, xs, ys = [0], [np.zeros((0, *input_shape), np.float32)], [
+            np.zeros((0, *label_shape), np.int64)]
+    return np.asarray(starts, np.int64), xs, ys
 
 
 def write_cache_entry(path: str, index_path: str, x: np.ndarray, y: np.ndarray,
@@ -639,12 +668,10 @@ class TablePopulation:
     x_test: np.ndarray
     y_test: np.ndarray
     info: dict[str, Any]
-    _x: Any = field(default=None, repr=False)
-    _y: Any = field(default=None, repr=False)
+    _parts: Any = field(default=None, repr=False)  # (batch start rows, xs, ys), mapped
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_x", "_y")} | {
-            "_x": None, "_y": None}
+        return {k: v for k, v in self.__dict__.items() if k != "_parts"} | {"_parts": None}
 
     @classmethod
     def build(cls, d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
@@ -724,35 +751,27 @@ class TablePopulation:
                       z["x_test"].reshape(-1, *shape), z["y_test"], info)
         pop.num_classes = len(pop.info["classes"])
         pop._map()
-        if len(pop._y) != int(offsets[-1]) or len(split) != pop.num_clients:
+        starts, _, ys = pop._parts
+        if (starts[-1] + len(ys[-1]) if ys else 0) != int(offsets[-1]) or \
+                len(split) != pop.num_clients:
             raise ValueError("cache entry does not match its index")
         return pop
 
     def _map(self) -> None:
-        import pyarrow as pa
-
-        table = pa.ipc.open_file(pa.memory_map(self.path)).read_all()
-        xcol, ycol = table.column("x"), table.column("y")
-        if xcol.num_chunks != 1 or ycol.num_chunks != 1:
-            raise ValueError("expected one record batch")
-        self._x = xcol.chunk(0).values.to_numpy(zero_copy_only=True).reshape(
-            len(ycol), *self.input_shape)
-        label_shape = tuple(int(s) for s in self.info.get("label_shape", ()))
-        if label_shape:
-            self._y = ycol.chunk(0).values.to_numpy(zero_copy_only=True).reshape(
-                len(ycol), *label_shape)
-        else:
-            self._y = ycol.chunk(0).to_numpy(zero_copy_only=True)
+        self._parts = mapped_batches(self.path, self.input_shape,
+                                     tuple(int(s) for s in self.info.get("label_shape", ())))
 
     def client_arrays(self, cid: int, round: int, split: str = "train"
                       ) -> tuple[np.ndarray, np.ndarray]:
         if not 0 <= cid < self.num_clients:
             raise IndexError(f"client id {cid} out of range 0..{self.num_clients - 1}")
-        if self._x is None:
+        if self._parts is None:
             self._map()
+        starts, xs, ys = self._parts
         lo, mid, hi = self.offsets[cid], self.split[cid], self.offsets[cid + 1]
         a, b = (lo, mid) if split == "train" else (mid, hi)
-        return self._x[a:b], self._y[a:b]
+        k = max(int(np.searchsorted(starts, lo, side="right")) - 1, 0)  # its record batch
+        return xs[k][a - starts[k]:b - starts[k]], ys[k][a - starts[k]:b - starts[k]]
 
     def client_extra(self, cid: int, round: int) -> dict[str, Any] | None:
         return None

@@ -24,13 +24,17 @@ and every score, :func:`fedray.models.training.evaluate_tokens`):
   spaces, its first ``seq_len`` (20) words looked up in the vocabulary (ids 1..V, any
   other word the OOV id V+1), EOS (V+3) appended when the sentence was shorter than
   ``seq_len``, BOS (V+2) put first, zero-padded to ``seq_len + 1``; input and targets as
-  above. The vocabulary is the first ``data.vocab_size`` words of a word-count file
-  (TFF's ``stackoverflow.word_count``, most frequent first) or, without one, of the train
-  split's own counts; it is stored in the population cache as the class names, its file's
-  SHA-256 beside it (a file changed in place is refused, not silently read differently).
+  above (TFF splits on single spaces; fedray on any whitespace run, the same for TFF's
+  tokenized text). The vocabulary is the first ``data.vocab_size`` words of a word-count
+  file (TFF's ``stackoverflow.word_count``: a word and the number of train users whose text
+  holds it, most frequent first) or, without one, of the same count over the train split
+  (ties in sorted-client, first-seen order); it is stored in the population cache as the
+  class names, its file's SHA-256 beside it (a file changed in place is refused, not
+  silently read differently).
 
 The users, the split and the cache are those of
-:func:`fedray.data.leaf.natural_split_population`.
+:func:`fedray.data.natural.natural_split_population` (read in a pool of
+processes when there are many clients).
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,7 +51,8 @@ import numpy as np
 from fedray.core.config import DataConfig
 from fedray.core.outputs import resolves_inside
 from fedray.core.spec import ConfigError
-from fedray.data.leaf import MAX_CLASSES, SPLITS, Rows, natural_split_population
+from fedray.data.leaf import MAX_CLASSES
+from fedray.data.natural import SPLITS, Block, Natural, natural_split_population, ordered_map
 from fedray.data.population import TablePopulation
 
 FEATURES = ("pixels", "image")
@@ -54,6 +61,9 @@ CHAR_VOCAB = ("dhlptx@DHLPTX $(,048cgkoswCGKOSW[_#'/37;?bfjnrvzBFJNRVZ\"&*.26:\n
               "!%)-159\r")  # TFF's char_prediction_preprocessing.CHAR_VOCAB, in its order
 SEQ_LEN = {"snippets": 80, "tokens": 20}
 IGNORE = -100  # a padded target (fedray.models.training.IGNORE)
+UNIT_CLIENTS = 2_000  # clients read and converted as one work unit
+CHAR_TABLE = np.full(256, len(CHAR_VOCAB) + 1, np.int64)  # byte -> TFF's character id
+CHAR_TABLE[np.frombuffer(CHAR_VOCAB.encode(), np.uint8)] = np.arange(1, len(CHAR_VOCAB) + 1)
 
 
 def tff_files(root: str) -> dict[str, str]:
@@ -85,73 +95,192 @@ def _images(x: np.ndarray) -> np.ndarray:
     return (x.astype(np.float32) * np.float32(scale)).astype(np.float32)
 
 
-def _split_file(d: DataConfig, path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """One file's clients as (x, y), every rule broken a :class:`ConfigError` naming the
-    file and the client."""
+def _examples(path: str) -> tuple[Any, Any]:
+    """The open file and its ``examples`` group's low-level id (h5py's low-level calls:
+    its high-level objects cost ≈ 0.4 ms a client)."""
     import h5py
-
-    def bad(what: str, rule: str) -> ConfigError:
-        return ConfigError(f"data.root ({path})", what, rule)
 
     try:
         fh = h5py.File(path, "r")
     except OSError as e:
-        raise bad("the file", f"a readable HDF5 file ({' '.join(str(e).split())[:100]})"
-                  ) from None
-    out = {}
+        raise _bad(path, "the file", f"a readable HDF5 file ({' '.join(str(e).split())[:100]})"
+                   ) from None
+    group = fh.get("examples")
+    if not isinstance(group, h5py.Group):
+        fh.close()
+        raise _bad(path, "the file", "TFF's layout: an examples group of examples/<client>/"
+                                     "<feature> datasets")
+    return fh, group.id
+
+
+def _bad(path: str, what: str, rule: str) -> ConfigError:
+    return ConfigError(f"data.root ({path})", what, rule)
+
+
+def _clients_of(path: str) -> list[str]:
+    """The client ids of a file, each a group stored in it (an external or soft link
+    would read elsewhere: refused)."""
+    from h5py import h5l
+
+    fh, gid = _examples(path)
+    found: list[tuple[bytes, int]] = []
     with fh:
-        group = fh.get("examples")
-        if not isinstance(group, h5py.Group):
-            raise bad("the file", "TFF's layout: an examples group of examples/<client>/"
-                                  "<feature> datasets")
-        for user in sorted(group):
-            if not isinstance(group.get(user, getlink=True), h5py.HardLink):
-                raise bad(f"client {user}", "groups stored in the file (an external or "
-                                            "soft link would read elsewhere)")
-            g = group[user]
-            names = sorted(g) if isinstance(g, h5py.Group) else []
-            feature = d.feature_columns[0] if d.feature_columns else next(
-                (f for f in FEATURES + TEXT if f in names), None)
-            text = feature in TEXT
-            need = (feature,) if text else (feature, d.label_column)
-            if any(n not in names for n in need):
-                want = " and ".join(repr(n) for n in need) if feature else \
-                    " or ".join(FEATURES + TEXT)
-                raise bad(f"client {user}", f"datasets {want} (it has {names})")
-            for name in need:
-                ds = g[name] if isinstance(g.get(name, getlink=True), h5py.HardLink) else None
-                if not isinstance(ds, h5py.Dataset) or ds.is_virtual or ds.external:
-                    raise bad(f"client {user}", f"{name!r} a dataset stored in the file (not "
-                                                f"a link, a virtual or an external dataset: "
-                                                f"they read other files)")
-            if text:
-                try:
-                    raw = g[feature][()]
-                except OSError as e:
-                    raise bad(f"client {user}", f"readable datasets ({str(e)[:80]})") from None
-                if raw.ndim != 1 or raw.dtype.kind not in "OSU":
-                    raise bad(f"client {user}", f"{feature!r} one string per example")
-                out[user] = (raw, feature)
-                continue
-            try:
-                x, y = g[feature][()], g[d.label_column][()]
-            except OSError as e:
-                raise bad(f"client {user}", f"readable datasets ({str(e)[:80]})") from None
-            if x.dtype.kind not in "fiu" or y.dtype.kind not in "iu" or x.ndim < 2 \
-                    or y.ndim != 1:
-                raise bad(f"client {user}", f"numeric {feature!r} examples and integer "
-                                            f"{d.label_column!r} labels (text is read from "
-                                            f"a feature named {' or '.join(TEXT)})")
-            if len(x) != len(y):
-                raise bad(f"client {user}", f"one label per example ({len(x)} examples, "
-                                            f"{len(y)} labels)")
-            if len(y) and (y.min() < 0 or y.max() >= MAX_CLASSES):
-                raise bad(f"client {user}", f"labels in 0..{MAX_CLASSES - 1}")
-            x = _images(x) if x.ndim >= 3 else x.astype(np.float32)
-            if not np.isfinite(x).all():
-                raise bad(f"client {user}", "finite inputs")
-            out[user] = (x, y.astype(np.int64))
+        gid.links.iterate(lambda name, info: found.append((name, info.type)), info=True)
+    for name, kind in found:
+        if kind != h5l.TYPE_HARD:
+            raise _bad(path, f"client {name.decode(errors='replace')}", "groups stored in the "
+                       "file (an external or soft link would read elsewhere)")
+    return [name.decode() for name, _ in found]
+
+
+def _feature_of(d: DataConfig, path: str, user: str) -> str:
+    """``data.feature_columns[0]``, else the first of FEATURES + TEXT the client has."""
+    if d.feature_columns:
+        return d.feature_columns[0]
+    import h5py
+
+    with h5py.File(path, "r") as fh:
+        g = fh["examples"].get(user)
+        names = sorted(g) if isinstance(g, h5py.Group) else []
+    found = next((f for f in FEATURES + TEXT if f in names), None)
+    if found is None:
+        raise _bad(path, f"client {user}", f"a dataset {' or '.join(FEATURES + TEXT)} (it has "
+                                           f"{names})")
+    return found
+
+
+def _client_raw(path: str, gid: Any, user: str, feature: str, label: str) -> Any:
+    """A client's strings of a text ``feature``, or its checked (x, y); every rule broken a
+    :class:`ConfigError` naming the file and the client."""
+    import h5py
+    from h5py import h5d, h5g, h5l, h5s, h5t
+
+    text = feature in TEXT
+    need = (feature,) if text else (feature, label)
+    try:
+        ug = h5g.open(gid, user.encode())
+    except (KeyError, ValueError, OSError, TypeError):
+        raise _bad(path, f"client {user}", "a group of datasets") from None
+    sets = []
+    for name in need:
+        key = name.encode()
+        if not ug.links.exists(key):
+            names = sorted(n.decode() for n in _names(ug))
+            raise _bad(path, f"client {user}", f"datasets {' and '.join(map(repr, need))} (it "
+                                               f"has {names})")
+        if ug.links.get_info(key).type != h5l.TYPE_HARD:
+            raise _bad(path, f"client {user}", f"{name!r} a dataset stored in the file (not a "
+                                               f"link: it would read elsewhere)")
+        try:
+            ds = h5d.open(ug, key)
+        except (KeyError, ValueError, OSError, TypeError):
+            raise _bad(path, f"client {user}", f"{name!r} a dataset") from None
+        plist = ds.get_create_plist()
+        if plist.get_layout() == h5d.VIRTUAL or plist.get_external_count():
+            raise _bad(path, f"client {user}", f"{name!r} stored in the file (not a virtual or "
+                                               f"an external dataset: they read other files)")
+        sets.append(ds)
+    try:
+        if text:
+            ds, kind = sets[0], sets[0].get_type()
+            if kind.get_class() != h5t.STRING or ds.get_space().get_simple_extent_ndims() != 1:
+                raise _bad(path, f"client {user}", f"{feature!r} one string per example")
+            if kind.is_variable_str():  # TFF's; read without h5py's objects
+                raw = np.empty(ds.get_space().shape, dtype=h5py.string_dtype())
+                ds.read(h5s.ALL, h5s.ALL, raw)
+                return raw
+            return h5py.Dataset(ds)[()]
+        x, y = (h5py.Dataset(ds)[()] for ds in sets)
+    except OSError as e:
+        raise _bad(path, f"client {user}", f"readable datasets ({str(e)[:80]})") from None
+    return _numeric(lambda what, rule: _bad(path, what, rule), user, feature, label, x, y)
+
+
+def _names(gid: Any) -> list[bytes]:
+    found: list[bytes] = []
+    gid.links.iterate(found.append)
+    return found
+
+
+@dataclass
+class _Unit:
+    """Clients of one work unit: their ids, which of them each file holds, and how to
+    convert them (``vocab`` the word list of StackOverflow's tokens)."""
+
+    d: DataConfig
+    files: dict[str, str]
+    users: list[str]
+    held: list[tuple[bool, bool]]
+    feature: str
+    vocab: list[str] | None = None
+
+
+def _read_unit(unit: _Unit) -> dict[str, dict[str, Any]]:
+    """Every client of ``unit`` as read from each file that holds it."""
+    out: dict[str, dict[str, Any]] = {u: {} for u in unit.users}
+    for i, split in enumerate(SPLITS):
+        fh, gid = _examples(unit.files[split])
+        with fh:
+            for user, held in zip(unit.users, unit.held, strict=True):
+                if held[i]:
+                    out[user][split] = _client_raw(unit.files[split], gid, user,
+                                                   unit.feature, unit.d.label_column)
     return out
+
+
+def _unit_rows(unit: _Unit) -> Block:
+    """A unit's clients as one block of rows (the module docstring): numeric (x, y) as
+    read, text converted (StackOverflow's sentences of the whole unit at once)."""
+    raw = _read_unit(unit)
+    order = [(u, s) for u in unit.users for s in SPLITS if s in raw[u]]
+    steps = unit.d.seq_len or SEQ_LEN.get(unit.feature, 0)
+    if unit.feature == "tokens":
+        index = {w: i + 1 for i, w in enumerate(unit.vocab or [])}
+        x, y = word_rows([_text(t) for u, s in order for t in raw[u][s]], index, steps)
+        counts = {(u, s): len(raw[u][s]) for u, s in order}
+    else:
+        parts = {(u, s): char_rows(raw[u][s], CHAR_TABLE, steps)
+                 if unit.feature == "snippets" else raw[u][s] for u, s in order}
+        shapes = {k: tuple(v[0].shape[1:]) for k, v in parts.items() if len(v[1])}
+        for (u, _), got in shapes.items():
+            if got != next(iter(shapes.values())):
+                raise ConfigError(f"data.root ({os.path.dirname(unit.files['train'])})",
+                                  f"client {u}", f"examples of the dataset's one shape "
+                                                 f"{next(iter(shapes.values()))} (got {got})")
+        kept = [v for v in parts.values() if len(v[1])]
+        x = np.concatenate([v[0] for v in kept]) if kept else np.zeros((0, 1), np.float32)
+        y = np.concatenate([v[1] for v in kept]) if kept else np.zeros(0, np.int64)
+        counts = {k: len(v[1]) for k, v in parts.items()}
+    return Block(unit.users, *(np.array([counts.get((u, s), 0) for u in unit.users], np.int64)
+                               for s in SPLITS), x, y)
+
+
+def _unit_counts(unit: _Unit) -> Counter[str]:
+    """TFF's word counts over a unit's train clients: the clients whose text holds each
+    word (first-seen order within the unit)."""
+    counts: Counter[str] = Counter()
+    for got in _read_unit(unit).values():
+        if "train" in got:
+            counts.update(dict.fromkeys(w for t in got["train"] for w in _text(t).split()).keys())
+    return counts
+
+
+def _numeric(bad: Any, user: str, feature: str, label: str, x: np.ndarray, y: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """A client's numeric examples and labels, checked; images channels-first in [0, 1]."""
+    if x.dtype.kind not in "fiu" or y.dtype.kind not in "iu" or x.ndim < 2 or y.ndim != 1:
+        raise bad(f"client {user}", f"numeric {feature!r} examples and integer {label!r} "
+                                    f"labels (text is read from a feature named "
+                                    f"{' or '.join(TEXT)})")
+    if len(x) != len(y):
+        raise bad(f"client {user}", f"one label per example ({len(x)} examples, {len(y)} "
+                                    f"labels)")
+    if len(y) and (y.min() < 0 or y.max() >= MAX_CLASSES):
+        raise bad(f"client {user}", f"labels in 0..{MAX_CLASSES - 1}")
+    x = _images(x) if x.ndim >= 3 else x.astype(np.float32)
+    if not np.isfinite(x).all():
+        raise bad(f"client {user}", "finite inputs")
+    return x, y.astype(np.int64)
 
 
 def build_tff(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
@@ -161,28 +290,38 @@ def build_tff(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
     vocab_file = vocab_path(d, root)
     sha = file_sha256(vocab_file) if vocab_file else None
 
-    def read() -> tuple[Rows, tuple[int, ...], list[str] | None]:
-        raw = {split: _split_file(d, files[split]) for split in SPLITS}
-        kinds = {y if isinstance(y, str) else "numeric" for split in SPLITS
-                 for _, y in raw[split].values()}
-        if len(kinds) > 1:
-            raise ConfigError(f"data.root ({root})", "the clients", f"one feature for every "
-                                                                    f"client (found "
-                                                                    f"{sorted(kinds)})")
-        if kinds and kinds <= set(TEXT):
-            return _text_rows(d, raw, kinds.pop(), vocab_file)
-        rows: Rows = {}
-        shape: Any = None
-        for split in SPLITS:
-            for user, (x, y) in raw[split].items():
-                if shape is None and len(x):
-                    shape = tuple(int(s) for s in x.shape[1:])
-                if len(x) and tuple(x.shape[1:]) != shape:
-                    raise ConfigError(f"data.root ({files[split]})", f"client {user}",
-                                      f"examples of the dataset's one shape {shape} (got "
-                                      f"{tuple(x.shape[1:])})")
-                rows.setdefault(user, {"train": [], "test": []})[split].append((x, y))
-        return rows, shape or (1,), None
+    def read(scratch: str) -> Natural:
+        held = {split: set(_clients_of(files[split])) for split in SPLITS}
+        users = sorted(held["train"] | held["test"])
+        first = min(held["train"]) if held["train"] else (users[0] if users else None)
+        feature = _feature_of(d, files["train" if held["train"] else "test"], first) \
+            if first is not None else "pixels"
+        units = [_Unit(d, files, part, [(u in held["train"], u in held["test"]) for u in part],
+                       feature) for part in _chunks(users)]
+        names: list[str] | None = None
+        if feature == "tokens":
+            vocab = read_word_counts(vocab_file, d.vocab_size) if vocab_file else \
+                _counted_vocab(units, d.vocab_size)
+            for unit in units:
+                unit.vocab = vocab
+            names = ["<pad>", *vocab, "<oov>", "<bos>", "<eos>"]
+        elif feature == "snippets":
+            names = ["<pad>", *CHAR_VOCAB, "<oov>", "<bos>", "<eos>"]
+        shape: list[Any] = [(d.seq_len or SEQ_LEN[feature],) if names else None]
+
+        def blocks() -> Iterator[Block]:
+            for block in ordered_map(_unit_rows, units):
+                if names is None and len(block.y):
+                    got = tuple(int(s) for s in block.x.shape[1:])
+                    shape[0] = shape[0] or got
+                    if got != shape[0]:
+                        first = block.users[int(np.flatnonzero(block.n_train + block.n_test)[0])]
+                        raise ConfigError(f"data.root ({root})", f"client {first}",
+                                          f"examples of the dataset's one shape {shape[0]} "
+                                          f"(got {got})")
+                yield block
+
+        return Natural(blocks(), lambda: shape[0] or (1,), lambda: names)
 
     pop = natural_split_population(
         d, num_clients, seed, "tff", [files[s] for s in SPLITS] + ([vocab_file] if vocab_file
@@ -198,6 +337,22 @@ def build_tff(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
                                                     f", this file's {sha}); remove the entry "
                                                     f"to rebuild it")
     return pop
+
+
+def _chunks(users: list[str]) -> list[list[str]]:
+    """Work units of about :data:`UNIT_CLIENTS` clients, at least 4 per core when the
+    clients allow (so the pool's last unit is short)."""
+    size = max(1, min(UNIT_CLIENTS, -(-len(users) // (4 * (os.cpu_count() or 1)))))
+    return [users[i:i + size] for i in range(0, len(users), size)]
+
+
+def _counted_vocab(units: list[_Unit], size: int) -> list[str]:
+    """The first ``size`` words of TFF's count over the train split (ties in sorted-client,
+    first-seen order)."""
+    counts: Counter[str] = Counter()
+    for part in ordered_map(_unit_counts, units):
+        counts.update(part)
+    return [w for w, _ in counts.most_common(size)]
 
 
 def vocab_path(d: DataConfig, root: str) -> str | None:
@@ -256,40 +411,6 @@ def _text(v: Any) -> str:
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
 
 
-def _text_rows(d: DataConfig, raw: dict[str, dict[str, tuple[Any, str]]], feature: str,
-               vocab_file: str | None) -> tuple[Rows, tuple[int, ...], list[str]]:
-    """Every client's strings of ``feature`` as next-token rows (the module docstring), and
-    the class names: the vocabulary with its special tokens."""
-    steps = d.seq_len or SEQ_LEN[feature]
-    if feature == "snippets":
-        table = np.full(256, len(CHAR_VOCAB) + 1, np.int64)
-        table[np.frombuffer(CHAR_VOCAB.encode(), np.uint8)] = np.arange(1, len(CHAR_VOCAB) + 1)
-        names = ["<pad>", *CHAR_VOCAB, "<oov>", "<bos>", "<eos>"]
-
-        def convert(strings: Any) -> tuple[np.ndarray, np.ndarray]:
-            return char_rows(strings, table, steps)
-    else:
-        if vocab_file is not None:
-            vocab = read_word_counts(vocab_file, d.vocab_size)
-        else:
-            counts: Counter[str] = Counter()
-            for strings, _ in raw["train"].values():
-                for sentence in strings:
-                    counts.update(_text(sentence).split(" "))
-            counts.pop("", None)
-            vocab = [w for w, _ in counts.most_common(d.vocab_size)]
-        index = {w: i + 1 for i, w in enumerate(vocab)}
-        names = ["<pad>", *vocab, "<oov>", "<bos>", "<eos>"]
-
-        def convert(strings: Any) -> tuple[np.ndarray, np.ndarray]:
-            return word_rows(strings, index, steps)
-    rows: Rows = {}
-    for split in SPLITS:
-        for user, (strings, _) in raw[split].items():
-            rows.setdefault(user, {"train": [], "test": []})[split].append(convert(strings))
-    return rows, (steps,), names
-
-
 def char_rows(snippets: Any, table: np.ndarray, steps: int
               ) -> tuple[np.ndarray, np.ndarray]:
     """TFF's Shakespeare rows of a client's snippets: each snippet's bytes looked up in
@@ -305,19 +426,22 @@ def char_rows(snippets: Any, table: np.ndarray, steps: int
     return _shifted(np.concatenate(chunks) if chunks else np.zeros((0, width), np.int64))
 
 
-def word_rows(sentences: Any, index: dict[str, int], steps: int
+def word_rows(sentences: list[str], index: dict[str, int], steps: int
               ) -> tuple[np.ndarray, np.ndarray]:
-    """TFF's StackOverflow rows of a client's sentences, one a sentence (see the module
-    docstring); (inputs as floats, targets with padding ``IGNORE``)."""
+    """TFF's StackOverflow rows of ``sentences``, one a sentence (its words split on
+    whitespace; see the module docstring); (inputs as floats, targets with padding
+    ``IGNORE``)."""
     oov = len(index) + 1
     bos, eos = oov + 1, oov + 2
-    out = np.zeros((len(sentences), steps + 1), np.int64)
-    for i, sentence in enumerate(sentences):
-        words = [w for w in _text(sentence).split(" ") if w][:steps]
-        ids = [bos, *(index.get(w, oov) for w in words)]
-        if len(words) < steps:
-            ids.append(eos)
-        out[i, :len(ids)] = ids
+    words = [t.split()[:steps] for t in sentences]
+    lens = np.fromiter(map(len, words), np.int64, len(words))
+    get = index.get
+    ids = np.fromiter((get(w, oov) for ws in words for w in ws), np.int64, int(lens.sum()))
+    out = np.zeros((len(words), steps + 1), np.int64)
+    out[:, 0] = bos
+    out[:, 1:][np.arange(steps)[None, :] < lens[:, None]] = ids
+    short = np.flatnonzero(lens < steps)
+    out[short, lens[short] + 1] = eos
     return _shifted(out)
 
 

@@ -130,19 +130,20 @@ class NextTokenLSTM(LSTMClassifier):
     ``nn.CrossEntropyLoss`` takes per-token targets ``(B, steps)``, whose padded targets
     (``-100``, its ``ignore_index``) drop out of the loss.
 
-    ``unscored_targets`` are the ids TFF's headline accuracy leaves out besides padding
-    (``accuracy_no_oov_no_eos``: the out-of-vocabulary bucket, beginning and end of
-    sentence): in TFF's layout — pad 0, the vocabulary 1..V, one OOV bucket V+1, BOS V+2,
-    EOS V+3 — the last three classes (:mod:`fedray.data.tff`)."""
+    ``unscored_targets`` are the ids its headline accuracy leaves out besides padding:
+    for StackOverflow (``word_lstm``) TFF's ``accuracy_no_oov_no_eos`` drops the OOV bucket
+    and EOS (in TFF's layout — pad 0, the vocabulary 1..V, one OOV bucket V+1, BOS V+2, EOS
+    V+3 — the ids V+1 and V+3; BOS is never a target); TFF's Shakespeare accuracy masks only
+    padding (``next_char_lstm``: none). See :mod:`fedray.data.tff`."""
 
     def __init__(self, steps: int, vocab: int, embed: int, hidden: int, layers: int,
-                 project: int | None):
+                 project: int | None, unscored_targets: tuple[int, ...] = ()):
         super().__init__((steps,), steps, embed, hidden, layers, vocab)
         self.embed = nn.Embedding(vocab, embed)
         self.project = nn.Linear(hidden, project) if project else None
         if project:
             self.head = nn.Linear(project, vocab)
-        self.unscored_targets = tuple(range(max(vocab - 3, 0), vocab))
+        self.unscored_targets = unscored_targets
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self._run(self.embed(x.reshape(x.shape[0], self.steps).long()))
@@ -157,8 +158,9 @@ def word_lstm(input_shape: tuple[int, ...], num_classes: int, *, embed: int = 96
     one LSTM of 670, a dense layer to 96, a dense layer to the 10,004 ids of a 10,000-word
     vocabulary with one OOV bucket, BOS and EOS) scoring every step. 4,050,748 parameters in
     Keras; PyTorch's second LSTM bias adds 4 × 670 = 2,680 (4,053,428)."""
+    oov, eos = num_classes - 3, num_classes - 1  # TFF's layout with one OOV bucket
     return NextTokenLSTM(math.prod(int(d) for d in input_shape), num_classes, embed, hidden,
-                         layers, project or None)
+                         layers, project or None, (oov, eos) if num_classes > 3 else ())
 
 
 def next_char_lstm(input_shape: tuple[int, ...], num_classes: int, *, embed: int = 8,

@@ -317,12 +317,14 @@ IGNORE = -100  # a padded target: nn.CrossEntropyLoss's ignore_index, out of eve
 def evaluate_tokens(model: nn.Module, x: np.ndarray, y: np.ndarray, device: str = "cpu",
                     batch_size: int = 256) -> dict[str, float]:
     """Next-token scores as TFF reports them, over the targets that are not padding
-    (``IGNORE``): ``loss`` the mean cross-entropy per token (what local training
-    minimises; Keras' ``mask_zero`` masks the same positions), ``perplexity`` its
-    exponential, ``accuracy`` TFF's ``accuracy_no_oov_no_eos`` (the model's
-    ``unscored_targets`` — OOV, BOS, EOS — left out as well), ``accuracy_with_oov`` every
-    non-pad target, and ``n`` the tokens ``accuracy`` counts (what weighs a client in a
-    mean over clients, as TFF's token-weighted metrics do)."""
+    (``IGNORE``): ``loss`` the mean cross-entropy per non-pad target (what local training
+    minimises; Keras' ``mask_zero`` in TFF's models masks by the *input*, so it would also
+    count the one pad target after each short sentence's EOS — left out here),
+    ``perplexity`` its exponential, ``accuracy`` with the model's ``unscored_targets`` left
+    out as well (StackOverflow: TFF's ``accuracy_no_oov_no_eos``; Shakespeare: none, TFF's
+    ``accuracy``), ``accuracy_all_tokens`` every non-pad target (TFF's ``accuracy``), and
+    ``n`` the tokens ``accuracy`` counts (what weighs a client in a mean over clients, as
+    TFF's token-weighted metrics do)."""
     model.eval()
     unscored = torch.tensor(sorted(getattr(model, "unscored_targets", ())), dtype=torch.long,
                             device=device)
@@ -342,8 +344,8 @@ def evaluate_tokens(model: nn.Module, x: np.ndarray, y: np.ndarray, device: str 
         scored += int(keep.sum())
     if tokens == 0:
         return {"loss": float("nan"), "accuracy": float("nan"), "n": 0.0,
-                "perplexity": float("nan"), "accuracy_with_oov": float("nan")}
+                "perplexity": float("nan"), "accuracy_all_tokens": float("nan")}
     mean = loss / tokens
     return {"loss": mean, "accuracy": correct / scored if scored else float("nan"),
             "n": float(scored), "perplexity": math.exp(min(mean, 700.0)),
-            "accuracy_with_oov": correct_all / tokens}
+            "accuracy_all_tokens": correct_all / tokens}

@@ -1,0 +1,253 @@
+"""Datasets split by natural client and by train/test (LEAF, TFF) into the population
+cache, streamed: a reader yields its clients one at a time in sorted natural-id order and
+:class:`EntryWriter` writes them as Arrow record batches of whole clients, so that a build
+holds one batch of rows (about :data:`BATCH_BYTES`), never the whole dataset. The readers'
+per-file work runs in a pool of processes (:func:`ordered_map`, results in order) when
+there is enough of it; the entry is the same bytes with or without the pool.
+
+The cache entry is keyed by the files (path, size, modification time),
+``clients.num_clients``, ``data.min_samples``, the seed and the reader's own settings; the
+clients kept are the first ``clients.num_clients`` in sorted id order with at least
+``data.min_samples`` rows (train + test), each client's train rows then its test rows; the
+global test set is up to 10,000 of the kept clients' test rows (seeded).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fedray.core.config import DataConfig
+from fedray.core.outputs import resolves_inside
+from fedray.core.seeding import rng
+from fedray.core.spec import ConfigError, redact
+from fedray.data.population import (
+    GLOBAL_TEST_MAX,
+    TablePopulation,
+    _cache_root,
+    _remove_stale_temps,
+    _temp_name,
+    mapped_batches,
+)
+
+SPLITS = ("train", "test")
+BATCH_BYTES = 64 << 20  # rows buffered before a record batch is written
+POOL_MIN_UNITS = 8  # fewer work units than this run in the calling process
+Parts = list[tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass
+class Block:
+    """Consecutive clients in sorted id order: their ids, train and test row counts, and
+    their rows, client by client (each client's train rows, then its test rows)."""
+
+    users: list[str]
+    n_train: np.ndarray
+    n_test: np.ndarray
+    x: np.ndarray
+    y: np.ndarray
+
+    @classmethod
+    def of(cls, user: str, train: Parts, test: Parts, shape: tuple[int, ...]) -> Block:
+        """One client's block from its (x, y) parts (``shape`` the input shape when it
+        has none)."""
+        parts = [(x.reshape(len(x), *shape), y) for x, y in train + test if len(y)]
+        x = np.concatenate([p[0] for p in parts]) if parts else np.zeros((0, *shape),
+                                                                         np.float32)
+        y = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
+        return cls([user], np.array([sum(len(v) for _, v in train)]),
+                   np.array([sum(len(v) for _, v in test)]), x, y)
+
+
+@dataclass
+class Natural:
+    """What a reader hands :func:`natural_split_population`: ``blocks`` yields
+    :class:`Block` s in sorted client-id order; ``shape`` (the input shape) and
+    ``classes`` (a class count, the class names, or None for 0..the largest label) are read
+    once ``blocks`` is exhausted."""
+
+    blocks: Iterator[Block]
+    shape: Callable[[], tuple[int, ...]]
+    classes: Callable[[], int | list[str] | None] = field(default=lambda: None)
+
+
+def natural_split_population(d: DataConfig, num_clients: int, seed: int, kind: str,
+                             files: list[str], read: Callable[[str], Natural], split_note: str,
+                             key_extra: list[Any] | None = None,
+                             extra_info: dict[str, Any] | None = None) -> TablePopulation:
+    """The cache entry of a natural-split dataset (see the module docstring): mapped when
+    it exists, else written from ``read(scratch)`` (``scratch`` a folder name in the cache
+    that the reader may create for its own temporary files; removed afterwards)."""
+    stat = [(f, os.path.getsize(f), os.path.getmtime(f)) for f in files]
+    key = hashlib.sha256(json.dumps([kind, stat, d.min_samples, num_clients, seed,
+                                     key_extra or []]).encode()).hexdigest()[:32]
+    folder = os.path.join(_cache_root(d), "populations")
+    _remove_stale_temps(folder)
+    path, index_path = (os.path.join(folder, key + ext) for ext in (".arrow", ".index.npz"))
+    if all(os.path.isfile(p) and resolves_inside(p, folder) for p in (path, index_path)):
+        try:
+            return TablePopulation._from_cache(path, index_path)
+        except (ValueError, KeyError, IndexError, TypeError, OSError):
+            pass  # a damaged cache entry is rebuilt
+    os.makedirs(folder, exist_ok=True)
+    writer = EntryWriter(path, index_path, num_clients, d.min_samples)
+    scratch = _temp_name(os.path.join(folder, key + ".spool"))
+    try:
+        source = read(scratch)
+        for block in source.blocks:
+            writer.add(block)
+        if writer.eligible < num_clients:
+            raise ConfigError("clients.num_clients", num_clients,
+                              f"at most the {writer.eligible} users of {d.root} with >= "
+                              f"{d.min_samples} samples (data.min_samples)")
+        classes = source.classes()
+        names = classes if isinstance(classes, list) else [
+            str(c) for c in range(classes or writer.max_label + 1)]
+        info = {"source": redact(d.root), "dataset": kind, "ids_total": writer.total,
+                "ids_too_small": writer.total - writer.eligible, "classes": names,
+                "input_shape": list(source.shape()), "split": split_note,
+                **(extra_info or {})}
+        return writer.finish(seed, info)
+    finally:
+        writer.discard()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+class EntryWriter:
+    """Writes one cache entry client by client: rows go to a temporary Arrow IPC file in
+    record batches of whole clients, the index (offsets, split points, natural ids, the
+    global test set, ``info``) to a temporary ``.npz``; :meth:`finish` renames both into
+    place, :meth:`discard` removes whatever is left (an interrupted build leaves nothing)."""
+
+    def __init__(self, path: str, index_path: str, num_clients: int, min_samples: int):
+        self.path, self.index_path = path, index_path
+        self.tmp, self.tmp_index = _temp_name(path), _temp_name(index_path)
+        self.num_clients, self.min_samples = num_clients, min_samples
+        self.total = self.eligible = 0
+        self.max_label = -1
+        self.label_shape: tuple[int, ...] = ()
+        self.offsets, self.split, self.keep = [0], [], []
+        self._xs: list[np.ndarray] = []
+        self._ys: list[np.ndarray] = []
+        self._bytes = 0
+        self._sink: Any = None
+        self._writer: Any = None
+        self._schema: Any = None
+
+    def add(self, block: Block) -> None:
+        """A block's clients: each kept when it has ``min_samples`` rows and fewer than
+        ``num_clients`` are kept so far."""
+        n_train, n = np.asarray(block.n_train), np.asarray(block.n_train) + block.n_test
+        self.total += len(block.users)
+        if block.y.ndim == 1 and len(block.y):  # classes 0..the largest label of any client
+            self.max_label = max(self.max_label, int(block.y.max()))
+        ok = n >= self.min_samples
+        self.eligible += int(ok.sum())
+        take = np.flatnonzero(ok)[:self.num_clients - len(self.keep)]
+        if not len(take):
+            return
+        keep = np.zeros(len(n), bool)
+        keep[take] = True
+        rows = np.repeat(keep, n)
+        x, y = block.x[rows] if not rows.all() else block.x, \
+            block.y[rows] if not rows.all() else block.y
+        if len(y):
+            if not self._bytes and self._writer is None:
+                self.label_shape = tuple(int(s) for s in y.shape[1:])
+            self._xs.append(np.ascontiguousarray(x, np.float32).reshape(len(x), -1))
+            self._ys.append(np.ascontiguousarray(y, np.int64))
+            self._bytes += self._xs[-1].nbytes + self._ys[-1].nbytes
+        ends = self.offsets[-1] + np.cumsum(n[take])
+        self.split.extend((ends - n[take] + n_train[take]).tolist())
+        self.offsets.extend(ends.tolist())
+        self.keep.extend(block.users[i] for i in take.tolist())
+        if self._bytes >= BATCH_BYTES:
+            self._flush()
+
+    def _flush(self, width: int = 1, label_shape: tuple[int, ...] = ()) -> None:
+        import pyarrow as pa
+
+        if self._xs:
+            x, y = np.concatenate(self._xs), np.concatenate(self._ys)
+        elif self._writer is None:  # an entry without rows: one empty batch
+            x = np.zeros((0, width), np.float32)
+            y = np.zeros((0, *label_shape), np.int64)
+        else:
+            return
+        self._xs, self._ys, self._bytes = [], [], 0
+        ycol: Any = pa.array(y) if y.ndim == 1 else pa.FixedSizeListArray.from_arrays(
+            pa.array(y.reshape(-1)), int(np.prod(y.shape[1:])))
+        table = pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)),
+                                                                 x.shape[1]), "y": ycol})
+        if self._writer is None:
+            self._sink = pa.OSFile(self.tmp, "wb")
+            self._writer = pa.ipc.new_file(self._sink, table.schema)
+            self._schema = table.schema
+        elif table.schema != self._schema:
+            raise ValueError(f"rows of another shape than the first batch's ({table.schema})")
+        self._writer.write_table(table, max_chunksize=max(1, len(y)))
+
+    def finish(self, seed: int, info: dict[str, Any]) -> TablePopulation:
+        """Write the last batch and the index, rename both into place, map the entry."""
+        shape = tuple(int(s) for s in info["input_shape"])
+        label_shape = self.label_shape
+        if label_shape:
+            info = {**info, "label_shape": [int(s) for s in label_shape]}
+        self._flush(int(np.prod(shape)), label_shape)
+        self._writer.close()
+        self._sink.close()
+        self._writer = None
+        offsets, split = np.asarray(self.offsets, np.int64), np.asarray(self.split, np.int64)
+        test_rows = np.concatenate([np.arange(a, b) for a, b in zip(
+            split, offsets[1:], strict=True)] or [np.zeros(0, np.int64)])
+        pick = np.sort(rng(seed, -1, -1, "population-global-test").choice(
+            test_rows, min(GLOBAL_TEST_MAX, len(test_rows)), replace=False))
+        starts, xs, ys = mapped_batches(self.tmp, shape, tuple(label_shape))
+        batch = np.searchsorted(starts, pick, side="right") - 1
+        x_test = np.stack([xs[b][r - starts[b]] for b, r in zip(batch, pick, strict=True)]
+                          ) if len(pick) else np.zeros((0, *shape), np.float32)
+        y_test = np.stack([ys[b][r - starts[b]] for b, r in zip(batch, pick, strict=True)]
+                          ) if len(pick) else np.zeros((0, *label_shape), np.int64)
+        del xs, ys
+        info = {**info, "rows": int(offsets[-1])}
+        with open(self.tmp_index, "wb") as fh:  # a file object: savez adds no suffix
+            np.savez(fh, offsets=offsets, split=split,
+                     natural_ids=np.asarray(self.keep).astype(str),
+                     x_test=x_test.reshape(len(x_test), -1), y_test=y_test,
+                     info=np.array(json.dumps(info)))
+        os.replace(self.tmp_index, self.index_path)
+        os.replace(self.tmp, self.path)
+        return TablePopulation._from_cache(self.path, self.index_path)
+
+    def discard(self) -> None:
+        """Close and remove the temporary files (nothing once :meth:`finish` renamed them)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._sink.close()
+            self._writer = None
+        for name in (self.tmp, self.tmp_index):
+            if os.path.lexists(name):
+                os.remove(name)
+
+
+def ordered_map(fn: Callable[[Any], Any], units: list[Any]) -> Iterable[Any]:
+    """``fn`` over ``units``, results in order: in a pool of as many processes as this
+    machine has cores (at most 8; started fresh, so nothing of the caller's state is
+    inherited) when there are at least :data:`POOL_MIN_UNITS` units and two cores, else
+    here. An error raised in a worker is raised here."""
+    workers = min(8, os.cpu_count() or 1, len(units))
+    if workers < 2 or len(units) < POOL_MIN_UNITS:
+        yield from map(fn, units)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+        yield from ex.map(fn, units)

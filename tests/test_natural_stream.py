@@ -1,0 +1,114 @@
+"""Natural-split builds streamed (issue #31, deliverable 6): rows written as record batches
+of whole clients and read across them; the readers' pool of processes gives the same entry
+as the calling process; a build that fails part-way leaves nothing in the cache; a killed
+build's spool folder is removed by the next build."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from test_leaf import USERS, assert_cache_empty, leaf_cfg, write_leaf
+from test_tff_h5 import tff_cfg, write_tff
+from test_tff_text import cfg_of, write_text
+
+from fedray.core.spec import ConfigError
+from fedray.data import natural, tff
+from fedray.data.population import build_client_data
+
+WORDS = ["python", "list", "sort", "a", "b", "dict", "zzz", "key", "value", "loop"]
+
+
+def so_clients(n: int, seed: int = 0) -> dict[str, tuple[list[str], list[str]]]:
+    g = np.random.default_rng(seed)
+
+    def sentence() -> str:
+        return " ".join(g.choice(WORDS, int(g.integers(1, 25))))
+
+    return {f"u{i:03d}": ([sentence() for _ in range(int(g.integers(1, 5)))],
+                          [sentence() for _ in range(int(g.integers(0, 3)))])
+            for i in range(n)}
+
+
+def batches(pop) -> int:
+    return pa.ipc.open_file(pa.memory_map(pop.path)).num_record_batches
+
+
+def assert_same_entry(a, b) -> None:
+    assert a.natural_ids.tolist() == b.natural_ids.tolist()
+    assert a.info["classes"] == b.info["classes"] and a.input_shape == b.input_shape
+    for k in ("offsets", "split", "x_test", "y_test"):
+        assert np.array_equal(getattr(a, k), getattr(b, k)), k
+    for c in range(a.num_clients):
+        for split in ("train", "test"):
+            for u, v in zip(a.client_arrays(c, 1, split), b.client_arrays(c, 1, split),
+                            strict=True):
+                assert u.dtype == v.dtype and np.array_equal(u, v), (c, split)
+
+
+def test_pool_and_one_batch_per_client_give_the_same_stackoverflow_entry(tmp_path,
+                                                                         monkeypatch):
+    root = tmp_path / "so"
+    write_text(root, "tokens", so_clients(30), "stackoverflow")  # vocabulary counted
+    extra = ("clients.num_clients=20", "data.vocab_size=6")  # min_samples 2 skips some
+    here = build_client_data(cfg_of(root, tmp_path / "here", *extra))
+    assert batches(here) == 1
+    monkeypatch.setattr(natural, "POOL_MIN_UNITS", 2)
+    monkeypatch.setattr(natural, "BATCH_BYTES", 1)
+    monkeypatch.setattr(tff, "UNIT_CLIENTS", 4)  # 8 units, counted and converted in a pool
+    pooled = build_client_data(cfg_of(root, tmp_path / "pool", *extra))
+    assert batches(pooled) >= 5  # each unit of 4 clients its own record batch
+    assert_same_entry(here, pooled)
+    assert here.info["classes"][1:7] == pooled.info["classes"][1:7]
+    again = build_client_data(cfg_of(root, tmp_path / "pool", *extra))  # the cache, mapped
+    assert again.path == pooled.path
+    assert_same_entry(pooled, again)
+
+
+def test_leaf_shards_spooled_in_a_pool_give_the_same_entry(tmp_path, monkeypatch):
+    root = tmp_path / "leaf"
+    data = write_leaf(root, USERS, shards=3)
+    here = build_client_data(leaf_cfg(root, tmp_path / "here"))
+    monkeypatch.setattr(natural, "POOL_MIN_UNITS", 2)
+    monkeypatch.setattr(natural, "BATCH_BYTES", 1)
+    pooled = build_client_data(leaf_cfg(root, tmp_path / "pool"))
+    assert batches(pooled) == 3
+    assert_same_entry(here, pooled)
+    x, y = pooled.client_arrays(2, 1, "test")  # f0003_12: its own test rows, as written
+    assert np.array_equal(x.reshape(len(x), -1), data["f0003_12"]["test"][0].astype(np.float32))
+    assert np.array_equal(y, data["f0003_12"]["test"][1])
+    assert not [n for n in os.listdir(tmp_path / "pool" / "cache" / "populations")
+                if ".tmp-" in n]  # the spool folder removed
+
+
+def test_a_build_failing_part_way_leaves_nothing(tmp_path, monkeypatch):
+    root = tmp_path / "tff"
+    clients = {f"c{i:02d}": (3, 1) for i in range(12)}
+    write_tff(root, clients)
+    import h5py
+
+    with h5py.File(root / "fed_emnist_train.h5", "a") as f:  # the last client: other images
+        del f["examples/c11/pixels"]
+        f.create_dataset("examples/c11/pixels", data=np.zeros((3, 14, 14), np.float32))
+    monkeypatch.setattr(natural, "BATCH_BYTES", 1)  # batches written before the bad client
+    with pytest.raises(ConfigError, match=r"client c11.*one shape \(1, 28, 28\)"):
+        build_client_data(tff_cfg(root, tmp_path, "clients.num_clients=12"))
+    assert_cache_empty(tmp_path)
+
+
+def test_a_killed_builds_spool_folder_is_removed(tmp_path):
+    root = tmp_path / "leaf"
+    write_leaf(root, USERS)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    folder = tmp_path / "cache" / "populations"
+    spool = folder / f"{'0' * 32}.spool.tmp-{socket.gethostname()}-{gone}"
+    os.makedirs(spool)
+    (spool / "0.bin").write_bytes(b"\0" * 64)
+    build_client_data(leaf_cfg(root, tmp_path))
+    assert not spool.exists()
