@@ -35,6 +35,9 @@ the last stdout line is {"ok": ..., "failed": [...], "out": ...}; exit 0 when al
   ResNet-18) with executors at 0.5 / 0.25 / 0.125 GPU, deterministic when Ray names the GPU.
 - ``flite_resnet18``: FLITE on a ResNet-18 at CIFAR's 3x32x32 (digits upsampled), from a
   base pretrained here, int4 uploads (648 B of latents each).
+- ``pfl_cifar10``: pfl-research's CIFAR-10 benchmark setup (``configs/benchmarks/
+  pfl_cifar10.yaml``) for 12 rounds on 4 x 0.25 GPU: seconds per round; with
+  ``--pfl-python`` pfl-research's own simulator on the same images, and the ratio.
 
 The three fleet checks run an experiment on Ray and then the same config on the CPU
 (``runtime.device=cpu``), and report per executor the share Ray granted and the peak GPU
@@ -750,6 +753,105 @@ def check_flite_fleet(dry: bool, tmp: str) -> list[dict[str, Any]]:
     return [row]
 
 
+def write_cifar10(root: str, train: int, test: int, seed: int = 0) -> tuple[np.ndarray, ...]:
+    """CIFAR-10 in torchvision's own files (``cifar-10-batches-py``: five train batches, a
+    test batch, the meta file) with random pixels, and torchvision's md5 list pointed at
+    them (this process only: it is the one that loads the data). Returns the train images
+    (N, 3, 32, 32) uint8 and labels."""
+    import hashlib
+    import pickle
+
+    import torchvision.datasets as tvd
+
+    folder = os.path.join(root, "cifar-10-batches-py")
+    os.makedirs(folder, exist_ok=True)
+    g = np.random.default_rng(seed)
+    xs = g.integers(0, 256, (train + test, 3072), dtype=np.uint8)
+    ys = g.integers(0, 10, train + test)
+    per = train // 5
+    files = [(f"data_batch_{i + 1}", xs[i * per:(i + 1) * per], ys[i * per:(i + 1) * per])
+             for i in range(5)] + [("test_batch", xs[train:], ys[train:])]
+
+    def dump(name: str, obj: dict) -> str:
+        path = os.path.join(folder, name)
+        with open(path, "wb") as f:
+            pickle.dump(obj, f, protocol=2)
+        with open(path, "rb") as f:
+            return hashlib.md5(f.read()).hexdigest()  # noqa: S324 — torchvision's checksum
+
+    sums = {name: dump(name, {"data": x, "labels": y.tolist()}) for name, x, y in files}
+    meta = dump("batches.meta", {"label_names": [f"c{i}" for i in range(10)]})
+    tvd.CIFAR10.train_list = [[f"data_batch_{i + 1}", sums[f"data_batch_{i + 1}"]]
+                              for i in range(5)]
+    tvd.CIFAR10.test_list = [["test_batch", sums["test_batch"]]]
+    tvd.CIFAR10.meta = {**tvd.CIFAR10.meta, "md5": meta}
+    return xs[:5 * per].reshape(-1, 3, 32, 32), ys[:5 * per]
+
+
+def check_pfl_cifar10(dry: bool, tmp: str) -> list[dict[str, Any]]:
+    """``pfl_cifar10``: pfl-research's CIFAR-10 benchmark setup
+    (``configs/benchmarks/pfl_cifar10.yaml``: 1,000 users x 50 images, 50 a round, one
+    epoch of batches of 10 at lr 0.1, ``pfl_cnn``) for 12 rounds on 4 executors at 0.25
+    GPU, on CIFAR-10 in torchvision's files with random pixels (nothing downloaded; the
+    time does not depend on the pixels): seconds per round (median of rounds 2 on) and
+    peak memory. With ``--pfl-python`` (a Python with ``pfl`` installed, e.g.
+    ``.venv-pfl/bin/python``), pfl-research on the same images and sizes
+    (``benchmarks/pfl_sim.py --cifar-npz``, ``PFL_PYTORCH_DEVICE=cuda``): its seconds per
+    round and fedray's ratio to it. A dry run: the config's smoke size, 2 rounds, CPU."""
+    import statistics
+    import subprocess
+
+    from fedray.core.config import load_config
+    from fedray.runtime import Experiment
+
+    users, rounds = (20, 2) if dry else (1000, 12)
+    x, y = write_cifar10(os.path.join(tmp, "cifar10"), 50 * users, 100 if dry else 10_000)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "fedray",
+                        "configs", "benchmarks", "pfl_cifar10.yaml")
+    over = [f"data.root={os.path.join(tmp, 'cifar10')}", f"rounds={rounds}",
+            f"eval.every={rounds}", "runtime.placement_timeout_s=600"]
+    cfg = load_config(path, over, smoke=True) if dry else load_config(path, over)
+    exp = Experiment(cfg, os.path.join(tmp, "pfl-cifar10"))
+    seconds = []
+    try:
+        exp.start()
+        while not exp.done:
+            t0 = time.perf_counter()
+            exp.step()
+            seconds.append(time.perf_counter() - t0)
+        summary = exp.close()
+    finally:
+        exp.release()
+    ours = statistics.median(seconds[1:] or seconds)
+    row = {"check": "pfl_cifar10", "ok": summary["rounds"] == rounds, "users": users,
+           "per_round": cfg.clients.sampled_count(), "rounds": rounds,
+           "fedray_round_seconds": [round(v, 3) for v in seconds],
+           "fedray_s_per_round": round(ours, 3),
+           "final_global_accuracy": summary["final_global_accuracy"]}
+    pfl = OPTIONS.get("pfl_python")
+    if pfl:
+        npz = os.path.join(tmp, "cifar10.npz")
+        np.savez(npz, x=x.astype(np.float32) / 255, y=y)
+        out = subprocess.run(
+            [pfl, os.path.join(os.path.dirname(os.path.abspath(__file__)), "pfl_sim.py"),
+             "--cifar-npz", npz, "--population", str(users), "--clients",
+             str(cfg.clients.sampled_count()), "--rounds", str(rounds)],
+            capture_output=True, text=True,
+            env={**os.environ, "PFL_PYTORCH_DEVICE": "cpu" if dry else "cuda"})
+        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+        if out.returncode or not lines:
+            row.update(ok=False, pfl_error=(out.stderr.strip().splitlines() or ["?"])[-1])
+        else:
+            theirs = statistics.median(json.loads(lines[-1])["round_seconds"][1:] or
+                                       json.loads(lines[-1])["round_seconds"])
+            row.update(pfl_s_per_round=round(theirs, 3),
+                       fedray_over_pfl=round(ours / theirs, 3))
+    else:
+        row["pfl"] = "not run (--pfl-python not given)"
+    return [row]
+
+
+OPTIONS: dict[str, Any] = {}  # main's options the steps read (--pfl-python)
 FLEET_KEYS = ("executors", "tiers", "cpu_reference")  # a fleet row's tables, not its details
 
 
@@ -797,6 +899,7 @@ RAY_STEPS = {  # on one Ray (connected_ray), after the local ones
     "favor_qlora_fleet": lambda device, dry, tmp: check_favor_fleet(dry, tmp),
     "drod_fleet_gpu": lambda device, dry, tmp: check_drod_fleet(dry, tmp),
     "flite_resnet18": lambda device, dry, tmp: check_flite_fleet(dry, tmp),
+    "pfl_cifar10": lambda device, dry, tmp: check_pfl_cifar10(dry, tmp),
 }
 
 
@@ -830,7 +933,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/gpu_check", help="where the results are written")
     p.add_argument("--skip", nargs="*", default=[], choices=[*LOCAL_STEPS, *RAY_STEPS],
                    help="checks to leave out")
+    p.add_argument("--pfl-python", default=None,
+                   help="a Python with pfl-research installed: pfl_cifar10 also times pfl "
+                        "on the same images (benchmarks/pfl_sim.py --cifar-npz)")
     args = p.parse_args(argv)
+    OPTIONS["pfl_python"] = args.pfl_python
     cuda = torch.cuda.is_available()
     if not cuda and not args.dry_run:
         print("error: no CUDA device visible to torch; use --dry-run to check the script on "

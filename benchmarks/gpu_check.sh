@@ -3,7 +3,8 @@
 # benchmarks/gpu_check.py, or --help): FAVoR QLoRA on 8 x 0.125 GPU, 12 FAVoR authors
 # through one base (sequential vs batched tokens/s and peak memory), the DROD fleet on
 # 0.5/0.25/0.125 GPU tiers, FLITE on a ResNet-18, per-executor peak GPU memory, samples/s
-# per tier, and what must equal a CPU run.
+# per tier, what must equal a CPU run, and pfl-research's CIFAR-10 setup timed (against pfl
+# itself with --pfl-python .venv-pfl/bin/python).
 #   bash benchmarks/gpu_check.sh --out runs/gpu_check             # on a GPU machine
 #   bash benchmarks/gpu_check.sh --dry-run --out /tmp/gpu_check   # anywhere: the script only
 #   bash benchmarks/gpu_check.sh --out runs/gpu_check --skip favor  # leave checks out

@@ -33,6 +33,12 @@ femnist``): LEAF's FEMNIST CNN, batch 10, lr 0.05, user i the i-th writer (sorte
 of the LEAF-format directory ``benchmarks/femnist_workload.py`` writes, each user's rows as
 LEAF stores them.
 
+pfl-research's CIFAR-10 benchmark (``--cifar-npz FILE``, used by ``benchmarks/gpu_check.py``'s
+``pfl_cifar10``): pfl's ``simple_cnn`` (fedray's ``pfl_cnn``) on the images of an ``.npz``
+(``x`` float32 (N, 3, 32, 32), ``y`` int64), user u the rows [50u, 50u + 50), ``--population``
+users of which ``--clients`` a round, batch 10, lr 0.1, central SGD at lr 1.0 — the setup
+of pfl-research's ``image_classification/configs/baseline.yaml``.
+
 Modes:
 
 * single process (default): pfl's simulator runs the clients one after another in this
@@ -119,6 +125,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--leaf-root", default=None,
                    help="the FEMNIST-shaped workload: LEAF's CNN on the LEAF directory "
                         "benchmarks/femnist_workload.py writes (user i = i-th writer)")
+    p.add_argument("--cifar-npz", default=None,
+                   help="pfl-research's CIFAR-10 setup on these images (x, y; 50 a user)")
+    p.add_argument("--population", type=int, default=None,
+                   help="users to sample the cohort from (default: --clients)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -137,6 +147,10 @@ def launch(args: argparse.Namespace, t0_wall: float) -> int:
         cmd += ["--threads", str(args.threads)]
     if args.leaf_root:
         cmd += ["--leaf-root", args.leaf_root]
+    if args.cifar_npz:
+        cmd += ["--cifar-npz", args.cifar_npz]
+    if args.population:
+        cmd += ["--population", str(args.population)]
     env = {**os.environ, _T0_ENV: repr(t0_wall)}
     out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
     exit_s = time.time() - t0_wall
@@ -248,7 +262,18 @@ def simulate(args: argparse.Namespace, t0_wall: float) -> dict:
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
 
-    if args.leaf_root:  # the FEMNIST-shaped workload: LEAF's files, LEAF's CNN
+    population = args.population or args.clients
+    if args.cifar_npz:  # pfl-research's CIFAR-10 benchmark: 50 images a user, simple_cnn
+        with np.load(args.cifar_npz, allow_pickle=False) as z:
+            x, y = z["x"].astype(np.float32), z["y"].astype(np.int64)
+        user_data = {u: [x[50 * u:50 * u + 50], y[50 * u:50 * u + 50]]
+                     for u in range(population)}
+        net = nn.Sequential(nn.Conv2d(3, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(),
+                            nn.MaxPool2d(2), nn.Dropout(0.25), nn.Flatten(),
+                            nn.Linear(64 * 14 * 14, 128), nn.ReLU(), nn.Dropout(0.5),
+                            nn.Linear(128, 10))
+        expected, lr, batch = 1_626_442, 0.1, 10
+    elif args.leaf_root:  # the FEMNIST-shaped workload: LEAF's files, LEAF's CNN
         import femnist_workload as fw
 
         rows = fw.read_train(args.leaf_root)[:args.clients]
@@ -260,7 +285,7 @@ def simulate(args: argparse.Namespace, t0_wall: float) -> dict:
                             nn.Linear(HIDDEN, NUM_CLASSES))
         expected, lr, batch = EXPECTED_PARAMS, LR, BATCH_SIZE
     train_data = FederatedDataset.from_slices(
-        user_data, MinimizeReuseUserSampler(list(range(args.clients))))
+        user_data, MinimizeReuseUserSampler(list(range(population))))
     backend = SimulatedBackend(training_data=train_data, val_data=train_data,
                                postprocessors=[WeightByDatapoints()])
 
@@ -289,7 +314,7 @@ def simulate(args: argparse.Namespace, t0_wall: float) -> dict:
         "rounds": args.rounds,
         "round_seconds": [round(s, 6) for s in rounds],
         "e2e_seconds": round(t_end - t0_wall, 6),
-        "workload": "femnist" if args.leaf_root else "mlp",
+        "workload": "cifar10" if args.cifar_npz else "femnist" if args.leaf_root else "mlp",
         "parameters": n_params,
         "pfl_version": pfl.__version__,
         "torch_version": torch.__version__,

@@ -41,7 +41,7 @@ def test_dry_run_exercises_every_check(dry_run):
     assert {r["check"] for r in rows} == {"favor_bf16", "favor_memory", "favor_memory_model",
                                           "favor_cohort", "flite_bf16", "drod_deterministic",
                                           "ray_tiers", "fatal_error", "favor_qlora_fleet",
-                                          "drod_fleet_gpu", "flite_resnet18"}
+                                          "drod_fleet_gpu", "flite_resnet18", "pfl_cifar10"}
     assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
     (cohort,) = [r for r in rows if r["check"] == "favor_cohort"]  # authors through one base
     assert cohort["authors"] == 3 and cohort["max_rel_upload_diff"] <= 1e-4
@@ -53,6 +53,9 @@ def test_dry_run_exercises_every_check(dry_run):
     assert len(tiers) == 5 and sum(bool(r["gpu_ids"]) for r in tiers) == 4
     (fatal,) = [r for r in rows if r["check"] == "fatal_error"]
     assert fatal["executor_restarts"] == 1
+    (pfl,) = [r for r in rows if r["check"] == "pfl_cifar10"]  # the config's smoke size
+    assert (pfl["users"], pfl["per_round"], pfl["rounds"]) == (20, 4, 2)
+    assert len(pfl["fedray_round_seconds"]) == 2 and pfl["fedray_s_per_round"] > 0
     md = (tmp_path / "GPU_CHECK.md").read_text()
     assert "| fatal_error | yes |" in md and "| drod_fleet_gpu | yes |" in md
     last = json.loads(res.stdout.strip().splitlines()[-1])

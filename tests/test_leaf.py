@@ -97,7 +97,7 @@ def _edit(root, split, k, change):
     ("train", lambda d: d["user_data"][d["users"][0]].__setitem__(
         "x", ["hello world"] * len(d["user_data"][d["users"][0]]["y"])), "Shakespeare's text"),
     ("train", lambda d: d["user_data"][d["users"][0]].__setitem__(
-        "x", [["id", "date", "q", "u", "tweet"]] * len(d["user_data"][d["users"][0]]["y"])),
+        "x", [["id", "date", "q", "u"]] * len(d["user_data"][d["users"][0]]["y"])),
      "Sent140's tweet records"),
     ("test", lambda d: d["user_data"][d["users"][0]]["y"].__setitem__(0, -1),
      "integer labels in 0..1048575"),

@@ -5,6 +5,7 @@ build's spool folder is removed by the next build."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -51,6 +52,27 @@ def assert_same_entry(a, b) -> None:
                 assert u.dtype == v.dtype and np.array_equal(u, v), (c, split)
 
 
+def assert_global_test_is_the_clients_test_rows(pop, seed: int = 0) -> None:
+    """x_test / y_test are the rows the seeded draw picks from the kept clients' test rows
+    (read back from the written batches)."""
+    from fedray.core.seeding import rng
+
+    xs, ys, test_rows, at = [], [], [], 0
+    for c in range(pop.num_clients):
+        for split in ("train", "test"):
+            x, y = pop.client_arrays(c, 1, split)
+            xs.append(x)
+            ys.append(y)
+            if split == "test":
+                test_rows.append(np.arange(at, at + len(y)))
+            at += len(y)
+    test_rows = np.concatenate(test_rows)
+    pick = np.sort(rng(seed, -1, -1, "population-global-test").choice(
+        test_rows, min(10_000, len(test_rows)), replace=False))
+    assert len(pick) and np.array_equal(np.concatenate(xs)[pick], pop.x_test)
+    assert np.array_equal(np.concatenate(ys)[pick], pop.y_test)
+
+
 def test_pool_and_one_batch_per_client_give_the_same_stackoverflow_entry(tmp_path,
                                                                          monkeypatch):
     root = tmp_path / "so"
@@ -64,6 +86,7 @@ def test_pool_and_one_batch_per_client_give_the_same_stackoverflow_entry(tmp_pat
     pooled = build_client_data(cfg_of(root, tmp_path / "pool", *extra))
     assert batches(pooled) >= 5  # each unit of 4 clients its own record batch
     assert_same_entry(here, pooled)
+    assert_global_test_is_the_clients_test_rows(pooled)
     assert here.info["classes"][1:7] == pooled.info["classes"][1:7]
     again = build_client_data(cfg_of(root, tmp_path / "pool", *extra))  # the cache, mapped
     assert again.path == pooled.path
@@ -79,6 +102,7 @@ def test_leaf_shards_spooled_in_a_pool_give_the_same_entry(tmp_path, monkeypatch
     pooled = build_client_data(leaf_cfg(root, tmp_path / "pool"))
     assert batches(pooled) == 3
     assert_same_entry(here, pooled)
+    assert_global_test_is_the_clients_test_rows(pooled)
     x, y = pooled.client_arrays(2, 1, "test")  # f0003_12: its own test rows, as written
     assert np.array_equal(x.reshape(len(x), -1), data["f0003_12"]["test"][0].astype(np.float32))
     assert np.array_equal(y, data["f0003_12"]["test"][1])
@@ -96,6 +120,8 @@ def test_a_build_failing_part_way_leaves_nothing(tmp_path, monkeypatch):
         del f["examples/c11/pixels"]
         f.create_dataset("examples/c11/pixels", data=np.zeros((3, 14, 14), np.float32))
     monkeypatch.setattr(natural, "BATCH_BYTES", 1)  # batches written before the bad client
+    monkeypatch.setattr(natural, "POOL_MIN_UNITS", 2)  # raised in a pool worker
+    monkeypatch.setattr(tff, "UNIT_CLIENTS", 2)
     with pytest.raises(ConfigError, match=r"client c11.*one shape \(1, 28, 28\)"):
         build_client_data(tff_cfg(root, tmp_path, "clients.num_clients=12"))
     assert_cache_empty(tmp_path)
@@ -112,3 +138,35 @@ def test_a_killed_builds_spool_folder_is_removed(tmp_path):
     (spool / "0.bin").write_bytes(b"\0" * 64)
     build_client_data(leaf_cfg(root, tmp_path))
     assert not spool.exists()
+
+
+@pytest.mark.parametrize("group_bytes", [1, 16 << 20])  # a CSV call per user, or one
+def test_leafs_numeric_rows_read_fast_equal_json_then_numpy(tmp_path, monkeypatch,
+                                                            group_bytes):
+    """The Arrow CSV path of fedray.data.leaf._parsed gives the float32s json.load and
+    np.asarray give, for awkward numbers too, and rows it cannot read as one table fall
+    back to json (and its checks)."""
+    from fedray.data import leaf
+    from fedray.data.leaf import _parsed, _shard
+
+    monkeypatch.setattr(leaf, "CSV_GROUP_BYTES", group_bytes)
+
+    odd = [0.1, 1e-45, 3.4028235e38, 16777217.0, 0.12300000339746475, -0.0, 5e-324,
+           1e-7, 2.5e-39, 123456789.123, 1 / 3]
+    x = [odd[i:] + odd[:i] for i in range(len(odd))]
+    doc = {"users": ["a", "b"], "num_samples": [len(x), 2],
+           "user_data": {"a": {"x": x, "y": [0] * len(x)},
+                         "b": {"x": [[1, 2e3, -4] + [0] * 8, [5] * 11], "y": [1, 2]}}}
+    path = tmp_path / "shard.json"
+    path.write_text(json.dumps(doc, indent=2))  # newlines and spaces inside the rows too
+    assert _parsed(path.read_bytes())[1] is not None  # Arrow's path, not json's
+    got = _shard(str(path))
+    for user in ("a", "b"):
+        want = np.asarray(doc["user_data"][user]["x"], np.float32)
+        assert got[user][0].dtype == np.float32
+        assert np.array_equal(got[user][0].view(np.uint32), want.view(np.uint32)), user
+    doc["user_data"]["b"]["x"][1] = [5] * 10  # ragged: json's path names the user
+    path.write_text(json.dumps(doc))
+    assert _parsed(path.read_bytes())[1] is None
+    with pytest.raises(ConfigError, match="user b.*equal-length lists"):
+        _shard(str(path))

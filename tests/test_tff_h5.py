@@ -105,3 +105,35 @@ def test_links_out_of_the_file_and_bad_labels_are_refused(tmp_path):
         f["examples/f0007_02/label"][0] = -3
     with pytest.raises(ConfigError, match="labels in 0.."):
         build_client_data(tff_cfg(root, tmp_path))
+
+
+@pytest.mark.parametrize("kind", ["external", "virtual", "soft"])
+def test_datasets_that_read_other_files_are_refused(tmp_path, kind):
+    """A client's dataset stored in another file (HDF5 external storage, a virtual dataset
+    mapping another file, a soft link) is refused, naming the file, the client and the
+    rule, with nothing written to the cache."""
+    from test_leaf import assert_cache_empty
+
+    root = tmp_path / "tff"
+    write_tff(root, CLIENTS)
+    secret = tmp_path / "secret.bin"
+    np.arange(4 * 28 * 28, dtype=np.float32).tofile(secret)
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f.create_dataset("pixels", data=np.ones((4, 28, 28), np.float32))
+    with h5py.File(root / "fed_emnist_train.h5", "a") as f:
+        del f["examples/f0033_11/pixels"]
+        if kind == "external":
+            f.create_dataset("examples/f0033_11/pixels", shape=(4, 28, 28), dtype="<f4",
+                             external=[(str(secret), 0, 4 * 28 * 28 * 4)])
+        elif kind == "virtual":
+            layout = h5py.VirtualLayout(shape=(4, 28, 28), dtype="f4")
+            layout[:] = h5py.VirtualSource(str(other), "pixels", shape=(4, 28, 28))
+            f.create_virtual_dataset("examples/f0033_11/pixels", layout)
+        else:
+            f["examples/f0033_11/pixels"] = h5py.SoftLink("/examples/f0007_02/pixels")
+    with pytest.raises(ConfigError) as e:
+        build_client_data(tff_cfg(root, tmp_path))
+    assert "client f0033_11" in str(e.value) and "fed_emnist_train.h5" in str(e.value)
+    assert "stored in the file" in str(e.value)
+    assert_cache_empty(tmp_path)

@@ -92,19 +92,22 @@ class DataConfig:
         None, help="parquet/hf: numeric feature columns, or one fixed-size list column "
                    "(default: every numeric column but the client and label ones)")
     vocab: str | None = spec(
-        None, help="tff text (StackOverflow tokens): a word-count file inside data.root, one "
-                   "'word count' per line, most frequent first (TFF's stackoverflow."
-                   "word_count); its first data.vocab_size words are the vocabulary. "
-                   "Default: the one *.word_count file of data.root, else the train split's "
-                   "own counts (users using each word; ties in first-seen order)")
+        None, help="word vocabularies (tff StackOverflow tokens, leaf Sent140): a file "
+                   "inside data.root whose first data.vocab_size words are the vocabulary, "
+                   "most frequent first: TFF's stackoverflow.word_count ('word count' a "
+                   "line); for Sent140 also LEAF's embs.json (its vocab list) or GloVe's "
+                   ".txt (the first token of each line). Default: the one *.word_count file "
+                   "of data.root, else the train split's own counts (TFF: users using each "
+                   "word; Sent140: occurrences; ties in first-seen order)")
     vocab_size: int = spec(10_000, ge=1, le=1_000_000,
-                           help="tff text (StackOverflow tokens): words in the vocabulary "
-                                "(TFF: 10,000; ids pad 0, words 1..V, OOV V+1, BOS V+2, "
-                                "EOS V+3)")
+                           help="words in the vocabulary (tff StackOverflow, TFF's 10,000: "
+                                "ids pad 0, words 1..V, OOV V+1, BOS V+2, EOS V+3; leaf "
+                                "Sent140: words 0..V-1, one id V for unknown words and "
+                                "padding, as LEAF's line_to_indices; model.vocab = V + 1)")
     seq_len: int | None = spec(
-        None, ge=1, le=4096, help="tff text: steps per example (default TFF's: 20 words a "
-                                  "StackOverflow sentence, 80 characters a Shakespeare "
-                                  "window)")
+        None, ge=1, le=4096, help="text: steps per example (default the source's: TFF's 20 "
+                                  "words a StackOverflow sentence and 80 characters a "
+                                  "Shakespeare window, LEAF's 25 words a tweet)")
     cache_dir: str | None = spec(
         None, help="parquet/hf/leaf: where the memory-mapped Arrow copy is kept (default "
                    "$FEDRAY_CACHE or ~/.cache/fedray)")
@@ -480,6 +483,10 @@ class ExperimentConfig:
     dp: DPConfig = spec(default_factory=DPConfig)
     tracking: TrackingConfig = spec(default_factory=TrackingConfig)
     pretrain: PretrainConfig = spec(default_factory=PretrainConfig)
+    smoke: dict[str, Any] = spec(
+        default_factory=dict, help="a CPU-sized version of this setup: 'key: value' "
+                                   "overrides (dotted keys) that `fedray run --smoke` "
+                                   "applies before -s (configs/benchmarks/ has them)")
     sections: dict[str, Any] = field(default_factory=lambda: default_sections(), repr=False,
                                      metadata={"internal": True})
 
@@ -706,11 +713,18 @@ def build_config(data: dict[str, Any]) -> ExperimentConfig:
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: typing.Iterable[str] = (),
-                base: dict[str, Any] | None = None) -> ExperimentConfig:
-    """Read ``path`` (YAML/TOML/JSON), apply overrides, validate everything."""
+                base: dict[str, Any] | None = None, smoke: bool = False) -> ExperimentConfig:
+    """Read ``path`` (YAML/TOML/JSON), apply overrides — with ``smoke`` first the file's own
+    ``smoke`` overrides — and validate everything."""
     data: dict[str, Any] = json.loads(json.dumps(base)) if base else {}
     if path is not None:
         data = _merge(data, read_file(path))
+    if smoke:
+        found = data.get("smoke")
+        if not isinstance(found, dict) or not found:
+            raise ConfigError("smoke", found, "a mapping of 'key: value' overrides in the "
+                                              "config (--smoke runs a config's smoke size)")
+        overrides = [*(f"{k}={json.dumps(v)}" for k, v in found.items()), *overrides]
     data = apply_overrides(data, overrides)
     cfg = build_config(data)
     validate(cfg)

@@ -16,18 +16,31 @@ the next character — is read as LEAF's own ``language_utils`` reads it: each c
 index in LEAF's 80 letters (``LETTERS``), stored as one float per step (input shape (80,),
 for ``model.name=char_lstm``), the label the next character's index; a character outside
 the 80 gets the one extra class 80 (LEAF's ``letter_to_index`` gives it −1, a zero one-hot).
-Sent140's records (lists of tweet fields) are refused with a clear error: its tokenizer and
-embeddings are not here yet.
+Sent140's records (``x`` a list of tweet records [id, date, query, user, text, split tag],
+``y`` 1 for a positive tweet, as LEAF's ``data_to_json.py`` writes them) are read as LEAF's
+stacked-LSTM model reads them: the text (field 4) split by ``split_line`` (runs of word
+characters and apostrophes, and each of . , ! ? ;; no lowercasing), its first
+``data.seq_len`` (25) tokens looked up in the vocabulary (ids 0..V-1), any other word and
+the right padding the one id V (LEAF has no pad id), one float per step (input shape (25,),
+for ``model.name=sent140_lstm``). The vocabulary is the first ``data.vocab_size`` words of
+``data.vocab`` — LEAF's ``embs.json`` (GloVe's words; LEAF's exact ids with
+``data.vocab_size=400000``), GloVe's ``.txt`` or a word-count file — or, without one, of
+the train split's token counts (ties in shard, then first-seen order), since GloVe cannot
+be shipped; it is stored in the cache entry's info (``vocabulary``, ``unknown_id``) with
+the file's SHA-256.
 
 A user's rows are its rows of every train shard then of every test shard (shards in sorted
 file-name order); the users kept are the first ``clients.num_clients`` in sorted user-id
 order among those with at least ``data.min_samples`` rows (train + test), so client ``c``
 is the same user in both splits (the failure mode of Flower Datasets #5243). Labels are
 LEAF's integers as they are (classes 0..the largest label of any user). The global test
-set is up to 10,000 rows drawn from the kept users' test rows (seeded). The converted rows go to the
-memory-mapped population cache of :class:`fedray.data.population.TablePopulation`, keyed by
-the files (path, size, modification time), ``clients.num_clients``, ``data.min_samples`` and
-the seed; a second run maps the cache without reading JSON.
+set is up to 10,000 rows drawn from the kept users' test rows (seeded). The shards are
+parsed in a pool of processes, one shard a task, their rows spooled to disk and written to
+the memory-mapped population cache in sorted user order
+(:func:`fedray.data.natural.natural_split_population`), keyed by the files (path, size,
+modification time), ``clients.num_clients``, ``data.min_samples``, the seed and the
+vocabulary settings; a second run maps the cache without reading JSON. FEMNIST's pixel
+arrays are parsed by Arrow's CSV reader, not into Python floats (:func:`_parsed`).
 """
 
 from __future__ import annotations
@@ -35,7 +48,11 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterator
+import re
+import secrets
+from collections import Counter
+from collections.abc import Generator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,10 +60,21 @@ import numpy as np
 from fedray.core.config import DataConfig
 from fedray.core.outputs import resolves_inside
 from fedray.core.spec import ConfigError, short_repr
-from fedray.data.natural import SPLITS, Block, Natural, natural_split_population, ordered_map
+from fedray.data.natural import (
+    SPLITS,
+    Block,
+    Natural,
+    file_sha256,
+    natural_split_population,
+    ordered_map,
+    vocab_path,
+)
 from fedray.data.population import TablePopulation
 
 MAX_CLASSES = 1 << 20  # a label beyond this is not a class id (and would size the classes)
+SENT140_TEXT = 4  # the text's place in a Sent140 record (LEAF's models read e[4])
+SENT140_WORDS = 25  # LEAF's max_words
+_WORD = re.compile(r"[\w']+|[.,!?;]")
 LETTERS = ("\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}")
 _INDEX = {ch: i for i, ch in enumerate(LETTERS)}
 
@@ -81,12 +109,16 @@ def leaf_files(root: str) -> dict[str, list[str]]:
     return out
 
 
-def _shard(path: str) -> dict[str, tuple[np.ndarray, np.ndarray, bool]]:
-    """One shard's users as (x float32 (n, d), y int64 (n,), whether x was text), checked:
-    every rule broken is a :class:`ConfigError` naming the file and the user."""
+def _shard(path: str, index: dict[str, int] | None = None, steps: int = SENT140_WORDS
+           ) -> dict[str, tuple[Any, np.ndarray, str]]:
+    """One shard's users as (x, y int64 (n,), kind), checked: every rule broken is a
+    :class:`ConfigError` naming the file and the user. ``kind`` is ``numeric`` (x float32
+    (n, d)), ``letters`` (Shakespeare: x its letter ids, float32 (n, 80)) or ``words``
+    (Sent140: x the tweets' texts as a list of strings, or with a vocabulary ``index`` its
+    rows of ``steps`` word ids, :func:`sent140_rows`)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
+        with open(path, "rb") as fh:
+            doc, nonce, arrays = _parsed(fh.read())
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise _bad(path, "the file", f"a LEAF JSON shard (it does not parse: "
                                              f"{type(e).__name__})") from None
@@ -106,22 +138,39 @@ def _shard(path: str) -> dict[str, tuple[np.ndarray, np.ndarray, bool]]:
             raise _bad(path, where, "a user listed in users with its entry in "
                                                   "user_data")
         x, y = data[user].get("x"), data[user].get("y")
-        if not isinstance(x, list) or not isinstance(y, list) or len(x) != len(y):
+        if isinstance(x, dict) and nonce is not None:  # numeric rows read by _parsed
+            i = x.get(nonce)
+            x = arrays[i] if type(i) is int and 0 <= i < len(arrays) else None
+        if not isinstance(x, list | np.ndarray) or not isinstance(y, list) or len(x) != len(y):
             raise _bad(path, where, f"x and y lists of one length (x: "
                                                   f"{_len(x)}, y: {_len(y)})")
         if len(x) != n:
             raise _bad(path, where, f"num_samples = the length of its x and y "
                                                   f"(num_samples {short_repr(n)}, x {len(x)})")
-        text = bool(x) and isinstance(x[0], str)
-        if text:  # Shakespeare: a string and its next character
+        if isinstance(x, np.ndarray):  # numeric rows read by _parsed: checked below
+            kind = "numeric"
+        elif not x:  # a user without rows in this split
+            if user in out:
+                raise _bad(path, where, "each user once per shard")
+            out[user] = (np.zeros((0, 0), np.float32), np.zeros(0, np.int64), "numeric")
+            continue
+        else:
+            kind = "letters" if isinstance(x[0], str) else "words" if isinstance(
+                x[0], list) and x[0] and isinstance(x[0][0], str) else "numeric"
+        if kind == "letters":  # Shakespeare: a string and its next character
             if not all(isinstance(s, str) and len(s) == len(x[0]) for s in x) or not all(
                     isinstance(c, str) and len(c) == 1 for c in y):
                 raise _bad(path, where, "Shakespeare's text: x strings of one length, y "
                                         "single characters")
             x, y = [letter_ids(s) for s in x], [letter_ids(c)[0] for c in y]
-        elif x and isinstance(x[0], list) and x[0] and isinstance(x[0][0], str):
-            raise _bad(path, where, "numeric x vectors or Shakespeare's strings (Sent140's "
-                                    "tweet records are not read yet)")
+        elif kind == "words":  # Sent140: tweet records [id, date, query, user, text, ...]
+            if not all(isinstance(r, list) and len(r) > SENT140_TEXT and
+                       isinstance(r[SENT140_TEXT], str) for r in x):
+                raise _bad(path, where, "Sent140's tweet records: lists [id, date, query, "
+                                        "user, text, ...] with the text a string")
+            texts = [r[SENT140_TEXT] for r in x]
+            x = sent140_rows(texts, index, steps) if index is not None else \
+                np.zeros((len(texts), 1), np.float32)
         try:
             xa = np.asarray(x, dtype=np.float32)
             ya = np.asarray(y, dtype=np.float64)
@@ -134,8 +183,116 @@ def _shard(path: str) -> dict[str, tuple[np.ndarray, np.ndarray, bool]]:
                                     f"labels in 0..{MAX_CLASSES - 1}")
         if user in out:
             raise _bad(path, where, "each user once per shard")
-        out[user] = (xa, ya.astype(np.int64), text)
+        out[user] = (texts if kind == "words" and index is None else xa, ya.astype(np.int64),
+                     kind)
     return out
+
+
+CSV_GROUP_BYTES = 16 << 20  # number text parsed by one call of Arrow's CSV reader
+_NUMERIC_X = re.compile(rb'"x"\s*:\s*(\[\s*\[[-0-9eE+.,\s\[\]]*\]\s*\])')
+
+
+def _parsed(raw: bytes) -> tuple[Any, str | None, list[np.ndarray]]:
+    """A LEAF shard's JSON. Every ``"x"`` that is an array of arrays of numbers (FEMNIST's
+    pixels: most of a shard's bytes) is parsed by Arrow's CSV reader into one float32 array
+    per user instead of Python floats — about 4x faster and a tenth of the memory — and
+    left in the document as ``{nonce: i}`` (a random nonce: no file can forge one);
+    returns (document, nonce, arrays). Anything that does not parse that way (rows of
+    unequal length, another number syntax) is parsed as plain JSON, whose checks then name
+    the user."""
+    spans = [m.span(1) for m in _NUMERIC_X.finditer(raw)]
+    arrays = _csv_rows(raw, spans) if spans else None
+    if arrays is None:
+        return json.loads(raw), None, []
+    nonce = secrets.token_hex(16)
+    pieces, at = [], 0
+    for i, (a, b) in enumerate(spans):
+        pieces += [raw[at:a], b'{"%s": %d}' % (nonce.encode(), i)]
+        at = b
+    return json.loads(b"".join([*pieces, raw[at:]])), nonce, arrays
+
+
+def _csv_rows(raw: bytes, spans: list[tuple[int, int]]) -> list[np.ndarray] | None:
+    """Each span's rows of comma-separated numbers (``[[1,2],[3,4]]``) as one float32
+    array, or None when they are not one table of numbers. Arrow's CSV reader parses about
+    :data:`CSV_GROUP_BYTES` of text at a time (a shard at once would hold its whole table
+    in float64 beside the text); numbers are read as float64 and rounded to float32, the
+    same two steps as ``json`` then NumPy."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    out: list[np.ndarray] = []
+    width, group, size = None, [], 0
+    for k, (a, b) in enumerate(spans):
+        part = raw[a:b].translate(None, b" \t\n\r")[2:-2].replace(b"],[", b"\n")
+        if not part:
+            return None
+        group.append(part)
+        size += len(part)
+        if size < CSV_GROUP_BYTES and k + 1 < len(spans):
+            continue
+        width = width or group[0].split(b"\n", 1)[0].count(b",") + 1
+        names = [str(i) for i in range(width)]
+        try:
+            table = pcsv.read_csv(
+                pa.py_buffer(b"\n".join(group)),
+                read_options=pcsv.ReadOptions(column_names=names, use_threads=False,
+                                              block_size=1 << 26),
+                convert_options=pcsv.ConvertOptions(column_types=dict.fromkeys(
+                    names, pa.float64())))
+        except (pa.ArrowInvalid, ValueError):
+            return None
+        rows = [p.count(b"\n") + 1 for p in group]
+        if table.num_rows != sum(rows) or any(c.null_count for c in table.columns):
+            return None
+        x = np.empty((table.num_rows, width), np.float32)
+        for i, col in enumerate(table.columns):
+            x[:, i] = col.to_numpy()
+        out += np.split(x, np.cumsum(rows)[:-1])
+        group, size = [], 0
+    return out
+
+
+def split_line(line: str) -> list[str]:
+    """LEAF's tokenizer (``language_utils.split_line``): runs of word characters and
+    apostrophes, and each of . , ! ? ; — no lowercasing."""
+    return _WORD.findall(line)
+
+
+def sent140_rows(texts: list[str], index: dict[str, int], steps: int) -> np.ndarray:
+    """LEAF's ``line_to_indices`` for each text: the ids of its first ``steps`` tokens
+    (:func:`split_line`), a word outside the vocabulary the unknown id ``len(index)``, and
+    right-padded with that same id (LEAF has no pad id and no mask); float32 (n, steps)."""
+    unk = len(index)
+    out = np.full((len(texts), steps), unk, np.float32)
+    for i, text in enumerate(texts):
+        ids = [index.get(w, unk) for w in split_line(text)[:steps]]
+        out[i, :len(ids)] = ids
+    return out
+
+
+def read_vocab(path: str, size: int) -> list[str]:
+    """The first ``size`` words of a vocabulary file: LEAF's ``embs.json`` (its ``vocab``
+    list, GloVe's order), else the first token of each line (GloVe's ``.txt`` or a
+    word-count file, most frequent first); a word listed twice keeps its first place."""
+    if path.endswith(".json"):
+        try:
+            with open(path, encoding="utf-8") as fh:
+                words = json.load(fh).get("vocab")
+        except (ValueError, UnicodeDecodeError, AttributeError, RecursionError):
+            words = None
+        if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+            raise ConfigError(f"data.vocab ({path})", "the file", "LEAF's embs.json: an "
+                                                              "object with a vocab list of "
+                                                              "words")
+    else:
+        with open(path, "rb") as fh:
+            words = [line.split(maxsplit=1)[0].decode("utf-8", "replace") for line in fh
+                     if line.strip()]
+    vocab = list(dict.fromkeys(words))[:size]
+    if not vocab:
+        raise ConfigError(f"data.vocab ({path})", "the file", "at least one word")
+    return vocab
 
 
 def _bad(path: str, what: str, rule: str) -> ConfigError:
@@ -155,57 +312,101 @@ def input_shape_of(d: int) -> tuple[int, ...]:
 
 def build_leaf(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
     """The LEAF dataset at ``data.root`` as a population (see the module docstring)."""
-    files = leaf_files(os.path.abspath(d.root))
+    root = os.path.abspath(d.root)
+    files = leaf_files(root)
     shards = [f for s in SPLITS for f in files[s]]
+    vocab_file = vocab_path(d, root)
+    steps = d.seq_len or SENT140_WORDS
+    found: dict[str, Any] = {}
 
     def read(scratch: str) -> Natural:
         os.makedirs(scratch)
+        vocab = read_vocab(vocab_file, d.vocab_size) if vocab_file else None
+        units = [_Shard(f, os.path.join(scratch, f"{k}.bin"), k < len(files["train"]), steps,
+                        vocab) for k, f in enumerate(shards)]
+        results = list(ordered_map(_spool_shard, units))
+        if any(kind == "counts" for kind, _ in results):  # Sent140 without a vocabulary file
+            counts: Counter[str] = Counter()
+            for _, part in results:
+                counts.update(part or {})
+            vocab = [w for w, _ in counts.most_common(d.vocab_size)]
+            for unit in units:
+                unit.vocab = vocab
+            results = list(ordered_map(_spool_shard, units))
         index: dict[str, dict[str, list[tuple[int, int, int]]]] = {}
-        width, text, top = None, False, 0
-        units = [(k, f, os.path.join(scratch, f"{k}.bin")) for k, f in enumerate(shards)]
-        for k, users in enumerate(ordered_map(_spool_shard, units)):
-            for user, n, w, is_text, at, most in users:
-                text, top = text or is_text, max(top, most)
+        width, kinds, top = None, set(), 0
+        for k, (_, users) in enumerate(results):
+            for user, n, w, kind, at, most in users:
+                kinds.add(kind)
+                top = max(top, most)
                 if n and width is None:
                     width = w
                 if n and w != width:
                     raise _bad(shards[k], f"user {user}", f"x vectors of the dataset's one "
                                                           f"length {width} (got {w})")
-                split = "train" if k < len(files["train"]) else "test"
+                split = "train" if units[k].train else "test"
                 index.setdefault(user, {"train": [], "test": []})[split].append((k, at, n))
+        if "words" in kinds:
+            found.update(vocabulary=vocab, unknown_id=len(vocab or []), tokens=steps)
 
-        def blocks() -> Iterator[Block]:
+        def blocks() -> Generator[Block, None, None]:
             for user in sorted(index):
-                parts = [[_unspool(units[k][2], at, n, width or 1) for k, at, n in
+                parts = [[_unspool(units[k].out, at, n, width or 1) for k, at, n in
                           index[user][split]] for split in SPLITS]
                 yield Block.of(user, parts[0], parts[1], (int(width or 1),))
 
         def shape() -> tuple[int, ...]:
-            return (int(width or 1),) if text else input_shape_of(int(width or 1))
+            return (int(width or 1),) if kinds - {"numeric"} else input_shape_of(
+                int(width or 1))
 
         # the letters' classes (and the extra one when a letter fell outside)
         return Natural(blocks(), shape, lambda: len(LETTERS) + (top >= len(LETTERS))
-                       if text else None)
+                       if "letters" in kinds else None, lambda: found)
 
-    return natural_split_population(d, num_clients, seed, "leaf", shards, read,
-                                    "LEAF's own train/ and test/ per user")
+    sha = file_sha256(vocab_file) if vocab_file else None
+    return natural_split_population(
+        d, num_clients, seed, "leaf", shards + ([vocab_file] if vocab_file else []), read,
+        "LEAF's own train/ and test/ per user", key_extra=[d.vocab_size, d.seq_len],
+        extra_info={"vocab_file": os.path.basename(vocab_file), "vocab_sha256": sha}
+        if vocab_file else None)
 
 
-def _spool_shard(unit: tuple[int, str, str]) -> list[tuple[str, int, int, bool, int, int]]:
-    """One shard parsed and checked (:func:`_shard`), its users' rows appended to the file
-    ``unit[2]`` (x float32, then y int64); per user (id, rows, width, text, byte offset,
-    the largest id for text)."""
-    _, path, out = unit
+@dataclass
+class _Shard:
+    """One shard's work: read ``path``, spool its rows to ``out``; Sent140's texts become
+    ``steps`` ids of ``vocab`` (without a vocabulary their words are counted instead)."""
+
+    path: str
+    out: str
+    train: bool
+    steps: int
+    vocab: list[str] | None
+
+
+def _spool_shard(unit: _Shard) -> tuple[str, Any]:
+    """One shard parsed and checked (:func:`_shard`): ``("rows", per user (id, rows, width,
+    kind, byte offset, the largest id for letters))`` with its users' rows appended to
+    ``unit.out`` (x float32, then y int64), or, for Sent140 without a vocabulary,
+    ``("counts", the train shard's word counts or None)``."""
+    index = None if unit.vocab is None else {w: i for i, w in enumerate(unit.vocab)}
+    users = _shard(unit.path, index, unit.steps)
+    if index is None and any(kind == "words" for _, _, kind in users.values()):
+        if not unit.train:
+            return "counts", None
+        counts: Counter[str] = Counter()
+        for texts, _, _ in users.values():
+            for text in texts:
+                counts.update(split_line(text))
+        return "counts", counts
     found = []
-    with open(out, "wb") as fh:
-        for user, (x, y, is_text) in _shard(path).items():
+    with open(unit.out, "wb") as fh:
+        for user, (x, y, kind) in users.items():
             at = fh.tell()
             fh.write(x.tobytes())
             fh.write(y.tobytes())
-            most = int(max(x.max(initial=0), y.max(initial=0))) if is_text else 0
-            found.append((user, len(y), int(x.shape[1]) if x.ndim == 2 else 0, is_text,
-                          at, most))
-    return found
+            most = int(max(x.max(initial=0), y.max(initial=0))) if kind == "letters" else 0
+            found.append((user, len(y), int(x.shape[1]), kind, at, most))
+    return "rows", found
 
 
 def _unspool(path: str, at: int, n: int, width: int) -> tuple[np.ndarray, np.ndarray]:

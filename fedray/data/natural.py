@@ -18,7 +18,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,6 @@ from fedray.data.population import (
     _cache_root,
     _remove_stale_temps,
     _temp_name,
-    mapped_batches,
 )
 
 SPLITS = ("train", "test")
@@ -71,11 +70,12 @@ class Natural:
     """What a reader hands :func:`natural_split_population`: ``blocks`` yields
     :class:`Block` s in sorted client-id order; ``shape`` (the input shape) and
     ``classes`` (a class count, the class names, or None for 0..the largest label) are read
-    once ``blocks`` is exhausted."""
+    once ``blocks`` is exhausted, with ``info`` (what the reader adds to the entry's info)."""
 
-    blocks: Iterator[Block]
+    blocks: Generator[Block, None, None]
     shape: Callable[[], tuple[int, ...]]
     classes: Callable[[], int | list[str] | None] = field(default=lambda: None)
+    info: Callable[[], dict[str, Any]] = field(default=lambda: {})
 
 
 def natural_split_population(d: DataConfig, num_clients: int, seed: int, kind: str,
@@ -93,12 +93,15 @@ def natural_split_population(d: DataConfig, num_clients: int, seed: int, kind: s
     path, index_path = (os.path.join(folder, key + ext) for ext in (".arrow", ".index.npz"))
     if all(os.path.isfile(p) and resolves_inside(p, folder) for p in (path, index_path)):
         try:
-            return TablePopulation._from_cache(path, index_path)
+            pop = TablePopulation._from_cache(path, index_path)
         except (ValueError, KeyError, IndexError, TypeError, OSError):
             pass  # a damaged cache entry is rebuilt
+        else:
+            return _same_vocabulary(pop, extra_info or {})
     os.makedirs(folder, exist_ok=True)
     writer = EntryWriter(path, index_path, num_clients, d.min_samples)
     scratch = _temp_name(os.path.join(folder, key + ".spool"))
+    source = None
     try:
         source = read(scratch)
         for block in source.blocks:
@@ -113,11 +116,29 @@ def natural_split_population(d: DataConfig, num_clients: int, seed: int, kind: s
         info = {"source": redact(d.root), "dataset": kind, "ids_total": writer.total,
                 "ids_too_small": writer.total - writer.eligible, "classes": names,
                 "input_shape": list(source.shape()), "split": split_note,
-                **(extra_info or {})}
+                **source.info(), **(extra_info or {})}
         return writer.finish(seed, info)
     finally:
+        if source is not None:
+            source.blocks.close()  # a reader's pool stops with it
         writer.discard()
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _same_vocabulary(pop: TablePopulation, extra: dict[str, Any]) -> TablePopulation:
+    """``pop``, unless it was built with another vocabulary file than this one (the file
+    changed in place keeps its key: size and time are all the key sees)."""
+    sha = extra.get("vocab_sha256")
+    if sha is not None and pop.info.get("vocab_sha256") != sha:
+        raise ConfigError("data.vocab", extra.get("vocab_file"), f"the vocabulary file the "
+                                                                 f"cache entry "
+                                                                 f"{os.path.basename(pop.path)}"
+                                                                 f" was built with (SHA-256 "
+                                                                 f"{pop.info.get('vocab_sha256')}"
+                                                                 f", this file's {sha}); "
+                                                                 f"remove the entry to "
+                                                                 f"rebuild it")
+    return pop
 
 
 class EntryWriter:
@@ -209,13 +230,7 @@ class EntryWriter:
             split, offsets[1:], strict=True)] or [np.zeros(0, np.int64)])
         pick = np.sort(rng(seed, -1, -1, "population-global-test").choice(
             test_rows, min(GLOBAL_TEST_MAX, len(test_rows)), replace=False))
-        starts, xs, ys = mapped_batches(self.tmp, shape, tuple(label_shape))
-        batch = np.searchsorted(starts, pick, side="right") - 1
-        x_test = np.stack([xs[b][r - starts[b]] for b, r in zip(batch, pick, strict=True)]
-                          ) if len(pick) else np.zeros((0, *shape), np.float32)
-        y_test = np.stack([ys[b][r - starts[b]] for b, r in zip(batch, pick, strict=True)]
-                          ) if len(pick) else np.zeros((0, *label_shape), np.int64)
-        del xs, ys
+        x_test, y_test = _rows_of(self.tmp, pick, shape, tuple(label_shape))
         info = {**info, "rows": int(offsets[-1])}
         with open(self.tmp_index, "wb") as fh:  # a file object: savez adds no suffix
             np.savez(fh, offsets=offsets, split=split,
@@ -237,6 +252,33 @@ class EntryWriter:
                 os.remove(name)
 
 
+def _rows_of(path: str, rows: np.ndarray, shape: tuple[int, ...],
+             label_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``rows`` (sorted) of the entry file at ``path``: its record batches read one at
+    a time, not memory-mapped (a mapping's pages, faulted in around every row, count as
+    this process's memory)."""
+    import pyarrow as pa
+
+    xs, ys, at = [], [], 0
+    with pa.OSFile(path, "rb") as source:
+        reader = pa.ipc.open_file(source)
+        for i in range(reader.num_record_batches):
+            batch = reader.get_batch(i)
+            n = batch.num_rows
+            want = rows[(rows >= at) & (rows < at + n)] - at
+            if len(want):
+                x = batch.column("x").values.to_numpy().reshape(n, -1)
+                y = batch.column("y")
+                y = y.values.to_numpy().reshape(n, *label_shape) if label_shape else \
+                    y.to_numpy()
+                xs.append(x[want].reshape(len(want), *shape))
+                ys.append(y[want])
+            at += n
+    if not xs:
+        return np.zeros((0, *shape), np.float32), np.zeros((0, *label_shape), np.int64)
+    return np.concatenate(xs), np.concatenate(ys)
+
+
 def ordered_map(fn: Callable[[Any], Any], units: list[Any]) -> Iterable[Any]:
     """``fn`` over ``units``, results in order: in a pool of as many processes as this
     machine has cores (at most 8; started fresh, so nothing of the caller's state is
@@ -249,5 +291,35 @@ def ordered_map(fn: Callable[[Any], Any], units: list[Any]) -> Iterable[Any]:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+    ex = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
         yield from ex.map(fn, units)
+    finally:  # an error or a consumer that stops early: the units not started are dropped
+        ex.shutdown(wait=True, cancel_futures=True)
+
+
+def vocab_path(d: DataConfig, root: str) -> str | None:
+    """The vocabulary file: ``data.vocab`` (inside ``data.root``), else the one
+    ``*.word_count`` file of ``data.root``, else None (the train split's counts)."""
+    if d.vocab is None:
+        found = sorted(f for f in os.listdir(root) if f.endswith(".word_count"))
+        if len(found) > 1:
+            raise ConfigError("data.vocab", None, f"one word-count file named (data.root "
+                                                  f"holds {len(found)}: {found[:3]})")
+        if not found:
+            return None
+        path = os.path.join(root, found[0])
+    else:
+        path = os.path.join(root, d.vocab)
+    if not resolves_inside(path, root) or not os.path.isfile(path):
+        raise ConfigError("data.vocab", d.vocab or path, f"a regular file inside data.root "
+                                                         f"({root})")
+    return path
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -170,6 +170,10 @@ def run(config: Path | None = typer.Argument(
                                            "before the run so that ε after all rounds is at "
                                            "most this (at dp.delta; same as -s dp.enabled=true "
                                            "-s dp.target_epsilon=X)."),
+        smoke: bool = typer.Option(
+            False, "--smoke", help="Run the config's smoke size: its `smoke` overrides "
+                                   "first, then -s (the published setups of "
+                                   "configs/benchmarks/ have one that runs on a CPU)."),
         as_json: bool = JSON_OPT) -> None:
     """Run a federated experiment (or resume one) and print its summary."""
     from fedray.core.storage import StateFileError
@@ -187,7 +191,7 @@ def run(config: Path | None = typer.Argument(
             if config is None:
                 fail("give a CONFIG file (or --resume RUN_DIR); `fedray demo` runs the "
                      "embedded default", as_json)
-            cfg = load_config(config, set_ or [])
+            cfg = load_config(config, set_ or [], smoke=smoke)
             target = run_dir
         summary = run_experiment(cfg, target, resume=bool(resume), progress=progress,
                                  overwrite=overwrite)

@@ -23,6 +23,7 @@ for _name, _target in {
     "char_lstm": "fedray.models.lstm:char_lstm",
     "next_char_lstm": "fedray.models.lstm:next_char_lstm",
     "word_lstm": "fedray.models.lstm:word_lstm",
+    "sent140_lstm": "fedray.models.lstm:sent140_lstm",
     "resnet18": "fedray.models.resnet:resnet18",
     "resnet34": "fedray.models.resnet:resnet34",
     "sliceable_resnet18": "fedray.models.sliceable:sliceable_resnet18",

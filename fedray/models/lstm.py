@@ -123,6 +123,43 @@ def char_lstm(input_shape: tuple[int, ...], num_classes: int, *, vocab: int | No
 char_lstm.token_ids = True  # its inputs are token ids, not features
 
 
+class Sent140LSTM(LSTMClassifier):
+    """A sentence classifier over word ids (stored as floats, one per step): an embedding,
+    the stacked LSTM of :class:`LSTMClassifier`, a linear layer on the last step (no
+    activation, as LEAF's ``fc1``) and a Linear to the classes. An id at or above
+    ``vocab - 1`` reads the last embedding row, the unknown word's: a model with a smaller
+    table than the data's vocabulary treats the rarer words as unknown."""
+
+    def __init__(self, steps: int, vocab: int, embed: int, hidden: int, layers: int,
+                 dense: int, num_classes: int):
+        super().__init__((steps,), steps, embed, hidden, layers, num_classes)
+        self.vocab = vocab
+        self.embed = nn.Embedding(vocab, embed)
+        self.dense = nn.Linear(hidden, dense)
+        self.head = nn.Linear(dense, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids = x.reshape(x.shape[0], self.steps).long().clamp(0, self.vocab - 1)
+        return self.head(self.dense(self._run(self.embed(ids))[:, -1]))
+
+
+def sent140_lstm(input_shape: tuple[int, ...], num_classes: int, *, vocab: int = 10_001,
+                 embed: int = 100, hidden: int = 100, layers: int = 2, dense: int = 128
+                 ) -> nn.Module:
+    """LEAF's Sent140 model (``models/sent140/stacked_lstm.py``): a trainable, randomly
+    initialised embedding of ``n_hidden`` = 100 per word id (LEAF accepts GloVe vectors but
+    never loads them), two LSTM layers of 100, a linear layer of 128 on the last step, the
+    classes. ``vocab`` = the data's vocabulary + 1 (the unknown/pad id LEAF gives every
+    other word and the padding): 10,001 for ``data.vocab_size`` = 10,000; LEAF's GloVe
+    vocabulary is 400,001 (40,174,086 parameters in TensorFlow, + 2 × 4 × 100 for
+    PyTorch's second LSTM biases)."""
+    return Sent140LSTM(math.prod(int(d) for d in input_shape), vocab, embed, hidden, layers,
+                       dense, num_classes)
+
+
+sent140_lstm.token_ids = True
+
+
 class NextTokenLSTM(LSTMClassifier):
     """A language model over token ids (stored as floats, one per step): an embedding, the
     stacked LSTM of :class:`LSTMClassifier`, an optional projection, and a Linear scoring
