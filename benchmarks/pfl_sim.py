@@ -266,6 +266,9 @@ def simulate(args: argparse.Namespace, t0_wall: float) -> dict:
     if args.cifar_npz:  # pfl-research's CIFAR-10 benchmark: 50 images a user, simple_cnn
         with np.load(args.cifar_npz, allow_pickle=False) as z:
             x, y = z["x"].astype(np.float32), z["y"].astype(np.int64)
+        if len(x) < 50 * population or x.shape[1:] != (3, 32, 32):
+            raise SystemExit(f"{args.cifar_npz}: {len(x)} images of {x.shape[1:]}, need "
+                             f"{50 * population} of (3, 32, 32)")
         user_data = {u: [x[50 * u:50 * u + 50], y[50 * u:50 * u + 50]]
                      for u in range(population)}
         net = nn.Sequential(nn.Conv2d(3, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(),
@@ -330,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.clients < 1 or args.rounds < 1 or args.workers < 1:
         raise SystemExit("--clients, --rounds and --workers must be >= 1")
+    if args.population is not None and (args.population < args.clients or (
+            not args.cifar_npz and args.population != args.clients)):
+        raise SystemExit("--population must be >= --clients (and only differs from it with "
+                         "--cifar-npz)")
     if args.clients % args.workers:
         raise SystemExit("--clients must be a multiple of --workers (pfl deals the cohort "
                          "out round-robin; otherwise the ranks' user samplers drift apart)")

@@ -75,3 +75,14 @@ def test_the_smoke_size_runs(name, ray_session, tmp_path, monkeypatch):
     summary = run_experiment(cfg, str(tmp_path / "run"), progress=False)
     assert summary["rounds"] == 2
     assert 0 <= summary["final_global_accuracy"] <= 1
+
+
+def test_smoke_with_resume_is_refused_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "fedray.front.cli", "run", "--resume",
+                          str(tmp_path / "run"), "--smoke"], capture_output=True, text=True)
+    assert out.returncode != 0 and "--smoke sets the size of a new run" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()

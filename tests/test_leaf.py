@@ -94,8 +94,11 @@ def _edit(root, split, k, change):
     ("test", lambda d: d["user_data"][d["users"][0]]["y"].pop(), "x and y lists of one "
                                                                  "length"),
     ("train", lambda d: json.dumps(d)[:500], "does not parse"),
+    ("train", lambda d: d["user_data"][d["users"][0]].update(
+        x=["hello", "world!"] + ["a"] * (len(d["user_data"][d["users"][0]]["y"]) - 2),
+        y=["x"] * len(d["user_data"][d["users"][0]]["y"])), "Shakespeare's text"),
     ("train", lambda d: d["user_data"][d["users"][0]].__setitem__(
-        "x", ["hello world"] * len(d["user_data"][d["users"][0]]["y"])), "Shakespeare's text"),
+        "x", ["hello world"] * len(d["user_data"][d["users"][0]]["y"])), "CelebA's images"),
     ("train", lambda d: d["user_data"][d["users"][0]].__setitem__(
         "x", [["id", "date", "q", "u"]] * len(d["user_data"][d["users"][0]]["y"])),
      "Sent140's tweet records"),

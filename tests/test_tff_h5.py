@@ -137,3 +137,43 @@ def test_datasets_that_read_other_files_are_refused(tmp_path, kind):
     assert "client f0033_11" in str(e.value) and "fed_emnist_train.h5" in str(e.value)
     assert "stored in the file" in str(e.value)
     assert_cache_empty(tmp_path)
+
+
+@pytest.mark.parametrize("plant, rule", [
+    ("examples_link", "an examples group stored in the file"),
+    ("empty_space", "an array of at most 1 GiB"),
+    ("huge", "an array of at most 1 GiB"),
+    ("latin1_id", "client ids in UTF-8"),
+])
+def test_hostile_tff_files_are_one_error(tmp_path, plant, rule):
+    """An examples group that is a link into another file, a dataset with a null
+    dataspace, one declaring terabytes in a tiny file, a client id that is not UTF-8: one
+    ConfigError line each, nothing in the cache."""
+    from test_leaf import assert_cache_empty
+
+    root = tmp_path / "tff"
+    write_tff(root, CLIENTS)
+    train = root / "fed_emnist_train.h5"
+    if plant == "examples_link":
+        other = tmp_path / "other.h5"
+        write_tff(tmp_path / "o", CLIENTS)
+        os.replace(tmp_path / "o" / "fed_emnist_train.h5", other)
+        with h5py.File(train, "a") as f:
+            del f["examples"]
+            f["examples"] = h5py.ExternalLink(str(other), "/examples")
+    else:
+        with h5py.File(train, "a") as f:
+            if plant == "latin1_id":
+                f.id.links.create_hard(b"examples/caf\xe9", f.id, b"examples/f0007_02")
+            else:
+                del f["examples/f0033_11/pixels"]
+                if plant == "empty_space":
+                    f.create_dataset("examples/f0033_11/pixels", data=h5py.Empty("f4"))
+                else:
+                    f.create_dataset("examples/f0033_11/pixels", shape=(10 ** 7, 28, 28),
+                                     dtype="f4", chunks=(1, 28, 28))
+    with pytest.raises(ConfigError) as e:
+        build_client_data(tff_cfg(root, tmp_path))
+    assert rule in str(e.value) and "fed_emnist_train.h5" in str(e.value)
+    assert "\n" not in str(e.value)
+    assert_cache_empty(tmp_path)

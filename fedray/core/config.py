@@ -582,38 +582,44 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 def apply_overrides(data: dict[str, Any], overrides: typing.Iterable[str]) -> dict[str, Any]:
     for text in overrides:
         keys, value = parse_override(text)
-        node = data
-        for i, k in enumerate(keys[:-1]):
-            if isinstance(node, list):  # e.g. runtime.tiers.0.executors
-                entry = node[int(k)] if k.isdigit() and int(k) < len(node) else None
-                if not isinstance(entry, dict):
-                    raise ConfigError(".".join(keys[: i + 1]), text,
-                                      f"an index below {len(node)} of a list of sections")
-                node = entry
-                continue
-            nxt = node.get(k)
-            if nxt is None and keys[i + 1].isdigit():
-                raise ConfigError(".".join(keys[: i + 2]), text,
-                                  f"an index into a list the config sets; this config has no "
-                                  f"{'.'.join(keys[: i + 1])} list: give it whole, e.g. "
-                                  f"-s '{'.'.join(keys[: i + 1])}=[{{...}}]'")
-            if nxt is None:
-                nxt = node[k] = {}
-            if isinstance(nxt, list) and keys[i + 1].isdigit():
-                node = nxt
-                continue
-            if not isinstance(nxt, (dict, list)):
-                raise ConfigError(".".join(keys[: i + 1]), nxt, "a section to set keys in")
-            node = nxt
-        last = keys[-1]
-        if isinstance(node, list):
-            idx = int(last)
-            if idx >= len(node):
-                raise ConfigError(".".join(keys), value, f"an index below {len(node)}")
-            node[idx] = value
-        else:
-            node[last] = value
+        set_key(data, keys, value, text)
     return data
+
+
+def set_key(data: dict[str, Any], keys: list[str], value: Any, text: str) -> None:
+    """Set the dotted ``keys`` of ``data`` to ``value`` (``text``: what to name in an
+    error), creating sections on the way; list entries by index."""
+    node = data
+    for i, k in enumerate(keys[:-1]):
+        if isinstance(node, list):  # e.g. runtime.tiers.0.executors
+            entry = node[int(k)] if k.isdigit() and int(k) < len(node) else None
+            if not isinstance(entry, dict):
+                raise ConfigError(".".join(keys[: i + 1]), text,
+                                  f"an index below {len(node)} of a list of sections")
+            node = entry
+            continue
+        nxt = node.get(k)
+        if nxt is None and keys[i + 1].isdigit():
+            raise ConfigError(".".join(keys[: i + 2]), text,
+                              f"an index into a list the config sets; this config has no "
+                              f"{'.'.join(keys[: i + 1])} list: give it whole, e.g. "
+                              f"-s '{'.'.join(keys[: i + 1])}=[{{...}}]'")
+        if nxt is None:
+            nxt = node[k] = {}
+        if isinstance(nxt, list) and keys[i + 1].isdigit():
+            node = nxt
+            continue
+        if not isinstance(nxt, (dict, list)):
+            raise ConfigError(".".join(keys[: i + 1]), nxt, "a section to set keys in")
+        node = nxt
+    last = keys[-1]
+    if isinstance(node, list):
+        idx = int(last)
+        if idx >= len(node):
+            raise ConfigError(".".join(keys), value, f"an index below {len(node)}")
+        node[idx] = value
+    else:
+        node[last] = value
 
 
 MAX_CONFIG_BYTES = 1 << 20  # a config is a page of text, not a dataset
@@ -724,7 +730,8 @@ def load_config(path: str | os.PathLike | None = None, overrides: typing.Iterabl
         if not isinstance(found, dict) or not found:
             raise ConfigError("smoke", found, "a mapping of 'key: value' overrides in the "
                                               "config (--smoke runs a config's smoke size)")
-        overrides = [*(f"{k}={json.dumps(v)}" for k, v in found.items()), *overrides]
+        for key, value in found.items():
+            set_key(data, str(key).split("."), value, f"smoke.{key}")
     data = apply_overrides(data, overrides)
     cfg = build_config(data)
     validate(cfg)

@@ -16,6 +16,9 @@ the next character — is read as LEAF's own ``language_utils`` reads it: each c
 index in LEAF's 80 letters (``LETTERS``), stored as one float per step (input shape (80,),
 for ``model.name=char_lstm``), the label the next character's index; a character outside
 the 80 gets the one extra class 80 (LEAF's ``letter_to_index`` gives it −1, a zero one-hot).
+CelebA's ``x`` names images (LEAF's ``metadata_to_json.py``: one client per celebrity, ``y``
+1.0 when "Smiling"), read from ``data.root/raw/img_align_celeba`` as LEAF's model reads them
+(:func:`celeba_rows`: resized to 84×84, RGB; here channels-first in [0, 1]).
 Sent140's records (``x`` a list of tweet records [id, date, query, user, text, split tag],
 ``y`` 1 for a positive tweet, as LEAF's ``data_to_json.py`` writes them) are read as LEAF's
 stacked-LSTM model reads them: the text (field 4) split by ``split_line`` (runs of word
@@ -51,7 +54,7 @@ import os
 import re
 import secrets
 from collections import Counter
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +75,8 @@ from fedray.data.natural import (
 from fedray.data.population import TablePopulation
 
 MAX_CLASSES = 1 << 20  # a label beyond this is not a class id (and would size the classes)
+CELEBA_IMAGES = ("raw", "img_align_celeba")  # LEAF's image folder, beside train/ and test/
+CELEBA_SIZE = 84  # LEAF's IMAGE_SIZE
 SENT140_TEXT = 4  # the text's place in a Sent140 record (LEAF's models read e[4])
 SENT140_WORDS = 25  # LEAF's max_words
 _WORD = re.compile(r"[\w']+|[.,!?;]")
@@ -109,82 +114,124 @@ def leaf_files(root: str) -> dict[str, list[str]]:
     return out
 
 
-def _shard(path: str, index: dict[str, int] | None = None, steps: int = SENT140_WORDS
-           ) -> dict[str, tuple[Any, np.ndarray, str]]:
-    """One shard's users as (x, y int64 (n,), kind), checked: every rule broken is a
-    :class:`ConfigError` naming the file and the user. ``kind`` is ``numeric`` (x float32
-    (n, d)), ``letters`` (Shakespeare: x its letter ids, float32 (n, 80)) or ``words``
-    (Sent140: x the tweets' texts as a list of strings, or with a vocabulary ``index`` its
-    rows of ``steps`` word ids, :func:`sent140_rows`)."""
+def _shard(path: str, index: dict[str, int] | None = None, steps: int = SENT140_WORDS,
+           images: str | None = None) -> dict[str, tuple[Any, np.ndarray, str]]:
+    """One shard's users (:func:`_users`) as a dict."""
+    return {user: rows for user, rows in _users(path, index, steps, images)}
+
+
+def _users(path: str, index: dict[str, int] | None, steps: int, images: str | None
+           ) -> Iterator[tuple[str, tuple[Any, np.ndarray, str]]]:
+    """One shard's users, one at a time, as (user, (x, y int64 (n,), kind)), checked: every
+    rule broken is a :class:`ConfigError` naming the file and the user. ``kind`` is
+    ``numeric`` (x float32 (n, d)), ``letters`` (Shakespeare: x its letter ids, float32
+    (n, 80)), ``words`` (Sent140: x the tweets' texts as a list of strings, or with a
+    vocabulary ``index`` its rows of ``steps`` word ids, :func:`sent140_rows`) or
+    ``images`` (CelebA: x the named images of the folder ``images``, :func:`celeba_rows`)."""
     try:
         with open(path, "rb") as fh:
             doc, nonce, arrays = _parsed(fh.read())
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise _bad(path, "the file", f"a LEAF JSON shard (it does not parse: "
-                                             f"{type(e).__name__})") from None
+                                     f"{type(e).__name__})") from None
     if not isinstance(doc, dict) or not all(k in doc for k in ("users", "num_samples",
                                                                "user_data")):
-        raise _bad(path, "the file", "a LEAF JSON object with users, num_samples "
-                                             "and user_data")
+        raise _bad(path, "the file", "a LEAF JSON object with users, num_samples and "
+                                     "user_data")
     users, counts, data = doc["users"], doc["num_samples"], doc["user_data"]
     if not isinstance(users, list) or not isinstance(counts, list) or \
             not isinstance(data, dict) or len(users) != len(counts):
-        raise _bad(path, "the file", "users and num_samples lists of one length and "
-                                             "a user_data object")
-    out = {}
+        raise _bad(path, "the file", "users and num_samples lists of one length and a "
+                                     "user_data object")
+    seen: set[str] = set()
     for user, n in zip(users, counts, strict=True):
         where = f"user {user}"
         if not isinstance(user, str) or user not in data or not isinstance(data[user], dict):
-            raise _bad(path, where, "a user listed in users with its entry in "
-                                                  "user_data")
+            raise _bad(path, where, "a user listed in users with its entry in user_data")
+        if user in seen:
+            raise _bad(path, where, "each user once per shard")
+        seen.add(user)
         x, y = data[user].get("x"), data[user].get("y")
         if isinstance(x, dict) and nonce is not None:  # numeric rows read by _parsed
             i = x.get(nonce)
             x = arrays[i] if type(i) is int and 0 <= i < len(arrays) else None
         if not isinstance(x, list | np.ndarray) or not isinstance(y, list) or len(x) != len(y):
-            raise _bad(path, where, f"x and y lists of one length (x: "
-                                                  f"{_len(x)}, y: {_len(y)})")
+            raise _bad(path, where, f"x and y lists of one length (x: {_len(x)}, y: "
+                                    f"{_len(y)})")
         if len(x) != n:
-            raise _bad(path, where, f"num_samples = the length of its x and y "
-                                                  f"(num_samples {short_repr(n)}, x {len(x)})")
-        if isinstance(x, np.ndarray):  # numeric rows read by _parsed: checked below
-            kind = "numeric"
-        elif not x:  # a user without rows in this split
-            if user in out:
-                raise _bad(path, where, "each user once per shard")
-            out[user] = (np.zeros((0, 0), np.float32), np.zeros(0, np.int64), "numeric")
-            continue
-        else:
-            kind = "letters" if isinstance(x[0], str) else "words" if isinstance(
-                x[0], list) and x[0] and isinstance(x[0][0], str) else "numeric"
-        if kind == "letters":  # Shakespeare: a string and its next character
-            if not all(isinstance(s, str) and len(s) == len(x[0]) for s in x) or not all(
-                    isinstance(c, str) and len(c) == 1 for c in y):
-                raise _bad(path, where, "Shakespeare's text: x strings of one length, y "
-                                        "single characters")
-            x, y = [letter_ids(s) for s in x], [letter_ids(c)[0] for c in y]
-        elif kind == "words":  # Sent140: tweet records [id, date, query, user, text, ...]
-            if not all(isinstance(r, list) and len(r) > SENT140_TEXT and
-                       isinstance(r[SENT140_TEXT], str) for r in x):
-                raise _bad(path, where, "Sent140's tweet records: lists [id, date, query, "
-                                        "user, text, ...] with the text a string")
-            texts = [r[SENT140_TEXT] for r in x]
-            x = sent140_rows(texts, index, steps) if index is not None else \
-                np.zeros((len(texts), 1), np.float32)
+            raise _bad(path, where, f"num_samples = the length of its x and y (num_samples "
+                                    f"{short_repr(n)}, x {len(x)})")
+        yield user, _rows(path, where, x, y, index, steps, images)
+
+
+def _rows(path: str, where: str, x: Any, y: list, index: dict[str, int] | None, steps: int,
+          images: str | None) -> tuple[Any, np.ndarray, str]:
+    """One user's (x, y, kind) of :func:`_users` from its JSON ``x`` and ``y``."""
+    if isinstance(x, np.ndarray):  # numeric rows read by _parsed: checked below
+        kind = "numeric"
+    elif not x:  # a user without rows in this split
+        return np.zeros((0, 0), np.float32), np.zeros(0, np.int64), "numeric"
+    elif isinstance(x[0], str):  # Shakespeare's strings, or CelebA's image names
+        kind = "letters" if all(isinstance(c, str) and len(c) == 1 for c in y) else "images"
+    else:
+        kind = "words" if isinstance(x[0], list) and x[0] and isinstance(x[0][0], str) \
+            else "numeric"
+    texts = None
+    if kind == "letters":  # Shakespeare: a string and its next character
+        if not all(isinstance(s, str) and len(s) == len(x[0]) for s in x):
+            raise _bad(path, where, "Shakespeare's text: x strings of one length, y single "
+                                    "characters")
+        x, y = [letter_ids(s) for s in x], [letter_ids(c)[0] for c in y]
+    elif kind == "images":  # CelebA: image file names and their labels
+        x = celeba_rows(path, where, x, images)
+    elif kind == "words":  # Sent140: tweet records [id, date, query, user, text, ...]
+        if not all(isinstance(r, list) and len(r) > SENT140_TEXT and
+                   isinstance(r[SENT140_TEXT], str) for r in x):
+            raise _bad(path, where, "Sent140's tweet records: lists [id, date, query, user, "
+                                    "text, ...] with the text a string")
+        texts = [r[SENT140_TEXT] for r in x]
+        x = sent140_rows(texts, index, steps) if index is not None else \
+            np.zeros((len(texts), 1), np.float32)
+    try:
+        xa = np.asarray(x, dtype=np.float32)
+        ya = np.asarray(y, dtype=np.float64)
+    except (ValueError, TypeError, OverflowError):
+        raise _bad(path, where, "x: equal-length lists of numbers; y: integer labels"
+                   ) from None
+    if xa.ndim != 2 or ya.ndim != 1 or not np.isfinite(xa).all() or \
+            not (ya == np.round(ya)).all() or ((ya < 0) | (ya >= MAX_CLASSES)).any():
+        raise _bad(path, where, f"x: equal-length lists of finite numbers; y: integer labels "
+                                f"in 0..{MAX_CLASSES - 1}")
+    return (texts if texts is not None and index is None else xa), ya.astype(np.int64), kind
+
+
+def celeba_rows(path: str, where: str, names: list, images: str | None) -> np.ndarray:
+    """LEAF's CelebA images (``models/celeba/cnn.py``: ``Image.open``, resized to 84×84,
+    RGB) of one user, by file name in ``images`` (LEAF's ``data/raw/img_align_celeba``,
+    here ``data.root/raw/img_align_celeba``); float32 rows of (3, 84, 84) scaled to [0, 1]
+    (LEAF feeds 0..255 to a network that starts with batch norm). A name must be a plain
+    file name of a regular file inside the folder (no link out of it); a file that does not
+    decode, or a decompression bomb, is one error."""
+    from PIL import Image, UnidentifiedImageError
+
+    if images is None or not os.path.isdir(images):
+        raise _bad(path, where, f"CelebA's images in a folder {os.path.join(*CELEBA_IMAGES)}"
+                                f" of data.root (image names in x)")
+    out = np.empty((len(names), 3 * CELEBA_SIZE * CELEBA_SIZE), np.float32)
+    for i, name in enumerate(names):
+        full = os.path.join(images, name) if isinstance(name, str) else ""
+        if not isinstance(name, str) or os.path.basename(name) != name or \
+                name in ("", ".", "..") or not resolves_inside(full, images) or \
+                not os.path.isfile(full):
+            raise _bad(path, where, f"image names of regular files in {images} (got "
+                                    f"{short_repr(name)})")
         try:
-            xa = np.asarray(x, dtype=np.float32)
-            ya = np.asarray(y, dtype=np.float64)
-        except (ValueError, TypeError):
-            raise _bad(path, where, "x: equal-length lists of numbers; y: "
-                                                  "integer labels") from None
-        if xa.ndim != 2 or ya.ndim != 1 or not np.isfinite(xa).all() or \
-                not (ya == np.round(ya)).all() or ((ya < 0) | (ya >= MAX_CLASSES)).any():
-            raise _bad(path, where, f"x: equal-length lists of finite numbers; y: integer "
-                                    f"labels in 0..{MAX_CLASSES - 1}")
-        if user in out:
-            raise _bad(path, where, "each user once per shard")
-        out[user] = (texts if kind == "words" and index is None else xa, ya.astype(np.int64),
-                     kind)
+            with Image.open(full) as im:
+                im = im.resize((CELEBA_SIZE, CELEBA_SIZE), Image.Resampling.BICUBIC)
+                arr = np.asarray(im.convert("RGB"))
+        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
+            raise _bad(path, where, f"images that decode ({name} does not)") from None
+        out[i] = arr.transpose(2, 0, 1).reshape(-1) / np.float32(255)
     return out
 
 
@@ -217,15 +264,21 @@ def _csv_rows(raw: bytes, spans: list[tuple[int, int]]) -> list[np.ndarray] | No
     array, or None when they are not one table of numbers. Arrow's CSV reader parses about
     :data:`CSV_GROUP_BYTES` of text at a time (a shard at once would hold its whole table
     in float64 beside the text); numbers are read as float64 and rounded to float32, the
-    same two steps as ``json`` then NumPy."""
+    same two steps as ``json`` then NumPy. Only ``json.dump``'s layouts take this path
+    (rows separated by ", " or ","; an indented file keeps brackets Arrow refuses, and a
+    space inside a number or ``--1`` is refused too: the shard goes to ``json`` and its
+    errors). Arrow is more lenient than JSON in one way, kept for speed: it reads ``+1``,
+    ``.5``, ``1.`` and ``01`` (JSON refuses them) as the numbers they spell."""
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
     out: list[np.ndarray] = []
     width, group, size = None, [], 0
     for k, (a, b) in enumerate(spans):
-        part = raw[a:b].translate(None, b" \t\n\r")[2:-2].replace(b"],[", b"\n")
-        if not part:
+        # the rows inside the outer brackets, one a line, without json.dump's ", " spaces
+        # (any other layout leaves a bracket or a space Arrow refuses: json's path)
+        part = raw[a + 1:b - 1].strip()[1:-1].replace(b", ", b",").replace(b"],[", b"\n")
+        if not part.strip():
             return None
         group.append(part)
         size += len(part)
@@ -285,10 +338,17 @@ def read_vocab(path: str, size: int) -> list[str]:
             raise ConfigError(f"data.vocab ({path})", "the file", "LEAF's embs.json: an "
                                                               "object with a vocab list of "
                                                               "words")
-    else:
+    else:  # the first token of each line, until `size` distinct words
+        words, seen = [], set()
         with open(path, "rb") as fh:
-            words = [line.split(maxsplit=1)[0].decode("utf-8", "replace") for line in fh
-                     if line.strip()]
+            for line in fh:
+                word = line.split(maxsplit=1)[0].decode("utf-8", "replace") if line.strip() \
+                    else None
+                if word is not None and word not in seen:
+                    seen.add(word)
+                    words.append(word)
+                    if len(words) == size:
+                        break
     vocab = list(dict.fromkeys(words))[:size]
     if not vocab:
         raise ConfigError(f"data.vocab ({path})", "the file", "at least one word")
@@ -322,8 +382,9 @@ def build_leaf(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
     def read(scratch: str) -> Natural:
         os.makedirs(scratch)
         vocab = read_vocab(vocab_file, d.vocab_size) if vocab_file else None
+        images = os.path.join(root, *CELEBA_IMAGES)
         units = [_Shard(f, os.path.join(scratch, f"{k}.bin"), k < len(files["train"]), steps,
-                        vocab) for k, f in enumerate(shards)]
+                        vocab, images) for k, f in enumerate(shards)]
         results = list(ordered_map(_spool_shard, units))
         if any(kind == "counts" for kind, _ in results):  # Sent140 without a vocabulary file
             counts: Counter[str] = Counter()
@@ -356,6 +417,8 @@ def build_leaf(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
                 yield Block.of(user, parts[0], parts[1], (int(width or 1),))
 
         def shape() -> tuple[int, ...]:
+            if "images" in kinds:
+                return 3, CELEBA_SIZE, CELEBA_SIZE
             return (int(width or 1),) if kinds - {"numeric"} else input_shape_of(
                 int(width or 1))
 
@@ -374,39 +437,39 @@ def build_leaf(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
 @dataclass
 class _Shard:
     """One shard's work: read ``path``, spool its rows to ``out``; Sent140's texts become
-    ``steps`` ids of ``vocab`` (without a vocabulary their words are counted instead)."""
+    ``steps`` ids of ``vocab`` (without a vocabulary their words are counted instead),
+    CelebA's image names the images of the folder ``images``."""
 
     path: str
     out: str
     train: bool
     steps: int
     vocab: list[str] | None
+    images: str
 
 
 def _spool_shard(unit: _Shard) -> tuple[str, Any]:
-    """One shard parsed and checked (:func:`_shard`): ``("rows", per user (id, rows, width,
-    kind, byte offset, the largest id for letters))`` with its users' rows appended to
-    ``unit.out`` (x float32, then y int64), or, for Sent140 without a vocabulary,
-    ``("counts", the train shard's word counts or None)``."""
+    """One shard parsed and checked (:func:`_users`), user by user: ``("rows", per user
+    (id, rows, width, kind, byte offset, the largest id for letters))`` with each user's
+    rows appended to ``unit.out`` (x float32, then y int64) as it is read, or, for Sent140
+    without a vocabulary, ``("counts", the train shard's word counts or None)``."""
     index = None if unit.vocab is None else {w: i for i, w in enumerate(unit.vocab)}
-    users = _shard(unit.path, index, unit.steps)
-    if index is None and any(kind == "words" for _, _, kind in users.values()):
-        if not unit.train:
-            return "counts", None
-        counts: Counter[str] = Counter()
-        for texts, _, _ in users.values():
-            for text in texts:
-                counts.update(split_line(text))
-        return "counts", counts
-    found = []
+    found, counts = [], None
     with open(unit.out, "wb") as fh:
-        for user, (x, y, kind) in users.items():
+        for user, (x, y, kind) in _users(unit.path, index, unit.steps, unit.images):
+            if kind == "words" and index is None:  # Sent140 without a vocabulary: count
+                if not unit.train:
+                    return "counts", None
+                counts = counts if counts is not None else Counter()
+                for text in x:
+                    counts.update(split_line(text))
+                continue
             at = fh.tell()
             fh.write(x.tobytes())
             fh.write(y.tobytes())
             most = int(max(x.max(initial=0), y.max(initial=0))) if kind == "letters" else 0
             found.append((user, len(y), int(x.shape[1]), kind, at, most))
-    return "rows", found
+    return ("counts", counts) if counts is not None else ("rows", found)
 
 
 def _unspool(path: str, at: int, n: int, width: int) -> tuple[np.ndarray, np.ndarray]:

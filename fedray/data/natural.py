@@ -3,7 +3,8 @@ cache, streamed: a reader yields its clients one at a time in sorted natural-id 
 :class:`EntryWriter` writes them as Arrow record batches of whole clients, so that a build
 holds one batch of rows (about :data:`BATCH_BYTES`), never the whole dataset. The readers'
 per-file work runs in a pool of processes (:func:`ordered_map`, results in order) when
-there is enough of it; the entry is the same bytes with or without the pool.
+there is enough of it; the entry is the same bytes with or without the pool, on any
+machine (work units and record batches have fixed sizes).
 
 The cache entry is keyed by the files (path, size, modification time),
 ``clients.num_clients``, ``data.min_samples``, the seed and the reader's own settings; the
@@ -14,11 +15,14 @@ global test set is up to 10,000 of the kept clients' test rows (seeded).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Generator, Iterable
+import sys
+import zipfile
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,7 +98,7 @@ def natural_split_population(d: DataConfig, num_clients: int, seed: int, kind: s
     if all(os.path.isfile(p) and resolves_inside(p, folder) for p in (path, index_path)):
         try:
             pop = TablePopulation._from_cache(path, index_path)
-        except (ValueError, KeyError, IndexError, TypeError, OSError):
+        except (ValueError, KeyError, IndexError, TypeError, OSError, zipfile.BadZipFile):
             pass  # a damaged cache entry is rebuilt
         else:
             return _same_vocabulary(pop, extra_info or {})
@@ -235,7 +239,7 @@ class EntryWriter:
         with open(self.tmp_index, "wb") as fh:  # a file object: savez adds no suffix
             np.savez(fh, offsets=offsets, split=split,
                      natural_ids=np.asarray(self.keep).astype(str),
-                     x_test=x_test.reshape(len(x_test), -1), y_test=y_test,
+                     x_test=x_test.reshape(len(x_test), int(np.prod(shape))), y_test=y_test,
                      info=np.array(json.dumps(info)))
         os.replace(self.tmp_index, self.index_path)
         os.replace(self.tmp, self.path)
@@ -279,22 +283,59 @@ def _rows_of(path: str, rows: np.ndarray, shape: tuple[int, ...],
     return np.concatenate(xs), np.concatenate(ys)
 
 
-def ordered_map(fn: Callable[[Any], Any], units: list[Any]) -> Iterable[Any]:
+@contextlib.contextmanager
+def _main_hidden() -> Iterator[None]:
+    """``__main__``'s file and spec hidden while pool workers start: a ``spawn``ed worker
+    would otherwise run the caller's script again (a script without an ``if __name__ ==
+    "__main__":`` guard would start its own build there and break the pool). The workers
+    need only fedray's modules, which they import by name."""
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__")
+             if main is not None and k in main.__dict__}
+    if main is not None:
+        main.__dict__.pop("__file__", None)
+        main.__spec__ = None  # spawn reads it; None: nothing to import
+    try:
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.pop("__spec__", None)
+            main.__dict__.update(saved)
+
+
+def ordered_map(fn: Callable[[Any], Any], units: list[Any]) -> Iterator[Any]:
     """``fn`` over ``units``, results in order: in a pool of as many processes as this
-    machine has cores (at most 8; started fresh, so nothing of the caller's state is
-    inherited) when there are at least :data:`POOL_MIN_UNITS` units and two cores, else
-    here. An error raised in a worker is raised here."""
-    workers = min(8, os.cpu_count() or 1, len(units))
+    process may use cores (at most 8; started with ``spawn`` without the caller's
+    ``__main__``, so nothing of the caller's state is inherited or run again) when there
+    are at least :data:`POOL_MIN_UNITS` units and two cores, else here. At most two units
+    per worker are in flight, so finished results never pile up ahead of the consumer; an
+    error raised in a worker is raised here and the units not started are dropped."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        os.cpu_count() or 1
+    workers = min(8, cores, len(units))
     if workers < 2 or len(units) < POOL_MIN_UNITS:
         yield from map(fn, units)
         return
     import multiprocessing
+    from collections import deque
     from concurrent.futures import ProcessPoolExecutor
 
     ex = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
     try:
-        yield from ex.map(fn, units)
-    finally:  # an error or a consumer that stops early: the units not started are dropped
+        pending: deque[Any] = deque()
+        todo = iter(units)
+        with _main_hidden():  # the workers start here
+            for unit in todo:
+                pending.append(ex.submit(fn, unit))
+                if len(pending) >= 2 * workers:
+                    break
+        while pending:
+            result = pending.popleft().result()
+            nxt = next(todo, None)
+            if nxt is not None:
+                pending.append(ex.submit(fn, nxt))
+            yield result
+    finally:
         ex.shutdown(wait=True, cancel_futures=True)
 
 

@@ -27,6 +27,7 @@ import re
 import shutil
 import socket
 import time
+import zipfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -688,7 +689,7 @@ class TablePopulation:
         if all(os.path.isfile(p) and resolves_inside(p, folder) for p in (path, index_path)):
             try:
                 return cls._from_cache(path, index_path)
-            except (ValueError, KeyError, IndexError, TypeError, OSError):
+            except (ValueError, KeyError, IndexError, TypeError, OSError, zipfile.BadZipFile):
                 pass  # a damaged cache entry is rebuilt
         return cls._convert(d, files, num_clients, seed, path, index_path)
 
@@ -752,8 +753,8 @@ class TablePopulation:
         pop.num_classes = len(pop.info["classes"])
         pop._map()
         starts, _, ys = pop._parts
-        if (starts[-1] + len(ys[-1]) if ys else 0) != int(offsets[-1]) or \
-                len(split) != pop.num_clients:
+        if starts[-1] + len(ys[-1]) != int(offsets[-1]) or len(split) != pop.num_clients \
+                or not np.isin(starts, offsets).all():  # a batch holds whole clients
             raise ValueError("cache entry does not match its index")
         return pop
 

@@ -69,6 +69,7 @@ CHAR_VOCAB = ("dhlptx@DHLPTX $(,048cgkoswCGKOSW[_#'/37;?bfjnrvzBFJNRVZ\"&*.26:\n
 SEQ_LEN = {"snippets": 80, "tokens": 20}
 IGNORE = -100  # a padded target (fedray.models.training.IGNORE)
 UNIT_CLIENTS = 2_000  # clients read and converted as one work unit
+MAX_CLIENT_BYTES = 1 << 30  # one client's dataset, as declared (a tiny file can declare TBs)
 CHAR_TABLE = np.full(256, len(CHAR_VOCAB) + 1, np.int64)  # byte -> TFF's character id
 CHAR_TABLE[np.frombuffer(CHAR_VOCAB.encode(), np.uint8)] = np.arange(1, len(CHAR_VOCAB) + 1)
 
@@ -112,12 +113,19 @@ def _examples(path: str) -> tuple[Any, Any]:
     except OSError as e:
         raise _bad(path, "the file", f"a readable HDF5 file ({' '.join(str(e).split())[:100]})"
                    ) from None
-    group = fh.get("examples")
-    if not isinstance(group, h5py.Group):
+    from h5py import h5g, h5l
+
+    links = fh.id.links
+    try:
+        hard = links.exists(b"examples") and links.get_info(b"examples").type == h5l.TYPE_HARD
+        gid = h5g.open(fh.id, b"examples") if hard else None
+    except (KeyError, ValueError, RuntimeError, OSError, TypeError):
+        gid = None
+    if gid is None:  # no group, or a link (an external one would read another file)
         fh.close()
-        raise _bad(path, "the file", "TFF's layout: an examples group of examples/<client>/"
-                                     "<feature> datasets")
-    return fh, group.id
+        raise _bad(path, "the file", "TFF's layout: an examples group stored in the file, of "
+                                     "examples/<client>/<feature> datasets")
+    return fh, gid
 
 
 def _bad(path: str, what: str, rule: str) -> ConfigError:
@@ -137,6 +145,11 @@ def _clients_of(path: str) -> list[str]:
         if kind != h5l.TYPE_HARD:
             raise _bad(path, f"client {name.decode(errors='replace')}", "groups stored in the "
                        "file (an external or soft link would read elsewhere)")
+        try:
+            name.decode()
+        except UnicodeDecodeError:
+            raise _bad(path, f"client {name.decode(errors='replace')}", "client ids in "
+                                                                      "UTF-8") from None
     return [name.decode() for name, _ in found]
 
 
@@ -144,11 +157,15 @@ def _feature_of(d: DataConfig, path: str, user: str) -> str:
     """``data.feature_columns[0]``, else the first of FEATURES + TEXT the client has."""
     if d.feature_columns:
         return d.feature_columns[0]
-    import h5py
+    from h5py import h5g
 
-    with h5py.File(path, "r") as fh:
-        g = fh["examples"].get(user)
-        names = sorted(g) if isinstance(g, h5py.Group) else []
+    fh, gid = _examples(path)
+    with fh:
+        try:
+            names = sorted(n.decode(errors="replace") for n in _names(h5g.open(
+                gid, user.encode())))
+        except (KeyError, ValueError, RuntimeError, OSError, TypeError):
+            names = []
     found = next((f for f in FEATURES + TEXT if f in names), None)
     if found is None:
         raise _bad(path, f"client {user}", f"a dataset {' or '.join(FEATURES + TEXT)} (it has "
@@ -184,6 +201,11 @@ def _client_raw(path: str, gid: Any, user: str, feature: str, label: str) -> Any
             ds = h5d.open(ug, key)
         except (KeyError, ValueError, OSError, TypeError):
             raise _bad(path, f"client {user}", f"{name!r} a dataset") from None
+        space = ds.get_space()
+        if space.get_simple_extent_type() != h5s.SIMPLE or \
+                space.get_simple_extent_npoints() * ds.get_type().get_size() > MAX_CLIENT_BYTES:
+            raise _bad(path, f"client {user}", f"{name!r} an array of at most "
+                                               f"{MAX_CLIENT_BYTES >> 30} GiB")
         if ds.get_offset() is None:  # not one contiguous block of this file: ask why
             plist = ds.get_create_plist()
             if plist.get_layout() == h5d.VIRTUAL or plist.get_external_count():
@@ -345,10 +367,9 @@ def build_tff(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
 
 
 def _chunks(users: list[str]) -> list[list[str]]:
-    """Work units of about :data:`UNIT_CLIENTS` clients, at least 4 per core when the
-    clients allow (so the pool's last unit is short)."""
-    size = max(1, min(UNIT_CLIENTS, -(-len(users) // (4 * (os.cpu_count() or 1)))))
-    return [users[i:i + size] for i in range(0, len(users), size)]
+    """Work units of :data:`UNIT_CLIENTS` clients (a fixed size, so the entry's record
+    batches are the same on every machine)."""
+    return [users[i:i + UNIT_CLIENTS] for i in range(0, len(users), UNIT_CLIENTS)]
 
 
 def _counted_vocab(units: list[_Unit], size: int) -> list[str]:

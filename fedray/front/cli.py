@@ -183,6 +183,9 @@ def run(config: Path | None = typer.Argument(
 
     if target_epsilon is not None:
         set_ = [*(set_ or []), "dp.enabled=true", f"dp.target_epsilon={target_epsilon}"]
+    if resume and smoke:
+        fail("--smoke sets the size of a new run; a resumed run keeps its own (give -s "
+             "rounds=N to extend it)", as_json)
     try:
         if resume:
             cfg = resume_config(resume, set_ or [])
