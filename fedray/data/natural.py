@@ -38,6 +38,8 @@ from fedray.data.population import (
     _cache_root,
     _remove_stale_temps,
     _temp_name,
+    batch_arrays,
+    rows_table,
 )
 
 SPLITS = ("train", "test")
@@ -181,8 +183,7 @@ class EntryWriter:
         keep = np.zeros(len(n), bool)
         keep[take] = True
         rows = np.repeat(keep, n)
-        x, y = block.x[rows] if not rows.all() else block.x, \
-            block.y[rows] if not rows.all() else block.y
+        x, y = (block.x, block.y) if rows.all() else (block.x[rows], block.y[rows])
         if len(y):
             if not self._bytes and self._writer is None:
                 self.label_shape = tuple(int(s) for s in y.shape[1:])
@@ -207,10 +208,7 @@ class EntryWriter:
         else:
             return
         self._xs, self._ys, self._bytes = [], [], 0
-        ycol: Any = pa.array(y) if y.ndim == 1 else pa.FixedSizeListArray.from_arrays(
-            pa.array(y.reshape(-1)), int(np.prod(y.shape[1:])))
-        table = pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)),
-                                                                 x.shape[1]), "y": ycol})
+        table = rows_table(x, y)
         if self._writer is None:
             self._sink = pa.OSFile(self.tmp, "wb")
             self._writer = pa.ipc.new_file(self._sink, table.schema)
@@ -267,17 +265,12 @@ def _rows_of(path: str, rows: np.ndarray, shape: tuple[int, ...],
     with pa.OSFile(path, "rb") as source:
         reader = pa.ipc.open_file(source)
         for i in range(reader.num_record_batches):
-            batch = reader.get_batch(i)
-            n = batch.num_rows
-            want = rows[(rows >= at) & (rows < at + n)] - at
+            x, y = batch_arrays(reader.get_batch(i), shape, label_shape)
+            want = rows[(rows >= at) & (rows < at + len(y))] - at
             if len(want):
-                x = batch.column("x").values.to_numpy().reshape(n, -1)
-                y = batch.column("y")
-                y = y.values.to_numpy().reshape(n, *label_shape) if label_shape else \
-                    y.to_numpy()
-                xs.append(x[want].reshape(len(want), *shape))
+                xs.append(x[want])
                 ys.append(y[want])
-            at += n
+            at += len(y)
     if not xs:
         return np.zeros((0, *shape), np.float32), np.zeros((0, *label_shape), np.int64)
     return np.concatenate(xs), np.concatenate(ys)

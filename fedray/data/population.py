@@ -588,6 +588,31 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def rows_table(x: np.ndarray, y: np.ndarray) -> Any:
+    """Rows as a cache entry's Arrow table: ``x`` flattened into a fixed-size list column,
+    ``y`` as it is, or for per-token labels (y of shape (N, steps)) a fixed-size list."""
+    import pyarrow as pa
+
+    x2 = x.reshape(len(x), int(np.prod(x.shape[1:])))  # also without rows
+    ycol: Any = pa.array(y) if y.ndim == 1 else pa.FixedSizeListArray.from_arrays(
+        pa.array(y.reshape(-1)), int(np.prod(y.shape[1:])))
+    return pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(x2.reshape(-1)),
+                                                           x2.shape[1]), "y": ycol})
+
+
+def batch_arrays(batch: Any, input_shape: tuple[int, ...], label_shape: tuple[int, ...]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """One record batch of a cache entry (:func:`rows_table`) as NumPy views (no copy)."""
+    xcol, ycol = batch.column("x"), batch.column("y")
+    n = len(ycol)
+    if xcol.offset or ycol.offset or xcol.null_count or ycol.null_count:
+        raise ValueError("unexpected record batch layout")
+    x = xcol.values.to_numpy(zero_copy_only=True).reshape(n, *input_shape)
+    y = ycol.values.to_numpy(zero_copy_only=True).reshape(n, *label_shape) if label_shape \
+        else ycol.to_numpy(zero_copy_only=True)
+    return x, y
+
+
 def mapped_batches(path: str, input_shape: tuple[int, ...], label_shape: tuple[int, ...]
                    ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
     """A cache entry's rows, memory-mapped: the first row of each record batch and each
@@ -597,16 +622,11 @@ def mapped_batches(path: str, input_shape: tuple[int, ...], label_shape: tuple[i
     reader = pa.ipc.open_file(pa.memory_map(path))
     starts, xs, ys, at = [], [], [], 0
     for i in range(reader.num_record_batches):
-        batch = reader.get_batch(i)
-        xcol, ycol = batch.column("x"), batch.column("y")
-        n = len(ycol)
-        if xcol.offset or ycol.offset or xcol.null_count or ycol.null_count:
-            raise ValueError("unexpected record batch layout")
-        xs.append(xcol.values.to_numpy(zero_copy_only=True).reshape(n, *input_shape))
-        ys.append(ycol.values.to_numpy(zero_copy_only=True).reshape(n, *label_shape)
-                  if label_shape else ycol.to_numpy(zero_copy_only=True))
+        x, y = batch_arrays(reader.get_batch(i), input_shape, label_shape)
+        xs.append(x)
+        ys.append(y)
         starts.append(at)
-        at += n
+        at += len(y)
     if not xs:  # an entry without rows
         starts, xs, ys = [0], [np.zeros((0, *input_shape), np.float32)], [
             np.zeros((0, *label_shape), np.int64)]
@@ -625,14 +645,9 @@ def write_cache_entry(path: str, index_path: str, x: np.ndarray, y: np.ndarray,
     are stored as fixed-size lists and ``info["label_shape"]`` set."""
     import pyarrow as pa
 
-    x2 = x.reshape(len(x), -1)
-    ycol: Any = y
     if y.ndim > 1:
         info = {**info, "label_shape": [int(s) for s in y.shape[1:]]}
-        ycol = pa.FixedSizeListArray.from_arrays(pa.array(y.reshape(-1)),
-                                                 int(np.prod(y.shape[1:])))
-    out = pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(x2.reshape(-1)),
-                                                           x2.shape[1]), "y": ycol})
+    out = rows_table(x, y)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp, tmp_index = _temp_name(path), _temp_name(index_path)
     try:
