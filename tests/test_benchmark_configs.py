@@ -1,6 +1,7 @@
 """The published setups of configs/benchmarks/ (issue #31, deliverable 4): each full-size
 config is valid, names its source, and its `--smoke` size runs through Ray on a CPU on
-files written here in the dataset's own format (TFF .h5, LEAF JSON, CIFAR's batches)."""
+files written here in the dataset's own format (TFF .h5, LEAF JSON, CIFAR's batches,
+FLAIR's HDF5)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 
 import pytest
 from cifar_fixture import patch_cifar_md5, write_fake_cifar
+from test_flair import write_flair
 from test_leaf import USERS, write_leaf, write_shakespeare
 from test_sent140 import write_sent140
 from test_tff_h5 import write_tff
@@ -36,13 +38,15 @@ def data_for(name: str, root, monkeypatch) -> None:
         write_shakespeare(root, {"A_B": (9, 3), "C_D": (6, 2), "E_F": (7, 2)})
     elif name == "leaf_sent140":
         write_sent140(root)
+    elif name == "pfl_flair":
+        write_flair(str(root / "flair_federated.hdf5"), size=40)
     else:
         raise AssertionError(f"no test data for {name}")
 
 
 def test_every_published_setup_is_here():
     assert CONFIGS == ["leaf_femnist", "leaf_sent140", "leaf_shakespeare", "pfl_cifar10",
-                       "pfl_femnist", "tff_stackoverflow"]
+                       "pfl_femnist", "pfl_flair", "tff_stackoverflow"]
 
 
 @pytest.mark.parametrize("name", CONFIGS)

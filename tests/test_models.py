@@ -34,8 +34,13 @@ def test_mlp_784_256_10_parameters():
 def test_every_model_builds_and_runs(name, shape):
     torch.manual_seed(0)
     kwargs = {"width": 8} if name.startswith("resnet") else {}
-    model = build_model(name, shape, 7, **kwargs)
     builder = get_model_builder(name)
+    only = getattr(builder, "channels", None)  # flair_resnet18: RGB images only
+    if only is not None and (len(shape) != 3 or shape[0] != only):
+        with pytest.raises(ValueError, match=f"{only} channels"):
+            build_model(name, shape, 7, **kwargs)
+        return
+    model = build_model(name, shape, 7, **kwargs)
     tokens = getattr(builder, "token_ids", False)  # char_lstm: ids < 7
     out = model(torch.randint(0, 7, (2, *shape)).float() if tokens else torch.randn(2, *shape))
     per_token = getattr(builder, "per_token", False)  # next-token logits at every step

@@ -68,11 +68,13 @@ class DataConfig:
                        "are split by data.client_column, one client per natural id; leaf "
                        "reads LEAF's JSON shards (train/ and test/), one client per user; tff "
                        "reads TensorFlow Federated's train/test .h5 files, one client per "
-                       "client id")
+                       "client id; flair reads pfl-research's FLAIR HDF5 file, one client "
+                       "per train user (multi-label)")
     root: str | None = spec(None, help="local directory of a torchvision dataset (cifar*), "
                                        "the CSV file (blogtext), the Parquet file or "
                                        "directory (parquet), the save_to_disk directory (hf), "
-                                       "the dataset directory (leaf, tff)")
+                                       "the dataset directory (leaf, tff), FLAIR's .hdf5 "
+                                       "file or its directory (flair)")
     hf_id: str | None = spec(None, help="hf: a Hugging Face dataset id (flwrlabs/femnist, "
                                         "sentiment140, ...) read from the local hub cache "
                                         "(HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/"
@@ -87,7 +89,12 @@ class DataConfig:
     client_column: str | None = spec(None, help="parquet/hf: the column naming each row's "
                                                 "client (author, writer, device)")
     label_column: str = spec("label", help="parquet/hf: the integer class column; tff: the "
-                                           "label dataset of each client")
+                                           "label dataset of each client; flair: the label "
+                                           "set, labels (17 coarse, the default) or "
+                                           "fine_grained_labels (1,628)")
+    max_client_samples: int | None = spec(
+        None, ge=1, help="flair: a user's first images kept (default pfl-research's "
+                         "max_num_user_images, 512)")
     feature_columns: list[str] | None = spec(
         None, help="parquet/hf: numeric feature columns, or one fixed-size list column "
                    "(default: every numeric column but the client and label ones)")
@@ -124,7 +131,9 @@ class DataConfig:
     download: bool = spec(False, help="let torchvision download cifar* into root; hf: let "
                                       "huggingface_hub fetch data.hf_id's Parquet files "
                                       "into its cache")
-    image_size: int | None = spec(None, ge=8, help="upsample digits to this square size")
+    image_size: int | None = spec(None, ge=8, help="upsample digits to this square size; "
+                                                   "flair: resize the photos to it (Pillow "
+                                                   "bilinear; default the file's 256)")
     channels: int = spec(1, ge=1, le=3, help="digits channels (3 replicates the grey image)")
     partition: Literal["iid", "dirichlet", "pathological", "shard", "inner_dirichlet",
                        "quantity", "linear", "square", "exponential"] = spec(
@@ -142,10 +151,12 @@ class DataConfig:
         "equal", help="inner_dirichlet: each client's size (equal, quantity ~ "
                       "Dirichlet(quantity_alpha), or a Flower size partition)")
     quantity_alpha: float = spec(0.5, gt=0, help="quantity skew: Dirichlet over client sizes")
-    min_samples: int = spec(4, ge=2, help="minimum samples per client (train + test; Flower "
+    min_samples: int = spec(4, ge=1, help="minimum samples per client (train + test; Flower "
                                           "Datasets' min_partition_size): dirichlet redraws "
                                           "up to 100 times until every client has it, the "
-                                          "other partitions refuse a split that misses it")
+                                          "other partitions refuse a split that misses it; "
+                                          "the natural splits (leaf, tff, flair) keep the "
+                                          "users that have it, the others at least 2")
     local_test_fraction: float = spec(0.2, gt=0, lt=1, help="share of a shard held out locally")
     feature_skew: float = spec(0.0, ge=0, help="strength of the per-client input transform")
     drift_round: int | None = spec(None, ge=1, help="round from which drifted labels apply")

@@ -174,6 +174,8 @@ CAPABILITIES = {
     "server_optimizer": "any server optimizer (server.optimizer: sgd, momentum, adam, yogi, "
                         "adagrad) applies its pseudo-gradient",
     "vectorizable": "a cohort of clients runs as one batched computation",
+    "multilabel": "multi-label targets (data.dataset=flair): its clients train and score with "
+                  "fedray.models.training's loss and evaluate, which take multi-hot targets",
     "robust": "a Byzantine-robust rule (robust.rule) aggregates its updates in place of the "
               "weighted mean",
     "attack": "model-poisoning attacks (adversary.attack): the upload is an update Δ with the "

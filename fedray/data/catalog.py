@@ -165,6 +165,33 @@ def _check_tff(cfg: Any) -> None:
     tff_files(cfg.data.root)
 
 
+def _flair(d: Any, num_clients: int, seed: int) -> Any:
+    from fedray.data.flair import build_flair
+
+    return build_flair(d, num_clients, seed)
+
+
+def _check_flair(cfg: Any) -> None:
+    """The FLAIR file exists inside ``data.root``, the label set is FLAIR's, and the method
+    trains on multi-hot targets (capability ``multilabel``); the file's groups are checked
+    when it is read, still before Ray starts."""
+    from fedray.data.flair import flair_file, label_set
+
+    if not cfg.data.root:
+        raise ConfigError("data.root", cfg.data.root, "FLAIR's HDF5 file (pfl-research's "
+                                                      "flair_federated.hdf5) or its directory")
+    flair_file(cfg.data.root)
+    label_set(cfg.data)
+    registry.require(registry.method(cfg.algorithm.get("name", "fedavg")), "multilabel",
+                     "data.dataset", "flair")
+    section = getattr(cfg, "adversary", None)
+    attack = section.attack if section is not None and section.active else None
+    if attack in ("label_flip", "backdoor"):
+        raise ConfigError("adversary.attack", attack, "a model-poisoning attack with "
+                                                      "data.dataset=flair (its data poisoning "
+                                                      "rewrites single class labels)")
+
+
 def _check_blogtext(cfg: Any) -> None:
     if cfg.data.root is None or not Path(cfg.data.root).is_file():
         raise ConfigError("data.root", cfg.data.root, "an existing BlogText-schema CSV file")
@@ -184,7 +211,8 @@ for _entry in (
         DatasetEntry("parquet", "table", check=_check_table),
         DatasetEntry("hf", "table", check=_check_table),
         DatasetEntry("leaf", "table", check=_check_leaf, population=_leaf),
-        DatasetEntry("tff", "table", check=_check_tff, population=_tff)):
+        DatasetEntry("tff", "table", check=_check_tff, population=_tff),
+        DatasetEntry("flair", "table", check=_check_flair, population=_flair)):
     registry.register_dataset(_entry)
 
 __all__ = ["DatasetEntry"]

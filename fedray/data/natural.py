@@ -10,7 +10,9 @@ The cache entry is keyed by the files (path, size, modification time),
 ``clients.num_clients``, ``data.min_samples``, the seed and the reader's own settings; the
 clients kept are the first ``clients.num_clients`` in sorted id order with at least
 ``data.min_samples`` rows (train + test), each client's train rows then its test rows; the
-global test set is up to 10,000 of the kept clients' test rows (seeded).
+global test set is up to 10,000 of the kept clients' test rows (seeded; fewer for large
+inputs: :func:`fedray.data.population.global_test_size`), or a reader's own held-out rows
+(FLAIR's test users). 8-bit images are stored as 8-bit and multi-hot targets as float32.
 """
 
 from __future__ import annotations
@@ -33,12 +35,13 @@ from fedray.core.outputs import resolves_inside
 from fedray.core.seeding import rng
 from fedray.core.spec import ConfigError, redact
 from fedray.data.population import (
-    GLOBAL_TEST_MAX,
     TablePopulation,
     _cache_root,
     _remove_stale_temps,
     _temp_name,
+    as_inputs,
     batch_arrays,
+    global_test_size,
     rows_table,
 )
 
@@ -82,6 +85,9 @@ class Natural:
     shape: Callable[[], tuple[int, ...]]
     classes: Callable[[], int | list[str] | None] = field(default=lambda: None)
     info: Callable[[], dict[str, Any]] = field(default=lambda: {})
+    # the global test set's rows from users outside the clients (FLAIR's test partition),
+    # given the largest row count wanted; None: drawn from the clients' test rows
+    held_out: Callable[[int], tuple[np.ndarray, np.ndarray]] | None = None
 
 
 def natural_split_population(d: DataConfig, num_clients: int, seed: int, kind: str,
@@ -123,7 +129,7 @@ def natural_split_population(d: DataConfig, num_clients: int, seed: int, kind: s
                 "ids_too_small": writer.total - writer.eligible, "classes": names,
                 "input_shape": list(source.shape()), "split": split_note,
                 **source.info(), **(extra_info or {})}
-        return writer.finish(seed, info)
+        return writer.finish(seed, info, source.held_out)
     finally:
         if source is not None:
             source.blocks.close()  # a reader's pool stops with it
@@ -187,8 +193,11 @@ class EntryWriter:
         if len(y):
             if not self._bytes and self._writer is None:
                 self.label_shape = tuple(int(s) for s in y.shape[1:])
-            self._xs.append(np.ascontiguousarray(x, np.float32).reshape(len(x), -1))
-            self._ys.append(np.ascontiguousarray(y, np.int64))
+            # 8-bit pixels stay 8-bit (as_inputs scales them when read), multi-hot stays float
+            self._xs.append(np.ascontiguousarray(x, np.uint8 if x.dtype == np.uint8 else
+                                                 np.float32).reshape(len(x), -1))
+            self._ys.append(np.ascontiguousarray(y, np.float32 if y.dtype.kind == "f" else
+                                                 np.int64))
             self._bytes += self._xs[-1].nbytes + self._ys[-1].nbytes
         ends = self.offsets[-1] + np.cumsum(n[take])
         self.split.extend((ends - n[take] + n_train[take]).tolist())
@@ -217,8 +226,12 @@ class EntryWriter:
             raise ValueError(f"rows of another shape than the first batch's ({table.schema})")
         self._writer.write_table(table, max_chunksize=max(1, len(y)))
 
-    def finish(self, seed: int, info: dict[str, Any]) -> TablePopulation:
-        """Write the last batch and the index, rename both into place, map the entry."""
+    def finish(self, seed: int, info: dict[str, Any],
+               held_out: Callable[[int], tuple[np.ndarray, np.ndarray]] | None = None
+               ) -> TablePopulation:
+        """Write the last batch and the index, rename both into place, map the entry; the
+        global test set is ``held_out``'s rows when given (:class:`Natural`), else a seeded
+        draw of the kept clients' test rows (:func:`global_test_size` of them)."""
         shape = tuple(int(s) for s in info["input_shape"])
         label_shape = self.label_shape
         if label_shape:
@@ -228,11 +241,16 @@ class EntryWriter:
         self._sink.close()
         self._writer = None
         offsets, split = np.asarray(self.offsets, np.int64), np.asarray(self.split, np.int64)
-        test_rows = np.concatenate([np.arange(a, b) for a, b in zip(
-            split, offsets[1:], strict=True)] or [np.zeros(0, np.int64)])
-        pick = np.sort(rng(seed, -1, -1, "population-global-test").choice(
-            test_rows, min(GLOBAL_TEST_MAX, len(test_rows)), replace=False))
-        x_test, y_test = _rows_of(self.tmp, pick, shape, tuple(label_shape))
+        if held_out is not None:
+            x_test, y_test = held_out(global_test_size(1 << 62, int(np.prod(shape))))
+        else:
+            test_rows = np.concatenate([np.arange(a, b) for a, b in zip(
+                split, offsets[1:], strict=True)] or [np.zeros(0, np.int64)])
+            pick = np.sort(rng(seed, -1, -1, "population-global-test").choice(
+                test_rows, global_test_size(len(test_rows), int(np.prod(shape))),
+                replace=False))
+            x_test, y_test = _rows_of(self.tmp, pick, shape, tuple(label_shape))
+        x_test = as_inputs(x_test)
         info = {**info, "rows": int(offsets[-1])}
         with open(self.tmp_index, "wb") as fh:  # a file object: savez adds no suffix
             np.savez(fh, offsets=offsets, split=split,

@@ -40,6 +40,23 @@ from fedray.core.spec import ConfigError, redact, short_repr
 from fedray.data.federated import local_test_count
 
 GLOBAL_TEST_MAX = 10_000
+GLOBAL_TEST_BYTES = 512 << 20  # and at most this many bytes of float32 inputs (FLAIR: 682)
+
+
+def global_test_size(available: int, row_values: int) -> int:
+    """Rows of the global test set: all ``available`` up to :data:`GLOBAL_TEST_MAX`, and no
+    more than :data:`GLOBAL_TEST_BYTES` of float32 inputs of ``row_values`` values each
+    (every process holds the set: 10,000 images of 256×256×3 would be 7.9 GB)."""
+    return int(min(available, GLOBAL_TEST_MAX, max(1, GLOBAL_TEST_BYTES // (4 * row_values))))
+
+
+def as_inputs(x: np.ndarray) -> np.ndarray:
+    """Model inputs from stored rows: 8-bit pixels (an entry that keeps images as the
+    source stores them, a quarter of float32's bytes) scaled to float32 in [0, 1], as
+    ``_images`` and the table readers scale them; float rows as they are."""
+    if x.dtype == np.uint8:
+        return x.astype(np.float32) * np.float32(1 / 255)
+    return x
 
 
 def build_client_data(cfg: ExperimentConfig, dataset: Any = None) -> Any:
@@ -744,7 +761,8 @@ class TablePopulation:
         del table
         test_rows = np.flatnonzero(is_test)
         pick = np.sort(rng(seed, -1, -1, "population-global-test").choice(
-            test_rows, min(GLOBAL_TEST_MAX, len(test_rows)), replace=False))
+            test_rows, global_test_size(len(test_rows), int(np.prod(x.shape[1:]))),
+            replace=False))
         source = d.root if d.root is not None else \
             f"hf://{d.hf_id}@{d.hf_revision}/{d.hf_split}"
         info = {"source": redact(source), "dataset": d.dataset, "rows": int(len(y)),
@@ -787,7 +805,7 @@ class TablePopulation:
         lo, mid, hi = self.offsets[cid], self.split[cid], self.offsets[cid + 1]
         a, b = (lo, mid) if split == "train" else (mid, hi)
         k = max(int(np.searchsorted(starts, lo, side="right")) - 1, 0)  # its record batch
-        return xs[k][a - starts[k]:b - starts[k]], ys[k][a - starts[k]:b - starts[k]]
+        return as_inputs(xs[k][a - starts[k]:b - starts[k]]), ys[k][a - starts[k]:b - starts[k]]
 
     def client_extra(self, cid: int, round: int) -> dict[str, Any] | None:
         return None

@@ -26,6 +26,7 @@ for _name, _target in {
     "sent140_lstm": "fedray.models.lstm:sent140_lstm",
     "resnet18": "fedray.models.resnet:resnet18",
     "resnet34": "fedray.models.resnet:resnet34",
+    "flair_resnet18": "fedray.models.resnet:flair_resnet18",
     "sliceable_resnet18": "fedray.models.sliceable:sliceable_resnet18",
     "sliceable_resnet34": "fedray.models.sliceable:sliceable_resnet34",
 }.items():

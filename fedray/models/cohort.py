@@ -211,8 +211,9 @@ def concat_inputs(data: Sequence[tuple[np.ndarray, np.ndarray]], device: str
     x0 = data[0][0]
     xs = np.concatenate([x for x, _ in data] + [np.zeros((1, *x0.shape[1:]), x0.dtype)])
     y0 = data[0][1]
-    ys = np.concatenate([y for _, y in data] + [np.zeros((1, *y0.shape[1:]), np.int64)]
-                        ).astype(np.int64)
+    kind = np.float32 if y0.dtype.kind == "f" else np.int64  # multi-hot targets stay float
+    ys = np.concatenate([y for _, y in data] + [np.zeros((1, *y0.shape[1:]), kind)]
+                        ).astype(kind)
     return torch.from_numpy(xs).to(device), torch.from_numpy(ys).to(device)
 
 
@@ -226,7 +227,13 @@ def masked_mean(per_row: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
 def cohort_cross_entropy(out: torch.Tensor, y: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """One client's ``nn.CrossEntropyLoss()`` of its sequential step: the mean over its real
     rows (:func:`masked_mean`), or for per-token targets (y of shape (B, steps)) over their
-    targets that are not padding (``ignore_index``), as the loss averages them."""
+    targets that are not padding (``ignore_index``), as the loss averages them; multi-hot
+    float targets take :func:`~fedray.models.training.task_loss`'s binary cross-entropy,
+    each real row's mean over its labels averaged over the real rows (the mean over rows ×
+    labels of the sequential step)."""
+    if y.is_floating_point():
+        return masked_mean(nn.functional.binary_cross_entropy_with_logits(
+            out, y, reduction="none").mean(1), m)
     ce = nn.functional.cross_entropy(out, y, reduction="none")
     if y.ndim == 1:
         return masked_mean(ce, m)

@@ -70,3 +70,48 @@ def resnet34(input_shape: tuple[int, ...], num_classes: int, *, width: int = 64,
              groups: int = 8) -> nn.Module:
     """ResNet-34 (CIFAR stem, GroupNorm): BasicBlocks [3, 4, 6, 3]."""
     return _resnet(input_shape, num_classes, RESNET_BLOCKS["resnet34"], width, groups, "resnet34")
+
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)  # pfl-research's FLAIR default channel statistics
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class _Normalized(nn.Module):
+    """Inputs in [0, 1] normalised per channel by fixed constants (no parameters, no
+    buffers: nothing to average or ship) before ``body``."""
+
+    def __init__(self, body: nn.Module, mean: tuple[float, ...], std: tuple[float, ...]):
+        super().__init__()
+        self.body, self.mean, self.std = body, mean, std
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean = torch.tensor(self.mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+        std = torch.tensor(self.std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+        return self.body((x - mean) / std)
+
+
+def flair_resnet18(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """pfl-research's FLAIR model (``benchmarks/model/pytorch/cnn.py``'s ``multi_label_cnn``
+    without ImageNet weights): torchvision's ResNet-18 (ImageNet stem: 7×7 stride-2 conv and
+    max-pool) with ``num_classes`` logits, every BatchNorm replaced by GroupNorm(min(32,
+    C), C) as its ``convert_batchnorm_modules`` does, inputs normalised by ImageNet's
+    channel mean and std (its default ``channel_mean``). 11,185,233 parameters at FLAIR's
+    17 labels. pfl's random 224-pixel crops and flips are not applied (the forward pass
+    stays deterministic, so a cohort of clients can be batched)."""
+    import torchvision
+
+    c, h, w = image_shape(input_shape, "flair_resnet18")
+    if c != 3:
+        raise ValueError(f"flair_resnet18 takes RGB images (3 channels), got {input_shape}")
+    body = torchvision.models.resnet18(num_classes=num_classes)
+    for name, m in list(body.named_modules()):
+        if isinstance(m, nn.BatchNorm2d):
+            parent = body.get_submodule(name.rpartition(".")[0]) if "." in name else body
+            setattr(parent, name.rpartition(".")[2],
+                    nn.GroupNorm(min(32, m.num_features), m.num_features, affine=True))
+    layers = unflatten_if_flat(input_shape, (c, h, w))
+    model = _Normalized(body, IMAGENET_MEAN, IMAGENET_STD)
+    return nn.Sequential(*layers, model) if layers else model
+
+
+flair_resnet18.channels = 3  # RGB only (its normalisation has three channel statistics)

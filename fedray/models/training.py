@@ -151,6 +151,20 @@ class SGD:
                         for b, p in zip(bufs, self.params, strict=True)]
 
 
+IGNORE = -100  # a padded target: nn.CrossEntropyLoss's ignore_index, out of every score
+
+
+def task_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The training loss the targets ask for, averaged over a batch: integer class ids —
+    one per row, or per token (padding ``IGNORE`` left out) — take the cross-entropy;
+    multi-hot float targets (multi-label, FLAIR) take the per-label binary cross-entropy
+    on the logits, averaged over rows and labels (``nn.BCEWithLogitsLoss()``, the loss of
+    pfl-research's FLAIR model)."""
+    if y.is_floating_point():
+        return nn.functional.binary_cross_entropy_with_logits(out, y)
+    return nn.functional.cross_entropy(out, y, ignore_index=IGNORE)
+
+
 def train_local(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int,
                 batch_size: int, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
                 seed: int, round: int, client: int, max_steps: int | None = None,
@@ -177,7 +191,6 @@ def train_local(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int,
         opt.load_state_dict(optimizer_state)
     xt = torch.from_numpy(x).to(device)
     yt = torch.from_numpy(y).to(device)
-    loss_fn = nn.CrossEntropyLoss()
     model.train()
     total, steps = 0.0, 0
     with torch_seeded(seed, round, client, f"{purpose}-torch"):
@@ -185,7 +198,7 @@ def train_local(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int,
             opt.zero_grad()
             with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16,
                                 enabled=bf16):
-                loss = loss_fn(model(xt[idx]).float(), yt[idx])
+                loss = task_loss(model(xt[idx]).float(), yt[idx])
             loss.backward()
             if grad_hook is not None:
                 grad_hook(params)
@@ -258,7 +271,6 @@ class DPSGD:
                                                     torch.device(device).type))
         wrapped = GradSampleModule(model)
         xt, yt = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
-        loss_fn = nn.CrossEntropyLoss()
         model.train()
         total, steps = 0.0, 0
         try:
@@ -268,7 +280,7 @@ class DPSGD:
                     opt.zero_grad()
                     with torch.autocast(device_type=torch.device(device).type,
                                         dtype=torch.bfloat16, enabled=bf16):
-                        loss = loss_fn(wrapped(xt[idx]).float(), yt[idx])
+                        loss = task_loss(wrapped(xt[idx]).float(), yt[idx])
                     with warnings.catch_warnings():  # Opacus' hook on an input layer
                         warnings.filterwarnings("ignore", "Full backward hook is firing")
                         loss.backward()
@@ -293,7 +305,10 @@ class DPSGD:
 def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, device: str = "cpu",
              batch_size: int = 1024) -> dict[str, float]:
     """Mean cross-entropy and accuracy of ``model`` on (x, y); per-token targets (y of
-    shape (N, steps)) are scored by :func:`evaluate_tokens`."""
+    shape (N, steps)) are scored by :func:`evaluate_tokens`, multi-hot targets (float y of
+    shape (N, labels)) by :func:`evaluate_multilabel`."""
+    if y.dtype.kind == "f":
+        return evaluate_multilabel(model, x, y, device, batch_size)
     if y.ndim == 2:
         return evaluate_tokens(model, x, y, device, batch_size)
     model.eval()
@@ -308,9 +323,6 @@ def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, device: str = "cpu"
         loss += float(nn.functional.cross_entropy(out, yb, reduction="sum"))
         correct += int((out.argmax(1) == yb).sum())
     return {"loss": loss / n, "accuracy": correct / n, "n": float(n)}
-
-
-IGNORE = -100  # a padded target: nn.CrossEntropyLoss's ignore_index, out of every score
 
 
 @torch.no_grad()
@@ -349,3 +361,71 @@ def evaluate_tokens(model: nn.Module, x: np.ndarray, y: np.ndarray, device: str 
     return {"loss": mean, "accuracy": correct / scored if scored else float("nan"),
             "n": float(scored), "perplexity": math.exp(min(mean, 700.0)),
             "accuracy_all_tokens": correct_all / tokens}
+
+
+AP_THRESHOLDS = 200  # pfl-research's AveragedPrecision default (Keras' num_thresholds)
+
+
+@torch.no_grad()
+def evaluate_multilabel(model: nn.Module, x: np.ndarray, y: np.ndarray, device: str = "cpu",
+                        batch_size: int = 256) -> dict[str, float]:
+    """Multi-label scores as pfl-research's FLAIR benchmark reports them (its
+    ``MultiLabelCNN.metrics``): ``loss`` the binary cross-entropy on the logits averaged
+    over images and labels (its "micro loss"), ``accuracy`` the share of (image, label)
+    decisions right at a sigmoid of 0.5 (its "micro accuracy"), ``macro_ap`` and
+    ``micro_ap`` the averaged precision of :func:`averaged_precision` per label then
+    averaged, and over every (image, label) pair; ``n`` the images. The confusion counts
+    are taken over the whole set at once, as pfl sums them over its central evaluation
+    set."""
+    model.eval()
+    if len(x) == 0:
+        return {"loss": float("nan"), "accuracy": float("nan"), "n": 0.0,
+                "macro_ap": float("nan"), "micro_ap": float("nan")}
+    loss, correct, scores = 0.0, 0, []
+    for start in range(0, len(x), batch_size):
+        xb = torch.from_numpy(x[start:start + batch_size]).to(device)
+        yb = torch.from_numpy(y[start:start + batch_size]).to(device)
+        out = model(xb).float()
+        loss += float(nn.functional.binary_cross_entropy_with_logits(out, yb, reduction="sum"))
+        p = torch.sigmoid(out)
+        correct += int((torch.round(p) == yb).sum())
+        scores.append(p.cpu().numpy())
+    p = np.concatenate(scores)
+    return {"loss": loss / y.size, "accuracy": correct / y.size, "n": float(len(y)),
+            "macro_ap": averaged_precision(y, p, multi_label=True),
+            "micro_ap": averaged_precision(y, p, multi_label=False)}
+
+
+def bucket_counts(y: np.ndarray, scores: np.ndarray, thresholds: int = AP_THRESHOLDS
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """True positives, false positives and false negatives at each of ``thresholds``
+    thresholds per label (arrays (thresholds, labels)), Keras' and pfl-research's
+    bucketing: a score s falls in bucket max(⌈s·(T−1)⌉ − 1, 0), and threshold i counts
+    the scores in buckets ≥ i as predicted positive."""
+    y = np.asarray(y, np.float64).reshape(len(y), -1)
+    bucket = np.maximum(np.ceil(np.asarray(scores, np.float64).reshape(y.shape)
+                                * (thresholds - 1)) - 1, 0).astype(np.int64)
+    labels = y.shape[1]
+    flat = (bucket + np.arange(labels) * thresholds).T.reshape(-1)
+    pos = np.bincount(flat, y.T.reshape(-1), labels * thresholds).reshape(labels, thresholds)
+    neg = np.bincount(flat, 1 - y.T.reshape(-1), labels * thresholds).reshape(labels,
+                                                                             thresholds)
+    tp = np.cumsum(pos[:, ::-1], axis=1)[:, ::-1].T
+    fp = np.cumsum(neg[:, ::-1], axis=1)[:, ::-1].T
+    return tp, fp, y.sum(0)[None, :] - tp
+
+
+def averaged_precision(y: np.ndarray, scores: np.ndarray, multi_label: bool,
+                       thresholds: int = AP_THRESHOLDS) -> float:
+    """pfl-research's ``AveragedPrecision``: from the counts of :func:`bucket_counts`,
+    precision tp/(tp+fp) and recall tp/(tp+fn) (0 where undefined), AP = −Σ_i (r_{i+1} −
+    r_i)·p_i over the thresholds; ``multi_label`` the mean of the per-label APs (macro: a
+    label without positives scores 0, as in pfl), else the AP of every (row, label) pair
+    pooled (micro)."""
+    if not multi_label:
+        y, scores = np.asarray(y).reshape(-1, 1), np.asarray(scores).reshape(-1, 1)
+    tp, fp, fn = bucket_counts(y, scores, thresholds)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        precision = np.nan_to_num(tp / (tp + fp))
+        recall = np.nan_to_num(tp / (tp + fn))
+    return float(np.mean(-np.sum(np.diff(recall, axis=0) * precision[:-1], axis=0)))

@@ -70,6 +70,9 @@ def client_rows(rec: RoundRecord, tier_of: Callable[[int], str], per_client: dic
     return rows
 
 
+GLOBAL_EXTRAS = ("perplexity", "macro_ap", "micro_ap")  # evaluate's task scores, as global_*
+
+
 def _scores(evaluation: Evaluation, per_tier: dict[str, float]) -> dict[str, float]:
     """Personalized and global scores of the round; each tier's scores go to
     ``per_tier``. The global score of a fleet is the unweighted mean over tiers of each
@@ -89,9 +92,10 @@ def _scores(evaluation: Evaluation, per_tier: dict[str, float]) -> dict[str, flo
                               **res.extra}.items()}
     asr = [v.extra["attack_success_rate"] for v in scores.values()
            if "attack_success_rate" in v.extra]  # a backdoor's, on the global test set
-    ppl = [v.extra["perplexity"] for v in scores.values() if "perplexity" in v.extra]
-    return {**({"attack_success_rate": float(np.mean(asr))} if asr else {}),
-            **({"global_perplexity": float(np.mean(ppl))} if ppl else {}),
+    # task scores beyond accuracy (next-token, multi-label), the mean over tiers as above
+    extra = {f"global_{k}": float(np.mean(vals)) for k in GLOBAL_EXTRAS
+             if (vals := [v.extra[k] for v in scores.values() if k in v.extra])}
+    return {**({"attack_success_rate": float(np.mean(asr))} if asr else {}), **extra,
             "personalized_accuracy": float(accs.mean()) if accs.size else math.nan,
             "personalized_accuracy_std": float(accs.std()) if accs.size else math.nan,
             "personalized_accuracy_ft": float(ft.mean()) if ft.size else math.nan,

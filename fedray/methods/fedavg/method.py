@@ -84,7 +84,8 @@ class FedAvg(Algorithm):
     name = "fedavg"
     Params = FedAvgParams
     capabilities = frozenset({"dp", "dp_sgd", "transforms", "linear", "client_state",
-                              "server_optimizer", "vectorizable", "robust", "attack"})
+                              "server_optimizer", "vectorizable", "robust", "attack",
+                              "multilabel"})
     server_optimizer = "sgd"
 
     @classmethod

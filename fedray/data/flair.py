@@ -1,0 +1,307 @@
+"""FLAIR (Song et al., "FLAIR: Federated Learning Annotated Image Repository", NeurIPS 2022
+Datasets and Benchmarks) as pfl-research prepares it (issue #31): ``data.dataset=flair``
+reads the one HDF5 file that ``benchmarks/dataset/flair/prepare_dataset.py`` writes
+(``flair_federated.hdf5``) with ``h5py``, one client per FLAIR user.
+
+Layout read (``data.root``: the file, or a directory holding exactly one ``*.hdf5`` /
+``*.h5`` file)::
+
+    /train/<user>/images                   uint8 (N, H, W, 3), the user's photos
+    /train/<user>/labels_row               which image each coarse label belongs to
+    /train/<user>/labels_col               the label's index (17 coarse labels)
+    /train/<user>/fine_grained_labels_row  the same for the 1,628 fine-grained labels
+    /train/<user>/fine_grained_labels_col
+    /val/<user>/..., /test/<user>/...      the other users, same datasets
+    /metadata/label_mapping                JSON {label: index}
+    /metadata/fine_grained_label_mapping   JSON {label: index}
+
+The task is multi-label classification: each image's targets are a multi-hot float vector
+over the labels (``data.label_column``: ``labels``, the 17 coarse ones — the default — or
+``fine_grained_labels``), trained with the per-label binary cross-entropy and scored by
+pfl-research's averaged precision (:func:`fedray.models.training.evaluate_multilabel`:
+``macro_ap``, ``micro_ap``).
+
+FLAIR splits its *users* (each user is in exactly one of train / val / test), not each
+user's images, so: the clients are the ``train`` users (the first ``clients.num_clients``
+in sorted id order with at least ``data.min_samples`` images), with no local test images;
+the global test set is drawn from the ``test`` users' images (seeded, at most
+:func:`fedray.data.population.global_test_size` of them — pfl evaluates on every test
+image centrally); ``val`` is not read. A user keeps its first ``data.max_client_samples``
+images (default pfl's ``max_num_user_images``, 512). Images stay 8-bit in the cache
+(channels first; scaled to [0, 1] when a client's rows are read), resized with Pillow's
+bilinear filter to ``data.image_size`` when it is set (pfl trains on random 224-pixel crops
+of the 256-pixel images, normalised by ImageNet's channel statistics: the model
+``flair_resnet18`` normalises; the crops are not taken).
+
+Every rule broken (a missing group or dataset, a link to another file, a virtual or
+external dataset, images that are not uint8 RGB of the file's one size, label indices out
+of range, a mapping that is not JSON of indices 0..L−1) is one :class:`ConfigError` naming
+the file, the user and the rule, before Ray starts, with nothing written to the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedray.core.config import DataConfig
+from fedray.core.outputs import resolves_inside
+from fedray.core.seeding import rng
+from fedray.core.spec import ConfigError
+from fedray.data.natural import Block, Natural, natural_split_population, ordered_map
+from fedray.data.population import TablePopulation
+
+LABEL_SETS = ("labels", "fine_grained_labels")
+MAX_USER_IMAGES = 512  # pfl-research's max_num_user_images default for FLAIR
+UNIT_USERS = 64  # users read and converted as one work unit (≈ 100 MB of 256-pixel images)
+MAX_USER_BYTES = 1 << 30  # one user's dataset, as declared (a tiny file can declare TBs)
+TRAIN, HELD_OUT = "train", "test"
+
+
+def flair_file(root: str) -> str:
+    """The FLAIR HDF5 file: ``root`` itself, or the one ``*.hdf5`` / ``*.h5`` inside it."""
+    if os.path.isfile(root):
+        return os.path.abspath(root)
+    if not os.path.isdir(root):
+        raise ConfigError("data.root", root, "FLAIR's HDF5 file, or a directory holding it")
+    found = sorted(f for f in os.listdir(root) if f.endswith((".hdf5", ".h5")))
+    if len(found) != 1:
+        raise ConfigError("data.root", root, f"exactly one *.hdf5 or *.h5 file (found "
+                                             f"{len(found)})")
+    path = os.path.join(root, found[0])
+    if not resolves_inside(path, root) or not os.path.isfile(path):
+        raise ConfigError("data.root", path, f"a regular file inside {root} (this one "
+                                             f"resolves to {os.path.realpath(path)})")
+    return os.path.abspath(path)
+
+
+def label_set(d: DataConfig) -> str:
+    """``data.label_column`` as FLAIR's label set (its default ``label``: the coarse one)."""
+    name = "labels" if d.label_column == "label" else d.label_column
+    if name not in LABEL_SETS:
+        raise ConfigError("data.label_column", d.label_column, f"one of FLAIR's label sets "
+                                                               f"{' or '.join(LABEL_SETS)}")
+    return name
+
+
+def _bad(path: str, what: str, rule: str) -> ConfigError:
+    return ConfigError(f"data.root ({path})", what, rule)
+
+
+def _open(path: str) -> Any:
+    import h5py
+
+    try:
+        return h5py.File(path, "r")
+    except OSError as e:
+        raise _bad(path, "the file", f"a readable HDF5 file ({' '.join(str(e).split())[:100]})"
+                   ) from None
+
+
+def _member(group: Any, name: str, path: str, what: str, kind: str) -> Any:
+    """``group[name]`` when it is stored in this file (a hard link, not a virtual or an
+    external dataset: those read other files) and is a ``kind`` (group or dataset)."""
+    import h5py
+
+    try:
+        link = group.get(name, getlink=True)
+    except (KeyError, ValueError, OSError, RuntimeError):
+        link = None
+    if link is None:
+        raise _bad(path, what, f"a {kind} {name!r} (FLAIR's layout, as pfl-research's "
+                               f"prepare_dataset.py writes it)")
+    if not isinstance(link, h5py.HardLink):
+        raise _bad(path, what, f"{name!r} stored in the file (not a link: it would read "
+                               f"elsewhere)")
+    obj = group[name]
+    want = h5py.Group if kind == "group" else h5py.Dataset
+    if not isinstance(obj, want):
+        raise _bad(path, what, f"{name!r} a {kind}")
+    if kind == "dataset":
+        if obj.is_virtual or obj.external:
+            raise _bad(path, what, f"{name!r} stored in the file (not a virtual or an "
+                                   f"external dataset: they read other files)")
+        if obj.shape is None or obj.size * obj.dtype.itemsize > MAX_USER_BYTES:
+            raise _bad(path, what, f"{name!r} an array of at most {MAX_USER_BYTES >> 30} GiB")
+    return obj
+
+
+def _users(fh: Any, path: str, split: str) -> list[str]:
+    """The users of a partition (sorted), or none when the file has no such group."""
+    if split not in fh:
+        return []
+    return sorted(_member(fh, split, path, f"/{split}", "group").keys())
+
+
+def label_names(fh: Any, path: str, labels: str) -> list[str]:
+    """The label names in index order, from ``/metadata/<label set>_mapping``."""
+    key = "label_mapping" if labels == "labels" else "fine_grained_label_mapping"
+    meta = _member(fh, "metadata", path, "/metadata", "group")
+    raw = _member(meta, key, path, f"/metadata/{key}", "dataset")[()]
+    try:
+        mapping = json.loads(raw.decode() if isinstance(raw, bytes) else str(raw))
+        ok = isinstance(mapping, dict) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in mapping.values()) and \
+            sorted(mapping.values()) == list(range(len(mapping))) and len(mapping) > 0
+    except (ValueError, UnicodeDecodeError):
+        ok = False
+    if not ok:
+        raise _bad(path, f"/metadata/{key}", "JSON mapping each label to its index 0..L-1")
+    return [name for name, _ in sorted(mapping.items(), key=lambda kv: kv[1])]
+
+
+def _user_rows(fh: Any, path: str, split: str, user: str, labels: str, classes: int,
+               cap: int | None, pick: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """A user's images (uint8, (N, H, W, 3)) and multi-hot targets (float32 (N, L)): its
+    first ``cap`` images, or the images ``pick`` (sorted indices)."""
+    what = f"/{split}/{user}"
+    group = _member(fh[split], user, path, what, "group")
+    images = _member(group, "images", path, what, "dataset")
+    rows = _member(group, f"{labels}_row", path, what, "dataset")[()]
+    cols = _member(group, f"{labels}_col", path, what, "dataset")[()]
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
+        raise _bad(path, what, f"images uint8 (N, H, W, 3) (got {images.dtype} "
+                               f"{images.shape})")
+    n = images.shape[0]
+    if rows.ndim != 1 or cols.ndim != 1 or len(rows) != len(cols) or \
+            rows.dtype.kind not in "iu" or cols.dtype.kind not in "iu":
+        raise _bad(path, what, f"{labels}_row and {labels}_col integer vectors of one length")
+    if len(rows) and (rows.min() < 0 or rows.max() >= n or cols.min() < 0 or
+                      cols.max() >= classes):
+        raise _bad(path, what, f"{labels}_row in 0..{n - 1} (its images) and {labels}_col in "
+                               f"0..{classes - 1} (the label mapping)")
+    y = np.zeros((n, classes), np.float32)
+    y[rows.astype(np.int64), cols.astype(np.int64)] = 1.0
+    try:
+        if pick is not None:
+            return images[pick] if len(pick) else images[:0], y[pick]
+        keep = n if cap is None else min(n, cap)
+        return images[:keep], y[:keep]
+    except OSError as e:
+        raise _bad(path, what, f"readable images ({str(e)[:80]})") from None
+
+
+def _resized(x: np.ndarray, size: int | None) -> np.ndarray:
+    """(N, H, W, 3) uint8 → (N, 3, size, size) uint8 (Pillow's bilinear resize when the
+    size differs), channels first."""
+    if size is not None and len(x) and x.shape[1:3] != (size, size):
+        from PIL import Image
+
+        x = np.stack([np.asarray(Image.fromarray(img).resize((size, size),
+                                                              Image.Resampling.BILINEAR))
+                      for img in x])
+    elif size is not None and not len(x):
+        x = np.zeros((0, size, size, 3), np.uint8)
+    return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+
+
+@dataclass
+class _Unit:
+    """Users of one work unit and how to read them."""
+
+    path: str
+    users: list[str]
+    labels: str
+    classes: int
+    cap: int | None
+    size: int | None
+
+
+def _unit_rows(unit: _Unit) -> Block:
+    """A unit's train users as one block of rows (their images, no test rows)."""
+    xs, ys, counts = [], [], []
+    with _open(unit.path) as fh:
+        for user in unit.users:
+            x, y = _user_rows(fh, unit.path, TRAIN, user, unit.labels, unit.classes, unit.cap)
+            xs.append(_resized(x, unit.size))
+            ys.append(y)
+            counts.append(len(y))
+    shapes = {tuple(x.shape[1:]) for x in xs if len(x)}
+    if len(shapes) > 1:
+        user = next(u for u, x in zip(unit.users, xs, strict=True)
+                    if len(x) and tuple(x.shape[1:]) != tuple(xs[0].shape[1:]))
+        raise _bad(unit.path, f"/{TRAIN}/{user}", f"images of the file's one size "
+                                                  f"(got {sorted(shapes)})")
+    kept = [(x, y) for x, y in zip(xs, ys, strict=True) if len(y)]
+    x = np.concatenate([k[0] for k in kept]) if kept else np.zeros((0, 3, 1, 1), np.uint8)
+    y = np.concatenate([k[1] for k in kept]) if kept else np.zeros((0, unit.classes),
+                                                                   np.float32)
+    return Block(unit.users, np.array(counts, np.int64), np.zeros(len(counts), np.int64), x, y)
+
+
+def _held_out(path: str, labels: str, classes: int, size: int | None, seed: int,
+              shape: tuple[int, ...] | None, want: int) -> tuple[np.ndarray, np.ndarray]:
+    """The global test set: ``want`` (at most) of the test users' images, drawn with the
+    seed over all of them in sorted-user order, read user by user."""
+    with _open(path) as fh:
+        users = _users(fh, path, HELD_OUT)
+        if not users:
+            raise _bad(path, f"/{HELD_OUT}", "FLAIR's test partition: a group of users "
+                                             "(the global test set)")
+        sizes = np.array([_member(_member(fh[HELD_OUT], u, path, f"/{HELD_OUT}/{u}",
+                                          "group"), "images", path, f"/{HELD_OUT}/{u}",
+                                  "dataset").shape[0] for u in users], np.int64)
+        starts = np.r_[0, np.cumsum(sizes)]
+        total = int(starts[-1])
+        pick = np.sort(rng(seed, -1, -1, "population-global-test").choice(
+            total, min(want, total), replace=False))
+        owner = np.searchsorted(starts, pick, side="right") - 1
+        xs, ys = [], []
+        for i in np.unique(owner):
+            idx = pick[owner == i] - starts[i]
+            x, y = _user_rows(fh, path, HELD_OUT, users[i], labels, classes, None, idx)
+            xs.append(_resized(x, size))
+            ys.append(y)
+    x = np.concatenate(xs) if xs else np.zeros((0, *(shape or (3, 1, 1))), np.uint8)
+    if shape is not None and len(x) and tuple(x.shape[1:]) != tuple(shape):
+        raise _bad(path, f"/{HELD_OUT}", f"test images of the train images' size {shape} "
+                                         f"(got {tuple(x.shape[1:])})")
+    return x, (np.concatenate(ys) if ys else np.zeros((0, classes), np.float32))
+
+
+def build_flair(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
+    """The FLAIR file at ``data.root`` as a population (see the module docstring)."""
+    path = flair_file(d.root)
+    labels = label_set(d)
+    cap = MAX_USER_IMAGES if d.max_client_samples is None else d.max_client_samples
+
+    def read(scratch: str) -> Natural:
+        with _open(path) as fh:
+            names = label_names(fh, path, labels)
+            users = _users(fh, path, TRAIN)
+        units = [_Unit(path, users[i:i + UNIT_USERS], labels, len(names), cap, d.image_size)
+                 for i in range(0, len(users), UNIT_USERS)]
+        shape: list[Any] = [None]
+
+        def blocks() -> Generator[Block, None, None]:
+            for block in ordered_map(_unit_rows, units):
+                if len(block.y):
+                    got = tuple(int(s) for s in block.x.shape[1:])
+                    shape[0] = shape[0] or got
+                    if got != shape[0]:
+                        first = block.users[int(np.flatnonzero(block.n_train)[0])]
+                        raise _bad(path, f"/{TRAIN}/{first}", f"images of the file's one "
+                                                              f"size {shape[0]} (got {got})")
+                yield block
+
+        return Natural(blocks(), lambda: shape[0] or (3, d.image_size or 1, d.image_size or 1),
+                       lambda: names,
+                       lambda: {"task": "multilabel", "label_set": labels,
+                                "max_client_samples": cap,
+                                "global_test": f"images of FLAIR's {HELD_OUT} users"},
+                       lambda want: _held_out(path, labels, len(names), d.image_size, seed,
+                                              shape[0], want))
+
+    return natural_split_population(
+        d, num_clients, seed, "flair", [path], read,
+        f"FLAIR's users: clients from {TRAIN}, the global test set from {HELD_OUT}",
+        key_extra=[labels, cap, d.image_size])
+
+
+__all__ = ["build_flair", "flair_file", "label_names", "label_set"]
