@@ -12,6 +12,10 @@ invocations):
 - ``femnist``: LEAF's FEMNIST JSON shards (``train/`` and ``test/``, ``--shards`` files
   each, 35 in LEAF) with ``--users`` writers (3,550) of 784-float rows (≈ 805 K in all, 90 %
   train), as ``benchmarks/femnist_workload.py`` writes them.
+- ``flair``: pfl-research's ``flair_federated.hdf5`` layout with ``--users`` train users
+  (41,131 in FLAIR) and an eighth as many val and test users each, images a user drawn
+  around FLAIR's mean (8.4; 1..30 here), 17 coarse and 40 fine labels; photos of
+  ``--image-size`` pixels (default 64: FLAIR's own 256 would be an 84 GB file).
 
 Each build runs in a fresh child process (``fedray.data.population.build_client_data``);
 the reported peak is the summed RSS of the child and the reader's pool processes, sampled
@@ -19,6 +23,7 @@ every 20 ms. Usage::
 
     .venv/bin/python benchmarks/prep_speed.py --dataset stackoverflow
     .venv/bin/python benchmarks/prep_speed.py --dataset femnist
+    .venv/bin/python benchmarks/prep_speed.py --dataset flair
 
 Targets (#31): a first build ≤ 60 s with peak RSS ≤ 2 GB, a second ≤ 1 s.
 """
@@ -77,11 +82,42 @@ def write_femnist(root: str, users: int, shards: int) -> None:
     femnist_workload.write(root, clients=users, shards=shards)
 
 
+def write_flair(root: str, users: int, size: int, seed: int = 0) -> None:
+    """FLAIR's HDF5 layout (pfl-research's prepare_dataset.py), written user by user."""
+    import h5py
+
+    path = os.path.join(root, "flair_federated.hdf5")
+    if os.path.exists(path):
+        return
+    os.makedirs(root, exist_ok=True)
+    g = np.random.default_rng(seed)
+    parts = ["train"] * users + ["val"] * (users // 8) + ["test"] * (users // 8)
+    with h5py.File(path + ".tmp", "w") as h5:
+        for i, part in enumerate(parts):
+            n = int(np.clip(g.geometric(1 / 8.4), 1, 30))
+            u = f"/{part}/{i:08d}"
+            rows = np.repeat(np.arange(n), 2).astype(np.uint16)
+            h5[u + "/labels_row"] = rows
+            h5[u + "/labels_col"] = g.integers(0, 17, 2 * n).astype(np.uint8)
+            h5[u + "/fine_grained_labels_row"] = rows
+            h5[u + "/fine_grained_labels_col"] = g.integers(0, 40, 2 * n).astype(np.uint16)
+            h5[u + "/image_ids"] = np.asarray([f"{i}-{j}" for j in range(n)], dtype="S")
+            h5.create_dataset(u + "/images", data=g.integers(0, 256, (n, size, size, 3),
+                                                             dtype=np.uint8))
+        h5["/metadata/label_mapping"] = json.dumps({f"l{i:02d}": i for i in range(17)})
+        h5["/metadata/fine_grained_label_mapping"] = json.dumps(
+            {f"f{i:02d}": i for i in range(40)})
+    os.replace(path + ".tmp", path)
+
+
 def overrides(dataset: str, root: str, cache: str, users: int) -> list[str]:
     common = [f"data.root={root}", f"data.cache_dir={cache}",
               f"clients.num_clients={users}", "data.min_samples=2", "eval.clients=sampled"]
     if dataset == "stackoverflow":
         return ["data.dataset=tff", *common]
+    if dataset == "flair":
+        return ["data.dataset=flair", "model.name=flair_resnet18", *common[:3],
+                "data.min_samples=1", "eval.clients=sampled"]
     return ["data.dataset=leaf", *common]
 
 
@@ -127,19 +163,22 @@ def build(args: list[str]) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
-    p.add_argument("--dataset", choices=("stackoverflow", "femnist"), required=True)
+    p.add_argument("--dataset", choices=("stackoverflow", "femnist", "flair"), required=True)
     p.add_argument("--users", type=int, default=None,
-                   help="clients (default the real size: 342,477 / 3,550)")
+                   help="clients (default the real size: 342,477 / 3,550 / 41,131)")
+    p.add_argument("--image-size", type=int, default=64, help="flair: pixels a side")
     p.add_argument("--sentences", type=int, default=10)
     p.add_argument("--shards", type=int, default=35)
     p.add_argument("--data-dir", default="/tmp/fedray-prep")
     p.add_argument("--out", default=None, help="write the result as JSON here")
     a = p.parse_args()
-    users = a.users or (342_477 if a.dataset == "stackoverflow" else 3_550)
+    users = a.users or {"stackoverflow": 342_477, "femnist": 3_550, "flair": 41_131}[a.dataset]
     root = os.path.join(a.data_dir, f"{a.dataset}-{users}")
     t = time.perf_counter()
     if a.dataset == "stackoverflow":
         write_stackoverflow(root, users, a.sentences)
+    elif a.dataset == "flair":
+        write_flair(root, users, a.image_size)
     else:
         write_femnist(root, users, a.shards)
     written = time.perf_counter() - t

@@ -168,6 +168,13 @@ def _bad_file(tmp_path, plant: str) -> str:
                                 chunks=(1, 256, 256, 3))
         elif plant == "no_test":
             del f["test"]
+        elif plant == "deep_json":
+            del f["metadata/label_mapping"]
+            f["metadata/label_mapping"] = "[" * 100_000 + "]" * 100_000
+        elif plant == "pairs":
+            del user["labels_row"], user["labels_col"]
+            user["labels_row"] = np.zeros(4 * 17 + 1, np.uint16)
+            user["labels_col"] = np.zeros(4 * 17 + 1, np.uint8)
     return path
 
 
@@ -184,6 +191,8 @@ def _bad_file(tmp_path, plant: str) -> str:
     ("virtual", "/train/u05", "not a virtual or an external dataset"),
     ("huge", "/train/u05", "at most 1 GiB"),
     ("no_test", "/test", "FLAIR's test partition"),
+    ("deep_json", "/metadata/label_mapping", "index 0..L-1"),
+    ("pairs", "/train/u05", "at most images x labels"),
 ])
 def test_malformed_and_hostile_files_are_one_error(tmp_path, plant, where, rule):
     path = _bad_file(tmp_path, plant)
@@ -322,3 +331,18 @@ def test_a_flair_run_reports_averaged_precision(ray_session, tmp_path):
     last = rounds[-1]
     assert 0 <= last["global_macro_ap"] <= 1 and 0 <= last["global_micro_ap"] <= 1
     assert 0 <= summary["final_global_accuracy"] <= 1
+    assert summary["final_global_macro_ap"] == pytest.approx(last["global_macro_ap"])
+    from fedray.front.report import _chance
+
+    assert _chance({"data": {"dataset": "flair"}}, {"task": "multilabel",
+                                                     "num_classes": 17}) is None
+
+
+def test_work_units_are_cut_by_users_and_bytes(monkeypatch):
+    import fedray.data.flair as flair
+
+    monkeypatch.setattr(flair, "UNIT_USERS", 3)
+    monkeypatch.setattr(flair, "UNIT_BYTES", 100)
+    users = [f"u{i}" for i in range(7)]
+    assert flair._units(users, [10, 10, 10, 10, 95, 500, 1]) == [
+        ["u0", "u1", "u2"], ["u3"], ["u4"], ["u5"], ["u6"]]

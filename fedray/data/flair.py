@@ -58,8 +58,11 @@ from fedray.data.population import TablePopulation
 
 LABEL_SETS = ("labels", "fine_grained_labels")
 MAX_USER_IMAGES = 512  # pfl-research's max_num_user_images default for FLAIR
-UNIT_USERS = 64  # users read and converted as one work unit (≈ 100 MB of 256-pixel images)
+UNIT_USERS = 64  # users read and converted as one work unit, at most
+UNIT_BYTES = 256 << 20  # and at most this many bytes of kept images (a unit of one user may
+# exceed it: a user is never split)
 MAX_USER_BYTES = 1 << 30  # one user's dataset, as declared (a tiny file can declare TBs)
+MAX_PAIRS = 1 << 26  # (image, label) pairs of one user (FLAIR's users hold a few thousand)
 TRAIN, HELD_OUT = "train", "test"
 
 
@@ -142,49 +145,64 @@ def label_names(fh: Any, path: str, labels: str) -> list[str]:
     """The label names in index order, from ``/metadata/<label set>_mapping``."""
     key = "label_mapping" if labels == "labels" else "fine_grained_label_mapping"
     meta = _member(fh, "metadata", path, "/metadata", "group")
-    raw = _member(meta, key, path, f"/metadata/{key}", "dataset")[()]
+    ds = _member(meta, key, path, f"/metadata/{key}", "dataset")
     try:
+        raw = ds[()]
         mapping = json.loads(raw.decode() if isinstance(raw, bytes) else str(raw))
         ok = isinstance(mapping, dict) and all(
             isinstance(v, int) and not isinstance(v, bool) for v in mapping.values()) and \
             sorted(mapping.values()) == list(range(len(mapping))) and len(mapping) > 0
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError, OSError, TypeError):
         ok = False
     if not ok:
         raise _bad(path, f"/metadata/{key}", "JSON mapping each label to its index 0..L-1")
     return [name for name, _ in sorted(mapping.items(), key=lambda kv: kv[1])]
 
 
+def _images(fh: Any, path: str, split: str, user: str) -> Any:
+    """A user's ``images`` dataset, checked to be uint8 (N, H, W, 3) before anything is
+    read."""
+    what = f"/{split}/{user}"
+    group = _member(_member(fh, split, path, f"/{split}", "group"), user, path, what, "group")
+    images = _member(group, "images", path, what, "dataset")
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
+        raise _bad(path, what, f"images uint8 (N, H, W, 3) (got {images.dtype} "
+                               f"{images.shape})")
+    return images
+
+
 def _user_rows(fh: Any, path: str, split: str, user: str, labels: str, classes: int,
                cap: int | None, pick: np.ndarray | None = None
                ) -> tuple[np.ndarray, np.ndarray]:
     """A user's images (uint8, (N, H, W, 3)) and multi-hot targets (float32 (N, L)): its
-    first ``cap`` images, or the images ``pick`` (sorted indices)."""
+    first ``cap`` images, or the images ``pick`` (sorted indices). Memory follows the
+    images kept, not what the file declares: at most one (row, label) pair per image and
+    label is accepted, and targets are built for the kept images only."""
     what = f"/{split}/{user}"
-    group = _member(fh[split], user, path, what, "group")
-    images = _member(group, "images", path, what, "dataset")
-    rows = _member(group, f"{labels}_row", path, what, "dataset")[()]
-    cols = _member(group, f"{labels}_col", path, what, "dataset")[()]
-    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
-        raise _bad(path, what, f"images uint8 (N, H, W, 3) (got {images.dtype} "
-                               f"{images.shape})")
+    images = _images(fh, path, split, user)
+    group = fh[split][user]
     n = images.shape[0]
-    if rows.ndim != 1 or cols.ndim != 1 or len(rows) != len(cols) or \
-            rows.dtype.kind not in "iu" or cols.dtype.kind not in "iu":
-        raise _bad(path, what, f"{labels}_row and {labels}_col integer vectors of one length")
-    if len(rows) and (rows.min() < 0 or rows.max() >= n or cols.min() < 0 or
-                      cols.max() >= classes):
-        raise _bad(path, what, f"{labels}_row in 0..{n - 1} (its images) and {labels}_col in "
-                               f"0..{classes - 1} (the label mapping)")
-    y = np.zeros((n, classes), np.float32)
-    y[rows.astype(np.int64), cols.astype(np.int64)] = 1.0
+    sets = [_member(group, f"{labels}_{k}", path, what, "dataset") for k in ("row", "col")]
+    if any(s.ndim != 1 or s.dtype.kind not in "iu" for s in sets) or \
+            sets[0].shape != sets[1].shape or sets[0].shape[0] > min(n * classes, MAX_PAIRS):
+        raise _bad(path, what, f"{labels}_row and {labels}_col integer vectors of one length, "
+                               f"at most images x labels and {MAX_PAIRS:,}")
+    keep = np.asarray(pick) if pick is not None else np.arange(n if cap is None
+                                                               else min(n, cap))
     try:
-        if pick is not None:
-            return images[pick] if len(pick) else images[:0], y[pick]
-        keep = n if cap is None else min(n, cap)
-        return images[:keep], y[:keep]
+        rows, cols = (s[()].astype(np.int64) for s in sets)
+        if len(rows) and (rows.min() < 0 or rows.max() >= n or cols.min() < 0 or
+                          cols.max() >= classes):
+            raise _bad(path, what, f"{labels}_row in 0..{n - 1} (its images) and {labels}_col"
+                                   f" in 0..{classes - 1} (the label mapping)")
+        at = np.minimum(np.searchsorted(keep, rows), max(len(keep) - 1, 0))
+        mine = (keep[at] == rows) if len(keep) else np.zeros(len(rows), bool)
+        y = np.zeros((len(keep), classes), np.float32)
+        y[at[mine], cols[mine]] = 1.0
+        x = images[keep] if pick is not None and len(keep) else images[:len(keep)]
     except OSError as e:
-        raise _bad(path, what, f"readable images ({str(e)[:80]})") from None
+        raise _bad(path, what, f"readable images and labels ({str(e)[:80]})") from None
+    return x, y
 
 
 def _resized(x: np.ndarray, size: int | None) -> np.ndarray:
@@ -244,9 +262,7 @@ def _held_out(path: str, labels: str, classes: int, size: int | None, seed: int,
         if not users:
             raise _bad(path, f"/{HELD_OUT}", "FLAIR's test partition: a group of users "
                                              "(the global test set)")
-        sizes = np.array([_member(_member(fh[HELD_OUT], u, path, f"/{HELD_OUT}/{u}",
-                                          "group"), "images", path, f"/{HELD_OUT}/{u}",
-                                  "dataset").shape[0] for u in users], np.int64)
+        sizes = np.array([_images(fh, path, HELD_OUT, u).shape[0] for u in users], np.int64)
         starts = np.r_[0, np.cumsum(sizes)]
         total = int(starts[-1])
         pick = np.sort(rng(seed, -1, -1, "population-global-test").choice(
@@ -265,6 +281,28 @@ def _held_out(path: str, labels: str, classes: int, size: int | None, seed: int,
     return x, (np.concatenate(ys) if ys else np.zeros((0, classes), np.float32))
 
 
+def _kept_bytes(fh: Any, path: str, user: str, cap: int | None) -> int:
+    """The bytes of a train user's kept images, from the dataset's declared shape (read
+    before any image, so that a work unit's size is known)."""
+    shape = _images(fh, path, TRAIN, user).shape
+    return int(min(shape[0], cap if cap is not None else shape[0]) * np.prod(shape[1:]))
+
+
+def _units(users: list[str], kept: list[int]) -> list[list[str]]:
+    """Consecutive users cut into work units of at most :data:`UNIT_USERS` users and
+    :data:`UNIT_BYTES` of kept images (a rule on the file alone: the same units, and so the
+    same cache entry, on every machine)."""
+    units: list[list[str]] = []
+    size = 0
+    for user, b in zip(users, kept, strict=True):
+        if not units or len(units[-1]) >= UNIT_USERS or size + b > UNIT_BYTES:
+            units.append([])
+            size = 0
+        units[-1].append(user)
+        size += b
+    return units
+
+
 def build_flair(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
     """The FLAIR file at ``data.root`` as a population (see the module docstring)."""
     path = flair_file(d.root)
@@ -275,8 +313,9 @@ def build_flair(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
         with _open(path) as fh:
             names = label_names(fh, path, labels)
             users = _users(fh, path, TRAIN)
-        units = [_Unit(path, users[i:i + UNIT_USERS], labels, len(names), cap, d.image_size)
-                 for i in range(0, len(users), UNIT_USERS)]
+            kept = [_kept_bytes(fh, path, u, cap) for u in users]
+        units = [_Unit(path, part, labels, len(names), cap, d.image_size)
+                 for part in _units(users, kept)]
         shape: list[Any] = [None]
 
         def blocks() -> Generator[Block, None, None]:

@@ -35,6 +35,7 @@ from fedray.core.outputs import resolves_inside
 from fedray.core.seeding import rng
 from fedray.core.spec import ConfigError, redact
 from fedray.data.population import (
+    GLOBAL_TEST_RULE,
     TablePopulation,
     _cache_root,
     _remove_stale_temps,
@@ -54,7 +55,10 @@ Parts = list[tuple[np.ndarray, np.ndarray]]
 @dataclass
 class Block:
     """Consecutive clients in sorted id order: their ids, train and test row counts, and
-    their rows, client by client (each client's train rows, then its test rows)."""
+    their rows, client by client (each client's train rows, then its test rows). The
+    dtypes are part of the contract: ``x`` in uint8 means 8-bit pixels (stored as they are,
+    read as x / 255), any other ``x`` is stored as float32; ``y`` in a float dtype means
+    multi-hot targets (multi-label), integer ``y`` class ids (one per row or per token)."""
 
     users: list[str]
     n_train: np.ndarray
@@ -99,7 +103,8 @@ def natural_split_population(d: DataConfig, num_clients: int, seed: int, kind: s
     that the reader may create for its own temporary files; removed afterwards)."""
     stat = [(f, os.path.getsize(f), os.path.getmtime(f)) for f in files]
     key = hashlib.sha256(json.dumps([kind, stat, d.min_samples, num_clients, seed,
-                                     key_extra or []]).encode()).hexdigest()[:32]
+                                     key_extra or [], GLOBAL_TEST_RULE]).encode()
+                         ).hexdigest()[:32]
     folder = os.path.join(_cache_root(d), "populations")
     _remove_stale_temps(folder)
     path, index_path = (os.path.join(folder, key + ext) for ext in (".arrow", ".index.npz"))

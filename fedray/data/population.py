@@ -41,6 +41,8 @@ from fedray.data.federated import local_test_count
 
 GLOBAL_TEST_MAX = 10_000
 GLOBAL_TEST_BYTES = 512 << 20  # and at most this many bytes of float32 inputs (FLAIR: 682)
+GLOBAL_TEST_RULE = [GLOBAL_TEST_MAX, GLOBAL_TEST_BYTES]  # in every cache key: an entry built
+# under another rule holds another global test set
 
 
 def global_test_size(available: int, row_values: int) -> int:
@@ -712,7 +714,8 @@ class TablePopulation:
         stat = [(os.path.abspath(f), os.path.getsize(f), os.path.getmtime(f)) for f in files]
         key = hashlib.sha256(json.dumps([stat, d.dataset, d.client_column, d.label_column,
                                          d.feature_columns, d.min_samples,
-                                         d.local_test_fraction, num_clients, seed]).encode()
+                                         d.local_test_fraction, num_clients, seed,
+                                         GLOBAL_TEST_RULE]).encode()
                              ).hexdigest()[:32]
         folder = os.path.join(_cache_root(d), "populations")
         _remove_stale_temps(folder)

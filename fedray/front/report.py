@@ -119,8 +119,8 @@ def _chance(config: dict[str, Any], data_summary: dict[str, Any]) -> float | Non
     (``data.json``), else the one its configured dataset has; None for BlogText (next-token
     accuracy) and when neither is known."""
     data = config.get("data") or {}
-    if data.get("dataset") == "blogtext":
-        return None
+    if data.get("dataset") == "blogtext" or data_summary.get("task") == "multilabel":
+        return None  # next-token accuracy; per-label accuracy at 0.5 (not 1/classes)
     classes = data_summary.get("num_classes")
     if not classes:
         try:

@@ -97,7 +97,9 @@ def flair_resnet18(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     C), C) as its ``convert_batchnorm_modules`` does, inputs normalised by ImageNet's
     channel mean and std (its default ``channel_mean``). 11,185,233 parameters at FLAIR's
     17 labels. pfl's random 224-pixel crops and flips are not applied (the forward pass
-    stays deterministic, so a cohort of clients can be batched)."""
+    stays deterministic, so a cohort of clients can be batched). Its start is drawn as every
+    fedray model's is (each layer's ``reset_parameters`` under the run's seed: PyTorch's
+    Kaiming-uniform defaults, not torchvision's Kaiming-normal fan-out draw)."""
     import torchvision
 
     c, h, w = image_shape(input_shape, "flair_resnet18")

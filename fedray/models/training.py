@@ -308,7 +308,7 @@ def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, device: str = "cpu"
     shape (N, steps)) are scored by :func:`evaluate_tokens`, multi-hot targets (float y of
     shape (N, labels)) by :func:`evaluate_multilabel`."""
     if y.dtype.kind == "f":
-        return evaluate_multilabel(model, x, y, device, batch_size)
+        return evaluate_multilabel(model, x, y, device, min(batch_size, 256))
     if y.ndim == 2:
         return evaluate_tokens(model, x, y, device, batch_size)
     model.eval()
@@ -403,8 +403,10 @@ def bucket_counts(y: np.ndarray, scores: np.ndarray, thresholds: int = AP_THRESH
     bucketing: a score s falls in bucket max(⌈s·(T−1)⌉ − 1, 0), and threshold i counts
     the scores in buckets ≥ i as predicted positive."""
     y = np.asarray(y, np.float64).reshape(len(y), -1)
-    bucket = np.maximum(np.ceil(np.asarray(scores, np.float64).reshape(y.shape)
-                                * (thresholds - 1)) - 1, 0).astype(np.int64)
+    s = np.asarray(scores)  # bucketed in its own precision, as pfl does with float32 scores
+    s = s.astype(np.float32) if s.dtype.kind != "f" else s
+    bucket = np.maximum(np.ceil(s.reshape(y.shape) * s.dtype.type(thresholds - 1)) - 1,
+                        0).astype(np.int64)
     labels = y.shape[1]
     flat = (bucket + np.arange(labels) * thresholds).T.reshape(-1)
     pos = np.bincount(flat, y.T.reshape(-1), labels * thresholds).reshape(labels, thresholds)
