@@ -50,10 +50,15 @@ from typing import Any
 import numpy as np
 
 from fedray.core.config import DataConfig
-from fedray.core.outputs import resolves_inside
 from fedray.core.seeding import rng
 from fedray.core.spec import ConfigError
-from fedray.data.natural import Block, Natural, natural_split_population, ordered_map
+from fedray.data.natural import (
+    Block,
+    Natural,
+    natural_split_population,
+    one_file_in,
+    ordered_map,
+)
 from fedray.data.population import TablePopulation
 
 LABEL_SETS = ("labels", "fine_grained_labels")
@@ -72,15 +77,8 @@ def flair_file(root: str) -> str:
         return os.path.abspath(root)
     if not os.path.isdir(root):
         raise ConfigError("data.root", root, "FLAIR's HDF5 file, or a directory holding it")
-    found = sorted(f for f in os.listdir(root) if f.endswith((".hdf5", ".h5")))
-    if len(found) != 1:
-        raise ConfigError("data.root", root, f"exactly one *.hdf5 or *.h5 file (found "
-                                             f"{len(found)})")
-    path = os.path.join(root, found[0])
-    if not resolves_inside(path, root) or not os.path.isfile(path):
-        raise ConfigError("data.root", path, f"a regular file inside {root} (this one "
-                                             f"resolves to {os.path.realpath(path)})")
-    return os.path.abspath(path)
+    return os.path.abspath(one_file_in(root, lambda f: f.endswith((".hdf5", ".h5")),
+                                       "*.hdf5 or *.h5"))
 
 
 def label_set(d: DataConfig) -> str:

@@ -374,6 +374,20 @@ def vocab_path(d: DataConfig, root: str) -> str | None:
     return path
 
 
+def one_file_in(root: str, keep: Callable[[str], bool], what: str) -> str:
+    """The one file of the directory ``root`` that ``keep`` accepts by name (``what`` says
+    which, e.g. ``*train*.h5``), a regular file resolving inside ``root``; otherwise a
+    :class:`ConfigError` at ``data.root``."""
+    found = sorted(f for f in os.listdir(root) if keep(f))
+    if len(found) != 1:
+        raise ConfigError("data.root", root, f"exactly one {what} file (found {len(found)})")
+    path = os.path.join(root, found[0])
+    if not resolves_inside(path, root) or not os.path.isfile(path):
+        raise ConfigError("data.root", path, f"a regular file inside {root} (this one "
+                                             f"resolves to {os.path.realpath(path)})")
+    return path
+
+
 def file_sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:

@@ -48,7 +48,6 @@ from typing import Any
 import numpy as np
 
 from fedray.core.config import DataConfig
-from fedray.core.outputs import resolves_inside
 from fedray.core.spec import ConfigError
 from fedray.data.leaf import MAX_CLASSES
 from fedray.data.natural import (
@@ -57,6 +56,7 @@ from fedray.data.natural import (
     Natural,
     file_sha256,
     natural_split_population,
+    one_file_in,
     ordered_map,
     vocab_path,
 )
@@ -79,18 +79,8 @@ def tff_files(root: str) -> dict[str, str]:
     if not os.path.isdir(root):
         raise ConfigError("data.root", root, "a directory holding TFF's *train*.h5 and "
                                              "*test*.h5 files")
-    out = {}
-    for split in SPLITS:
-        found = sorted(f for f in os.listdir(root) if f.endswith(".h5") and split in f)
-        if len(found) != 1:
-            raise ConfigError("data.root", root, f"exactly one *{split}*.h5 file (found "
-                                                 f"{len(found)})")
-        path = os.path.join(root, found[0])
-        if not resolves_inside(path, root) or not os.path.isfile(path):
-            raise ConfigError("data.root", path, f"a regular file inside {root} (this one "
-                                                 f"resolves to {os.path.realpath(path)})")
-        out[split] = path
-    return out
+    return {split: one_file_in(root, lambda f, s=split: f.endswith(".h5") and s in f,
+                               f"*{split}*.h5") for split in SPLITS}
 
 
 def _images(x: np.ndarray) -> np.ndarray:
