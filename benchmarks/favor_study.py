@@ -59,6 +59,18 @@ PAPER4 = {"global_asce": (0.161, 0.140, 0.818, 0.728), "ditto_asce": (0.318, 0.2
           "favor_no_asce": (0.377, 0.331, 0.814, 0.767), "favor": (0.403, 0.365, 0.815, 0.771)}
 
 
+def code_version() -> str:
+    """The commit the study runs from, "+dirty" when tracked files differ from it."""
+    import subprocess
+
+    def git(*a: str) -> str:
+        out = subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True)
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    head = git("rev-parse", "HEAD") or "unknown"
+    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def prep_fingerprint(cache: str | Path) -> str:
     """What the rows of a run were computed on: the SHA-256 (first 16 hex) of the prepared
     base LM's and ASCE's weight and tokenizer files under ``cache``. Two preparations of the
@@ -189,8 +201,8 @@ def lambda_sweep(args: argparse.Namespace) -> None:
             if method == "favor":  # authors that deploy the global adapter, never trained
                 r.setdefault("never_sampled", args.authors - r["personalized_clients"])
             rows.append({**r, "seed": seed, "lambda_align": lam, "prep": prep})
-        path.write_text(json.dumps({"args": vars(args), "seconds": seconds, "rows": rows},
-                                   indent=1, default=str))
+        path.write_text(json.dumps({"args": vars(args), "code": code_version(),
+                                    "seconds": seconds, "rows": rows}, indent=1, default=str))
         out.with_suffix(".md").write_text(
             lambda_table(rows, args.lambdas, args.reference, 1 / args.authors))
         print(f"{tag} done in {seconds[tag]:.0f}s", flush=True)
@@ -241,7 +253,8 @@ def main() -> None:
         prep = prep_fingerprint(f"{args.run_root}/cache")
         rows += [{**r, "seed": seed, "prep": prep} for r in result["rows"]]
         out.with_suffix(".json").write_text(json.dumps(
-            {"args": vars(args), "seconds": seconds, "rows": rows}, indent=1, default=str))
+            {"args": vars(args), "code": code_version(), "seconds": seconds, "rows": rows},
+            indent=1, default=str))
         print(f"seed {seed} done in {seconds[seed]:.0f}s", flush=True)
     text = tables(rows, args.methods, 1 / args.authors)
     out.with_suffix(".md").write_text(text)

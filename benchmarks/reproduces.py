@@ -448,7 +448,7 @@ FAVOR: list[Claim] = [
     ("FAVoR keeps the most author style of the collaborative methods (author accuracy)",
      "FAVoR 0.403 > FedDPA 0.294 > Ditto 0.278 > pFedMe 0.271 > FedAvg 0.199 > FedProx 0.174",
      "different: 50 synthetic authors, a 0.7M-parameter LM, 40 new tokens, LoRA r 16 / α 32, "
-     "the code of 2026-12-02 (re-run; seeds per method in the FAVoR study table)", favor_order),
+     "the code of 2026-12-06 (commit 379e079), seeds 0, 1, 2 on one preparation", favor_order),
     ("A shared adapter homogenizes style; FAVoR retains it", "FAVoR 2.0× FedAvg author "
      "accuracy", "different (as above)", favor_homogenize),
     ("At equal utility", "SemSim 0.380 vs FedAvg 0.359", "different (as above)",
