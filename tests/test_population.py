@@ -202,3 +202,29 @@ def test_a_hundred_thousand_client_run_keeps_nothing_per_client(ray_session, tmp
     clients = read_metrics(str(tmp_path / "run"), "clients").to_pylist()
     assert {r["tier"] for r in clients} == {"a", "b"}
     assert len(clients) == 40 and max(r["client_id"] for r in clients) > 1000
+
+
+def test_local_test_count_is_the_clipped_rounding():
+    """The local test split's size, computed in plain Python per client, is numpy's
+    clip(round(f n), 1, n - 1) for every size and fraction (the rule the splits were
+    built with), including n = 1 (clip's upper bound 0 wins) and numpy integer sizes."""
+    from fedray.data.federated import local_test_count
+
+    for n in range(1, 60):
+        for f in (0.0, 0.1, 0.2, 0.25, 0.5, 0.75, 0.99, 1.0):
+            want = int(np.clip(round(f * n), 1, n - 1))
+            assert local_test_count(n, f) == want, (n, f)
+            assert local_test_count(np.int64(n), f) == want, (n, f)
+            assert type(local_test_count(np.int64(n), f)) is int
+
+
+def test_metrics_table_columns_in_first_seen_order():
+    """A metrics part file's columns are the union of its rows' keys in first-seen order;
+    a numeric column with gaps becomes float with NaN."""
+    from fedray.observe.metrics import _table
+
+    t = _table([{"a": 1, "b": 2.0}, {"c": "x", "a": 3}, {"b": None, "d": 4}])
+    assert t.column_names == ["a", "b", "c", "d"]
+    b = t.column("b").to_pylist()
+    assert b[0] == 2.0 and np.isnan(b[1]) and np.isnan(b[2])
+    assert t.column("c").to_pylist() == [None, "x", None]

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 
 
+@functools.lru_cache(maxsize=4096)
 def _purpose_key(purpose: str) -> int:
     return int.from_bytes(hashlib.blake2b(purpose.encode(), digest_size=8).digest(), "little")
 

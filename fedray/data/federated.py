@@ -152,7 +152,7 @@ class FederatedData:
 def local_test_count(n: int, test_fraction: float) -> int:
     """How many of a client's ``n`` samples are its local test split: ``round(f n)``
     clipped to ``1..n - 1`` (both splits non-empty)."""
-    return int(np.clip(round(test_fraction * n), 1, n - 1))
+    return int(min(max(round(test_fraction * n), 1), n - 1))
 
 
 def local_split(shard: np.ndarray, labels: np.ndarray, test_fraction: float,

@@ -37,9 +37,7 @@ def json_text(obj: Any, indent: int | None = None) -> str:
 
 
 def _table(rows: list[dict[str, Any]]) -> pa.Table:
-    keys: list[str] = []
-    for r in rows:
-        keys += [k for k in r if k not in keys]
+    keys = list(dict.fromkeys(k for r in rows for k in r))
     cols = {}
     for k in keys:
         vals = [r.get(k) for r in rows]

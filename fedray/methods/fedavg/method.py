@@ -260,15 +260,15 @@ class FedAvg(Algorithm):
             weight_decay=loc.weight_decay, seed=first.seed, round=first.round,
             max_steps=loc.max_steps, device=first.device,
             grad_hook=self.grad_hook(model, broadcast, first.device), optimizer_states=states)
-        out = []
+        out, names = [], self.trainable(model)
+        start = {k: np.asarray(broadcast[k], dtype=np.float32) for k in names}
         for i, (ctx, tr) in enumerate(zip(contexts, trained, strict=True)):
             metrics = ({"acc_before": before[i]} if compare else {}) | tr.metrics
             if compare:
                 set_state(model, {**broadcast, **tr.params})
                 metrics["acc_after"] = evaluate(model, ctx.x_test, ctx.y_test,
                                                 ctx.device)["accuracy"]
-            delta = {k: tr.params[k] - np.asarray(broadcast[k], dtype=np.float32)
-                     for k in self.trainable(model)}
+            delta = {k: tr.params[k] - start[k] for k in names}
             state = {"optimizer": tr.optimizer_state} if self.uses_client_state else None
             out.append(ClientOutput(delta, len(ctx.x_train), metrics, state))
         return out
