@@ -55,8 +55,10 @@ from fedray.core.spec import ConfigError
 from fedray.data.natural import (
     Block,
     Natural,
+    bad_file,
     natural_split_population,
     one_file_in,
+    open_hdf5,
     ordered_map,
 )
 from fedray.data.population import TablePopulation
@@ -90,20 +92,6 @@ def label_set(d: DataConfig) -> str:
     return name
 
 
-def _bad(path: str, what: str, rule: str) -> ConfigError:
-    return ConfigError(f"data.root ({path})", what, rule)
-
-
-def _open(path: str) -> Any:
-    import h5py
-
-    try:
-        return h5py.File(path, "r")
-    except OSError as e:
-        raise _bad(path, "the file", f"a readable HDF5 file ({' '.join(str(e).split())[:100]})"
-                   ) from None
-
-
 def _member(group: Any, name: str, path: str, what: str, kind: str) -> Any:
     """``group[name]`` when it is stored in this file (a hard link, not a virtual or an
     external dataset: those read other files) and is a ``kind`` (group or dataset)."""
@@ -114,21 +102,21 @@ def _member(group: Any, name: str, path: str, what: str, kind: str) -> Any:
     except (KeyError, ValueError, OSError, RuntimeError):
         link = None
     if link is None:
-        raise _bad(path, what, f"a {kind} {name!r} (FLAIR's layout, as pfl-research's "
+        raise bad_file(path, what, f"a {kind} {name!r} (FLAIR's layout, as pfl-research's "
                                f"prepare_dataset.py writes it)")
     if not isinstance(link, h5py.HardLink):
-        raise _bad(path, what, f"{name!r} stored in the file (not a link: it would read "
+        raise bad_file(path, what, f"{name!r} stored in the file (not a link: it would read "
                                f"elsewhere)")
     obj = group[name]
     want = h5py.Group if kind == "group" else h5py.Dataset
     if not isinstance(obj, want):
-        raise _bad(path, what, f"{name!r} a {kind}")
+        raise bad_file(path, what, f"{name!r} a {kind}")
     if kind == "dataset":
         if obj.is_virtual or obj.external:
-            raise _bad(path, what, f"{name!r} stored in the file (not a virtual or an "
+            raise bad_file(path, what, f"{name!r} stored in the file (not a virtual or an "
                                    f"external dataset: they read other files)")
         if obj.shape is None or obj.size * obj.dtype.itemsize > MAX_USER_BYTES:
-            raise _bad(path, what, f"{name!r} an array of at most {MAX_USER_BYTES >> 30} GiB")
+            raise bad_file(path, what, f"{name!r} an array of at most {MAX_USER_BYTES >> 30} GiB")
     return obj
 
 
@@ -153,7 +141,7 @@ def label_names(fh: Any, path: str, labels: str) -> list[str]:
     except (ValueError, UnicodeDecodeError, RecursionError, OSError, TypeError):
         ok = False
     if not ok:
-        raise _bad(path, f"/metadata/{key}", "JSON mapping each label to its index 0..L-1")
+        raise bad_file(path, f"/metadata/{key}", "JSON mapping each label to its index 0..L-1")
     return [name for name, _ in sorted(mapping.items(), key=lambda kv: kv[1])]
 
 
@@ -164,7 +152,7 @@ def _images(fh: Any, path: str, split: str, user: str) -> Any:
     group = _member(_member(fh, split, path, f"/{split}", "group"), user, path, what, "group")
     images = _member(group, "images", path, what, "dataset")
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
-        raise _bad(path, what, f"images uint8 (N, H, W, 3) (got {images.dtype} "
+        raise bad_file(path, what, f"images uint8 (N, H, W, 3) (got {images.dtype} "
                                f"{images.shape})")
     return images
 
@@ -183,7 +171,7 @@ def _user_rows(fh: Any, path: str, split: str, user: str, labels: str, classes: 
     sets = [_member(group, f"{labels}_{k}", path, what, "dataset") for k in ("row", "col")]
     if any(s.ndim != 1 or s.dtype.kind not in "iu" for s in sets) or \
             sets[0].shape != sets[1].shape or sets[0].shape[0] > min(n * classes, MAX_PAIRS):
-        raise _bad(path, what, f"{labels}_row and {labels}_col integer vectors of one length, "
+        raise bad_file(path, what, f"{labels}_row and {labels}_col integer vectors of one length, "
                                f"at most images x labels and {MAX_PAIRS:,}")
     keep = np.asarray(pick) if pick is not None else np.arange(n if cap is None
                                                                else min(n, cap))
@@ -191,7 +179,7 @@ def _user_rows(fh: Any, path: str, split: str, user: str, labels: str, classes: 
         rows, cols = (s[()].astype(np.int64) for s in sets)
         if len(rows) and (rows.min() < 0 or rows.max() >= n or cols.min() < 0 or
                           cols.max() >= classes):
-            raise _bad(path, what, f"{labels}_row in 0..{n - 1} (its images) and {labels}_col"
+            raise bad_file(path, what, f"{labels}_row in 0..{n - 1} (its images) and {labels}_col"
                                    f" in 0..{classes - 1} (the label mapping)")
         at = np.minimum(np.searchsorted(keep, rows), max(len(keep) - 1, 0))
         mine = (keep[at] == rows) if len(keep) else np.zeros(len(rows), bool)
@@ -199,7 +187,7 @@ def _user_rows(fh: Any, path: str, split: str, user: str, labels: str, classes: 
         y[at[mine], cols[mine]] = 1.0
         x = images[keep] if pick is not None and len(keep) else images[:len(keep)]
     except OSError as e:
-        raise _bad(path, what, f"readable images and labels ({str(e)[:80]})") from None
+        raise bad_file(path, what, f"readable images and labels ({str(e)[:80]})") from None
     return x, y
 
 
@@ -232,7 +220,7 @@ class _Unit:
 def _unit_rows(unit: _Unit) -> Block:
     """A unit's train users as one block of rows (their images, no test rows)."""
     xs, ys, counts = [], [], []
-    with _open(unit.path) as fh:
+    with open_hdf5(unit.path) as fh:
         for user in unit.users:
             x, y = _user_rows(fh, unit.path, TRAIN, user, unit.labels, unit.classes, unit.cap)
             xs.append(_resized(x, unit.size))
@@ -242,7 +230,7 @@ def _unit_rows(unit: _Unit) -> Block:
     if len(shapes) > 1:
         user = next(u for u, x in zip(unit.users, xs, strict=True)
                     if len(x) and tuple(x.shape[1:]) != tuple(xs[0].shape[1:]))
-        raise _bad(unit.path, f"/{TRAIN}/{user}", f"images of the file's one size "
+        raise bad_file(unit.path, f"/{TRAIN}/{user}", f"images of the file's one size "
                                                   f"(got {sorted(shapes)})")
     kept = [(x, y) for x, y in zip(xs, ys, strict=True) if len(y)]
     x = np.concatenate([k[0] for k in kept]) if kept else np.zeros((0, 3, 1, 1), np.uint8)
@@ -255,10 +243,10 @@ def _held_out(path: str, labels: str, classes: int, size: int | None, seed: int,
               shape: tuple[int, ...] | None, want: int) -> tuple[np.ndarray, np.ndarray]:
     """The global test set: ``want`` (at most) of the test users' images, drawn with the
     seed over all of them in sorted-user order, read user by user."""
-    with _open(path) as fh:
+    with open_hdf5(path) as fh:
         users = _users(fh, path, HELD_OUT)
         if not users:
-            raise _bad(path, f"/{HELD_OUT}", "FLAIR's test partition: a group of users "
+            raise bad_file(path, f"/{HELD_OUT}", "FLAIR's test partition: a group of users "
                                              "(the global test set)")
         sizes = np.array([_images(fh, path, HELD_OUT, u).shape[0] for u in users], np.int64)
         starts = np.r_[0, np.cumsum(sizes)]
@@ -274,7 +262,7 @@ def _held_out(path: str, labels: str, classes: int, size: int | None, seed: int,
             ys.append(y)
     x = np.concatenate(xs) if xs else np.zeros((0, *(shape or (3, 1, 1))), np.uint8)
     if shape is not None and len(x) and tuple(x.shape[1:]) != tuple(shape):
-        raise _bad(path, f"/{HELD_OUT}", f"test images of the train images' size {shape} "
+        raise bad_file(path, f"/{HELD_OUT}", f"test images of the train images' size {shape} "
                                          f"(got {tuple(x.shape[1:])})")
     return x, (np.concatenate(ys) if ys else np.zeros((0, classes), np.float32))
 
@@ -308,7 +296,7 @@ def build_flair(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
     cap = MAX_USER_IMAGES if d.max_client_samples is None else d.max_client_samples
 
     def read(scratch: str) -> Natural:
-        with _open(path) as fh:
+        with open_hdf5(path) as fh:
             names = label_names(fh, path, labels)
             users = _users(fh, path, TRAIN)
             kept = [_kept_bytes(fh, path, u, cap) for u in users]
@@ -323,7 +311,7 @@ def build_flair(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
                     shape[0] = shape[0] or got
                     if got != shape[0]:
                         first = block.users[int(np.flatnonzero(block.n_train)[0])]
-                        raise _bad(path, f"/{TRAIN}/{first}", f"images of the file's one "
+                        raise bad_file(path, f"/{TRAIN}/{first}", f"images of the file's one "
                                                               f"size {shape[0]} (got {got})")
                 yield block
 

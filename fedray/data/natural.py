@@ -388,6 +388,24 @@ def one_file_in(root: str, keep: Callable[[str], bool], what: str) -> str:
     return path
 
 
+def bad_file(path: str, what: str, rule: str) -> ConfigError:
+    """The one error of a natural reader's file: ``data.root (<file>)``, the part of it at
+    fault (``what``: the file, a client, a dataset) and the rule it breaks."""
+    return ConfigError(f"data.root ({path})", what, rule)
+
+
+def open_hdf5(path: str) -> Any:
+    """``h5py.File(path, "r")``, or one :func:`bad_file` line when it is not a readable
+    HDF5 file (truncated, another format)."""
+    import h5py
+
+    try:
+        return h5py.File(path, "r")
+    except OSError as e:
+        raise bad_file(path, "the file", f"a readable HDF5 file "
+                                         f"({' '.join(str(e).split())[:100]})") from None
+
+
 def file_sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:

@@ -54,9 +54,11 @@ from fedray.data.natural import (
     SPLITS,
     Block,
     Natural,
+    bad_file,
     file_sha256,
     natural_split_population,
     one_file_in,
+    open_hdf5,
     ordered_map,
     vocab_path,
 )
@@ -96,13 +98,7 @@ def _images(x: np.ndarray) -> np.ndarray:
 def _examples(path: str) -> tuple[Any, Any]:
     """The open file and its ``examples`` group's low-level id (h5py's low-level calls:
     its high-level objects cost ≈ 0.4 ms a client)."""
-    import h5py
-
-    try:
-        fh = h5py.File(path, "r")
-    except OSError as e:
-        raise _bad(path, "the file", f"a readable HDF5 file ({' '.join(str(e).split())[:100]})"
-                   ) from None
+    fh = open_hdf5(path)
     from h5py import h5g, h5l
 
     links = fh.id.links
@@ -113,13 +109,9 @@ def _examples(path: str) -> tuple[Any, Any]:
         gid = None
     if gid is None:  # no group, or a link (an external one would read another file)
         fh.close()
-        raise _bad(path, "the file", "TFF's layout: an examples group stored in the file, of "
+        raise bad_file(path, "the file", "TFF's layout: an examples group stored in the file, of "
                                      "examples/<client>/<feature> datasets")
     return fh, gid
-
-
-def _bad(path: str, what: str, rule: str) -> ConfigError:
-    return ConfigError(f"data.root ({path})", what, rule)
 
 
 def _clients_of(path: str) -> list[str]:
@@ -133,12 +125,12 @@ def _clients_of(path: str) -> list[str]:
         gid.links.iterate(lambda name, info: found.append((name, info.type)), info=True)
     for name, kind in found:
         if kind != h5l.TYPE_HARD:
-            raise _bad(path, f"client {name.decode(errors='replace')}", "groups stored in the "
+            raise bad_file(path, f"client {name.decode(errors='replace')}", "groups stored in the "
                        "file (an external or soft link would read elsewhere)")
         try:
             name.decode()
         except UnicodeDecodeError:
-            raise _bad(path, f"client {name.decode(errors='replace')}", "client ids in "
+            raise bad_file(path, f"client {name.decode(errors='replace')}", "client ids in "
                                                                       "UTF-8") from None
     return [name.decode() for name, _ in found]
 
@@ -158,7 +150,7 @@ def _feature_of(d: DataConfig, path: str, user: str) -> str:
             names = []
     found = next((f for f in FEATURES + TEXT if f in names), None)
     if found is None:
-        raise _bad(path, f"client {user}", f"a dataset {' or '.join(FEATURES + TEXT)} (it has "
+        raise bad_file(path, f"client {user}", f"a dataset {' or '.join(FEATURES + TEXT)} (it has "
                                            f"{names})")
     return found
 
@@ -174,7 +166,7 @@ def _client_raw(path: str, gid: Any, user: str, feature: str, label: str) -> Any
     try:
         ug = h5g.open(gid, user.encode())
     except (KeyError, ValueError, OSError, TypeError):
-        raise _bad(path, f"client {user}", "a group of datasets") from None
+        raise bad_file(path, f"client {user}", "a group of datasets") from None
     sets = []
     for name in need:
         key = name.encode()
@@ -182,24 +174,24 @@ def _client_raw(path: str, gid: Any, user: str, feature: str, label: str) -> Any
             link = ug.links.get_info(key).type
         except (KeyError, RuntimeError):  # no such link
             names = sorted(n.decode() for n in _names(ug))
-            raise _bad(path, f"client {user}", f"datasets {' and '.join(map(repr, need))} (it "
+            raise bad_file(path, f"client {user}", f"datasets {' and '.join(map(repr, need))} (it "
                                                f"has {names})") from None
         if link != h5l.TYPE_HARD:
-            raise _bad(path, f"client {user}", f"{name!r} a dataset stored in the file (not a "
+            raise bad_file(path, f"client {user}", f"{name!r} a dataset stored in the file (not a "
                                                f"link: it would read elsewhere)")
         try:
             ds = h5d.open(ug, key)
         except (KeyError, ValueError, OSError, TypeError):
-            raise _bad(path, f"client {user}", f"{name!r} a dataset") from None
+            raise bad_file(path, f"client {user}", f"{name!r} a dataset") from None
         space = ds.get_space()
         if space.get_simple_extent_type() != h5s.SIMPLE or \
                 space.get_simple_extent_npoints() * ds.get_type().get_size() > MAX_CLIENT_BYTES:
-            raise _bad(path, f"client {user}", f"{name!r} an array of at most "
+            raise bad_file(path, f"client {user}", f"{name!r} an array of at most "
                                                f"{MAX_CLIENT_BYTES >> 30} GiB")
         if ds.get_offset() is None:  # not one contiguous block of this file: ask why
             plist = ds.get_create_plist()
             if plist.get_layout() == h5d.VIRTUAL or plist.get_external_count():
-                raise _bad(path, f"client {user}", f"{name!r} stored in the file (not a "
+                raise bad_file(path, f"client {user}", f"{name!r} stored in the file (not a "
                                                    f"virtual or an external dataset: they "
                                                    f"read other files)")
         sets.append(ds)
@@ -207,7 +199,7 @@ def _client_raw(path: str, gid: Any, user: str, feature: str, label: str) -> Any
         if text:
             ds, kind, space = sets[0], sets[0].get_type(), sets[0].get_space()
             if kind.get_class() != h5t.STRING or space.get_simple_extent_ndims() != 1:
-                raise _bad(path, f"client {user}", f"{feature!r} one string per example")
+                raise bad_file(path, f"client {user}", f"{feature!r} one string per example")
             if kind.is_variable_str():  # TFF's; read without h5py's objects
                 raw = np.empty(space.shape, dtype=h5py.string_dtype())
                 ds.read(h5s.ALL, h5s.ALL, raw)
@@ -215,8 +207,8 @@ def _client_raw(path: str, gid: Any, user: str, feature: str, label: str) -> Any
             return h5py.Dataset(ds)[()]
         x, y = (h5py.Dataset(ds)[()] for ds in sets)
     except OSError as e:
-        raise _bad(path, f"client {user}", f"readable datasets ({str(e)[:80]})") from None
-    return _numeric(lambda what, rule: _bad(path, what, rule), user, feature, label, x, y)
+        raise bad_file(path, f"client {user}", f"readable datasets ({str(e)[:80]})") from None
+    return _numeric(lambda what, rule: bad_file(path, what, rule), user, feature, label, x, y)
 
 
 def _names(gid: Any) -> list[bytes]:
