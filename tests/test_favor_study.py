@@ -80,3 +80,28 @@ def test_rows_of_two_preparations_are_not_averaged(tmp_path):
         tables([row(0, a), row(1, b)], ["favor"], 0.02)
     assert "2 different preparations" in str(e.value) and "\n" not in str(e.value)
 
+
+
+def test_the_study_names_the_commit_it_ran_from(tmp_path, monkeypatch):
+    """``code`` in the study's JSON: the checkout's HEAD, with "+dirty" exactly when a
+    tracked file differs from it (checked on a throwaway repository)."""
+    import re
+    import subprocess
+
+    import favor_study
+
+    def git(*a):
+        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *a], cwd=tmp_path,
+                       check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "f.txt").write_text("a")
+    git("add", "f.txt")
+    git("commit", "-qm", "x")
+    monkeypatch.setattr(favor_study, "ROOT", tmp_path)
+    clean = favor_study.code_version()
+    assert re.fullmatch(r"[0-9a-f]{40}", clean)
+    (tmp_path / "untracked.txt").write_text("b")
+    assert favor_study.code_version() == clean
+    (tmp_path / "f.txt").write_text("changed")
+    assert favor_study.code_version() == clean + "+dirty"
