@@ -267,6 +267,11 @@ def test_averaged_precision_is_pfls():
     assert averaged_precision(yy, ss, True) == pytest.approx(
         average_precision_score(yy[:, 0], ss[:, 0]), abs=1e-12)
     assert averaged_precision(yy, np.where(yy > 0, 0.9, 0.1), False) == pytest.approx(1.0)
+    # over the labels that have a positive only: label 4's 0 left out of the mean
+    present = averaged_precision(y, s, True, present_only=True)
+    assert present == pytest.approx(ref[:4].mean(), abs=1e-12)
+    assert present > averaged_precision(y, s, True)
+    assert np.isnan(averaged_precision(np.zeros_like(y), s, True, present_only=True))
 
 
 def test_evaluate_and_train_take_multi_hot_targets():
@@ -287,7 +292,8 @@ def test_evaluate_and_train_take_multi_hot_targets():
     assert scores["accuracy"] == pytest.approx(float((np.round(p) == y).mean()))
     assert scores["loss"] == pytest.approx(float(torch.nn.BCEWithLogitsLoss()(out.detach(),
         torch.from_numpy(y))), rel=1e-5)
-    assert {"macro_ap", "micro_ap"} <= set(scores) and scores["n"] == 10
+    assert {"macro_ap", "macro_ap_present", "micro_ap"} <= set(scores) and scores["n"] == 10
+    assert scores["macro_ap_present"] >= scores["macro_ap"]
     metrics, _ = train_local(model, x, y, epochs=1, batch_size=4, lr=0.01, seed=0, round=0,
                              client=0)
     assert metrics["steps"] == 3 and np.isfinite(metrics["train_loss"])
@@ -332,6 +338,9 @@ def test_a_flair_run_reports_averaged_precision(ray_session, tmp_path):
     assert 0 <= last["global_macro_ap"] <= 1 and 0 <= last["global_micro_ap"] <= 1
     assert 0 <= summary["final_global_accuracy"] <= 1
     assert summary["final_global_macro_ap"] == pytest.approx(last["global_macro_ap"])
+    assert last["global_macro_ap_present"] >= last["global_macro_ap"]
+    assert summary["final_global_macro_ap_present"] == pytest.approx(
+        last["global_macro_ap_present"])
     from fedray.front.report import _chance
 
     assert _chance({"data": {"dataset": "flair"}}, {"task": "multilabel",

@@ -19,7 +19,8 @@ The task is multi-label classification: each image's targets are a multi-hot flo
 over the labels (``data.label_column``: ``labels``, the 17 coarse ones — the default — or
 ``fine_grained_labels``), trained with the per-label binary cross-entropy and scored by
 pfl-research's averaged precision (:func:`fedray.models.training.evaluate_multilabel`:
-``macro_ap``, ``micro_ap``).
+``macro_ap``, ``micro_ap``; and ``macro_ap_present``, the macro mean over the labels the
+test set has a positive of).
 
 FLAIR splits its *users* (each user is in exactly one of train / val / test), not each
 user's images, so: the clients are the ``train`` users (the first ``clients.num_clients``

@@ -497,7 +497,8 @@ def _summary(cfg: ExperimentConfig, run_dir: str, rows: list[dict], finish: dict
                                           default=math.nan)),
         # a task's own headline scores (FLAIR's averaged precision, TFF's perplexity)
         **{f"final_{k}": clean(final_eval[k]) for k in
-           ("global_macro_ap", "global_micro_ap", "global_perplexity") if k in final_eval},
+           ("global_macro_ap", "global_macro_ap_present", "global_micro_ap",
+            "global_perplexity") if k in final_eval},
         "total_upload_bytes": finish["totals"]["upload_bytes"],
         "total_download_bytes": finish["totals"]["download_bytes"],
         "client_failures": finish["totals"]["failures"],

@@ -70,7 +70,8 @@ def client_rows(rec: RoundRecord, tier_of: Callable[[int], str], per_client: dic
     return rows
 
 
-GLOBAL_EXTRAS = ("perplexity", "macro_ap", "micro_ap")  # evaluate's task scores, as global_*
+# evaluate's task scores, as global_*
+GLOBAL_EXTRAS = ("perplexity", "macro_ap", "macro_ap_present", "micro_ap")
 
 
 def _scores(evaluation: Evaluation, per_tier: dict[str, float]) -> dict[str, float]:
