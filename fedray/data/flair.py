@@ -104,10 +104,10 @@ def _member(group: Any, name: str, path: str, what: str, kind: str) -> Any:
         link = None
     if link is None:
         raise bad_file(path, what, f"a {kind} {name!r} (FLAIR's layout, as pfl-research's "
-                               f"prepare_dataset.py writes it)")
+                                   f"prepare_dataset.py writes it)")
     if not isinstance(link, h5py.HardLink):
         raise bad_file(path, what, f"{name!r} stored in the file (not a link: it would read "
-                               f"elsewhere)")
+                                   f"elsewhere)")
     obj = group[name]
     want = h5py.Group if kind == "group" else h5py.Dataset
     if not isinstance(obj, want):
@@ -115,7 +115,7 @@ def _member(group: Any, name: str, path: str, what: str, kind: str) -> Any:
     if kind == "dataset":
         if obj.is_virtual or obj.external:
             raise bad_file(path, what, f"{name!r} stored in the file (not a virtual or an "
-                                   f"external dataset: they read other files)")
+                                       f"external dataset: they read other files)")
         if obj.shape is None or obj.size * obj.dtype.itemsize > MAX_USER_BYTES:
             raise bad_file(path, what, f"{name!r} an array of at most {MAX_USER_BYTES >> 30} GiB")
     return obj
@@ -154,7 +154,7 @@ def _images(fh: Any, path: str, split: str, user: str) -> Any:
     images = _member(group, "images", path, what, "dataset")
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
         raise bad_file(path, what, f"images uint8 (N, H, W, 3) (got {images.dtype} "
-                               f"{images.shape})")
+                                   f"{images.shape})")
     return images
 
 
@@ -173,7 +173,7 @@ def _user_rows(fh: Any, path: str, split: str, user: str, labels: str, classes: 
     if any(s.ndim != 1 or s.dtype.kind not in "iu" for s in sets) or \
             sets[0].shape != sets[1].shape or sets[0].shape[0] > min(n * classes, MAX_PAIRS):
         raise bad_file(path, what, f"{labels}_row and {labels}_col integer vectors of one length, "
-                               f"at most images x labels and {MAX_PAIRS:,}")
+                                   f"at most images x labels and {MAX_PAIRS:,}")
     keep = np.asarray(pick) if pick is not None else np.arange(n if cap is None
                                                                else min(n, cap))
     try:
@@ -181,7 +181,7 @@ def _user_rows(fh: Any, path: str, split: str, user: str, labels: str, classes: 
         if len(rows) and (rows.min() < 0 or rows.max() >= n or cols.min() < 0 or
                           cols.max() >= classes):
             raise bad_file(path, what, f"{labels}_row in 0..{n - 1} (its images) and {labels}_col"
-                                   f" in 0..{classes - 1} (the label mapping)")
+                                       f" in 0..{classes - 1} (the label mapping)")
         at = np.minimum(np.searchsorted(keep, rows), max(len(keep) - 1, 0))
         mine = (keep[at] == rows) if len(keep) else np.zeros(len(rows), bool)
         y = np.zeros((len(keep), classes), np.float32)
@@ -232,7 +232,7 @@ def _unit_rows(unit: _Unit) -> Block:
         user = next(u for u, x in zip(unit.users, xs, strict=True)
                     if len(x) and tuple(x.shape[1:]) != tuple(xs[0].shape[1:]))
         raise bad_file(unit.path, f"/{TRAIN}/{user}", f"images of the file's one size "
-                                                  f"(got {sorted(shapes)})")
+                                                      f"(got {sorted(shapes)})")
     kept = [(x, y) for x, y in zip(xs, ys, strict=True) if len(y)]
     x = np.concatenate([k[0] for k in kept]) if kept else np.zeros((0, 3, 1, 1), np.uint8)
     y = np.concatenate([k[1] for k in kept]) if kept else np.zeros((0, unit.classes),
@@ -248,7 +248,7 @@ def _held_out(path: str, labels: str, classes: int, size: int | None, seed: int,
         users = _users(fh, path, HELD_OUT)
         if not users:
             raise bad_file(path, f"/{HELD_OUT}", "FLAIR's test partition: a group of users "
-                                             "(the global test set)")
+                                                 "(the global test set)")
         sizes = np.array([_images(fh, path, HELD_OUT, u).shape[0] for u in users], np.int64)
         starts = np.r_[0, np.cumsum(sizes)]
         total = int(starts[-1])
@@ -264,7 +264,7 @@ def _held_out(path: str, labels: str, classes: int, size: int | None, seed: int,
     x = np.concatenate(xs) if xs else np.zeros((0, *(shape or (3, 1, 1))), np.uint8)
     if shape is not None and len(x) and tuple(x.shape[1:]) != tuple(shape):
         raise bad_file(path, f"/{HELD_OUT}", f"test images of the train images' size {shape} "
-                                         f"(got {tuple(x.shape[1:])})")
+                                             f"(got {tuple(x.shape[1:])})")
     return x, (np.concatenate(ys) if ys else np.zeros((0, classes), np.float32))
 
 
@@ -313,7 +313,7 @@ def build_flair(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
                     if got != shape[0]:
                         first = block.users[int(np.flatnonzero(block.n_train)[0])]
                         raise bad_file(path, f"/{TRAIN}/{first}", f"images of the file's one "
-                                                              f"size {shape[0]} (got {got})")
+                                                                  f"size {shape[0]} (got {got})")
                 yield block
 
         return Natural(blocks(), lambda: shape[0] or (3, d.image_size or 1, d.image_size or 1),

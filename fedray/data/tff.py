@@ -110,7 +110,7 @@ def _examples(path: str) -> tuple[Any, Any]:
     if gid is None:  # no group, or a link (an external one would read another file)
         fh.close()
         raise bad_file(path, "the file", "TFF's layout: an examples group stored in the file, of "
-                                     "examples/<client>/<feature> datasets")
+                                         "examples/<client>/<feature> datasets")
     return fh, gid
 
 
@@ -126,12 +126,12 @@ def _clients_of(path: str) -> list[str]:
     for name, kind in found:
         if kind != h5l.TYPE_HARD:
             raise bad_file(path, f"client {name.decode(errors='replace')}", "groups stored in the "
-                       "file (an external or soft link would read elsewhere)")
+                           "file (an external or soft link would read elsewhere)")
         try:
             name.decode()
         except UnicodeDecodeError:
             raise bad_file(path, f"client {name.decode(errors='replace')}", "client ids in "
-                                                                      "UTF-8") from None
+                                                                          "UTF-8") from None
     return [name.decode() for name, _ in found]
 
 
@@ -151,7 +151,7 @@ def _feature_of(d: DataConfig, path: str, user: str) -> str:
     found = next((f for f in FEATURES + TEXT if f in names), None)
     if found is None:
         raise bad_file(path, f"client {user}", f"a dataset {' or '.join(FEATURES + TEXT)} (it has "
-                                           f"{names})")
+                                               f"{names})")
     return found
 
 
@@ -175,10 +175,10 @@ def _client_raw(path: str, gid: Any, user: str, feature: str, label: str) -> Any
         except (KeyError, RuntimeError):  # no such link
             names = sorted(n.decode() for n in _names(ug))
             raise bad_file(path, f"client {user}", f"datasets {' and '.join(map(repr, need))} (it "
-                                               f"has {names})") from None
+                                                   f"has {names})") from None
         if link != h5l.TYPE_HARD:
             raise bad_file(path, f"client {user}", f"{name!r} a dataset stored in the file (not a "
-                                               f"link: it would read elsewhere)")
+                                                   f"link: it would read elsewhere)")
         try:
             ds = h5d.open(ug, key)
         except (KeyError, ValueError, OSError, TypeError):
@@ -187,13 +187,13 @@ def _client_raw(path: str, gid: Any, user: str, feature: str, label: str) -> Any
         if space.get_simple_extent_type() != h5s.SIMPLE or \
                 space.get_simple_extent_npoints() * ds.get_type().get_size() > MAX_CLIENT_BYTES:
             raise bad_file(path, f"client {user}", f"{name!r} an array of at most "
-                                               f"{MAX_CLIENT_BYTES >> 30} GiB")
+                                                   f"{MAX_CLIENT_BYTES >> 30} GiB")
         if ds.get_offset() is None:  # not one contiguous block of this file: ask why
             plist = ds.get_create_plist()
             if plist.get_layout() == h5d.VIRTUAL or plist.get_external_count():
                 raise bad_file(path, f"client {user}", f"{name!r} stored in the file (not a "
-                                                   f"virtual or an external dataset: they "
-                                                   f"read other files)")
+                                                       f"virtual or an external dataset: they "
+                                                       f"read other files)")
         sets.append(ds)
     try:
         if text:
