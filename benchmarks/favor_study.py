@@ -61,14 +61,9 @@ PAPER4 = {"global_asce": (0.161, 0.140, 0.818, 0.728), "ditto_asce": (0.318, 0.2
 
 def code_version() -> str:
     """The commit the study runs from, "+dirty" when tracked files differ from it."""
-    import subprocess
+    from provenance import changed, git
 
-    def git(*a: str) -> str:
-        out = subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True)
-        return out.stdout.strip() if out.returncode == 0 else ""
-
-    head = git("rev-parse", "HEAD") or "unknown"
-    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    return (git("rev-parse", "HEAD") or "unknown") + ("+dirty" if changed() else "")
 
 
 def prep_fingerprint(cache: str | Path) -> str:

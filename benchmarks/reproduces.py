@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from provenance import changed, git
 
 ROOT = Path(__file__).resolve().parents[1]
 RES = ROOT / "benchmarks" / "results"
@@ -486,18 +487,11 @@ OUTPUTS = ("benchmarks/RESULTS.md", "benchmarks/results/reproduces.md",
            "benchmarks/results/reproduces.json")
 
 
-def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
-                          check=False).stdout.strip()
-
-
 def provenance() -> str:
     """The commit the outputs were read at (``+ uncommitted changes`` when the tree differs
     from it, this script's own outputs aside)."""
     head = git("rev-parse", "--short=10", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".",
-                *[f":!{p}" for p in OUTPUTS])
-    return head + (" + uncommitted changes" if dirty else "")
+    return head + (" + uncommitted changes" if changed(*OUTPUTS) else "")
 
 
 def previous_verdicts() -> dict[str, str]:

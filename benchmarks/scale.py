@@ -782,11 +782,11 @@ def machine() -> dict:
 
     info = {"cpus": os.cpu_count(), "memory_gb": psutil.virtual_memory().total / GB,
             "python": platform.python_version(), "platform": platform.platform()}
+    from provenance import git
+
     try:
-        info["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT,
-                                            capture_output=True, text=True).stdout.strip()
-        info["git_dirty"] = bool(subprocess.run(["git", "status", "--porcelain"], cwd=ROOT,
-                                                capture_output=True, text=True).stdout.strip())
+        info["git_commit"] = git("rev-parse", "HEAD")
+        info["git_dirty"] = bool(git("status", "--porcelain"))  # untracked files count here
     except OSError:
         pass
     return info

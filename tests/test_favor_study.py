@@ -89,6 +89,7 @@ def test_the_study_names_the_commit_it_ran_from(tmp_path, monkeypatch):
     import subprocess
 
     import favor_study
+    import provenance
 
     def git(*a):
         subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *a], cwd=tmp_path,
@@ -98,7 +99,7 @@ def test_the_study_names_the_commit_it_ran_from(tmp_path, monkeypatch):
     (tmp_path / "f.txt").write_text("a")
     git("add", "f.txt")
     git("commit", "-qm", "x")
-    monkeypatch.setattr(favor_study, "ROOT", tmp_path)
+    monkeypatch.setattr(provenance, "ROOT", tmp_path)
     clean = favor_study.code_version()
     assert re.fullmatch(r"[0-9a-f]{40}", clean)
     (tmp_path / "untracked.txt").write_text("b")
