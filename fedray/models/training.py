@@ -373,7 +373,7 @@ def evaluate_multilabel(model: nn.Module, x: np.ndarray, y: np.ndarray, device: 
     ``MultiLabelCNN.metrics``): ``loss`` the binary cross-entropy on the logits averaged
     over images and labels (its "micro loss"), ``accuracy`` the share of (image, label)
     decisions right at a sigmoid of 0.5 (its "micro accuracy"), ``macro_ap`` and
-    ``micro_ap`` the averaged precision of :func:`averaged_precision` per label then
+    ``micro_ap`` the averaged precision (:func:`averaged_precision`) per label then
     averaged, and over every (image, label) pair; ``macro_ap_present`` the per-label mean
     over the labels the set has a positive of (with FLAIR's 1,628 fine labels a sampled
     test set misses many, each a 0 in ``macro_ap``); ``n`` the images. The confusion counts
@@ -394,9 +394,10 @@ def evaluate_multilabel(model: nn.Module, x: np.ndarray, y: np.ndarray, device: 
         correct += int((torch.round(p) == yb).sum())
         scores.append(p.cpu().numpy())
     p = np.concatenate(scores)
+    ap, positives = per_label_ap(y, p)  # once for both macro means
     return {"loss": loss / y.size, "accuracy": correct / y.size, "n": float(len(y)),
-            "macro_ap": averaged_precision(y, p, multi_label=True),
-            "macro_ap_present": averaged_precision(y, p, multi_label=True, present_only=True),
+            "macro_ap": macro_ap(ap, positives),
+            "macro_ap_present": macro_ap(ap, positives, present_only=True),
             "micro_ap": averaged_precision(y, p, multi_label=False)}
 
 
@@ -421,24 +422,34 @@ def bucket_counts(y: np.ndarray, scores: np.ndarray, thresholds: int = AP_THRESH
     return tp, fp, y.sum(0)[None, :] - tp
 
 
-def averaged_precision(y: np.ndarray, scores: np.ndarray, multi_label: bool,
-                       thresholds: int = AP_THRESHOLDS, present_only: bool = False) -> float:
-    """pfl-research's ``AveragedPrecision``: from the counts of :func:`bucket_counts`,
-    precision tp/(tp+fp) and recall tp/(tp+fn) (0 where undefined), AP = −Σ_i (r_{i+1} −
-    r_i)·p_i over the thresholds; ``multi_label`` the mean of the per-label APs (macro: a
-    label without positives scores 0, as in pfl), else the AP of every (row, label) pair
-    pooled (micro). ``present_only`` (macro): the mean over the labels with at least one
-    positive in ``y`` only (NaN when none has) — not pfl's number, but the one that does not
-    fall with the share of labels a finite test set happens to miss."""
-    if not multi_label:
-        y, scores = np.asarray(y).reshape(-1, 1), np.asarray(scores).reshape(-1, 1)
+def per_label_ap(y: np.ndarray, scores: np.ndarray, thresholds: int = AP_THRESHOLDS
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Each label's AP as pfl-research's ``AveragedPrecision`` computes it, and the label's
+    positives in ``y``: from the counts of :func:`bucket_counts`, precision tp/(tp+fp) and
+    recall tp/(tp+fn) (0 where undefined), AP = −Σ_i (r_{i+1} − r_i)·p_i over the
+    thresholds (a label without positives scores 0, as in pfl)."""
     tp, fp, fn = bucket_counts(y, scores, thresholds)
     with np.errstate(divide="ignore", invalid="ignore"):
         precision = np.nan_to_num(tp / (tp + fp))
         recall = np.nan_to_num(tp / (tp + fn))
-    ap = -np.sum(np.diff(recall, axis=0) * precision[:-1], axis=0)
+    return -np.sum(np.diff(recall, axis=0) * precision[:-1], axis=0), (tp + fn)[0]
+
+
+def macro_ap(ap: np.ndarray, positives: np.ndarray, present_only: bool = False) -> float:
+    """The mean of the per-label APs of :func:`per_label_ap` (pfl's macro mean), or with
+    ``present_only`` over the labels with at least one positive only (NaN when none has)
+    — not pfl's number, but the one that does not fall with the share of labels a finite
+    test set happens to miss."""
     if present_only:
-        ap = ap[(tp + fn)[0] > 0]
-        if ap.size == 0:
-            return float("nan")
-    return float(np.mean(ap))
+        ap = ap[positives > 0]
+    return float(np.mean(ap)) if ap.size else float("nan")
+
+
+def averaged_precision(y: np.ndarray, scores: np.ndarray, multi_label: bool,
+                       thresholds: int = AP_THRESHOLDS, present_only: bool = False) -> float:
+    """pfl-research's ``AveragedPrecision``: ``multi_label`` the :func:`macro_ap` of the
+    per-label APs (``present_only`` as there), else the AP of every (row, label) pair
+    pooled (micro)."""
+    if not multi_label:
+        y, scores = np.asarray(y).reshape(-1, 1), np.asarray(scores).reshape(-1, 1)
+    return macro_ap(*per_label_ap(y, scores, thresholds), present_only)
