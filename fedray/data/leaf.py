@@ -67,6 +67,7 @@ from fedray.data.natural import (
     SPLITS,
     Block,
     Natural,
+    bad_file,
     file_sha256,
     natural_split_population,
     ordered_map,
@@ -132,35 +133,35 @@ def _users(path: str, index: dict[str, int] | None, steps: int, images: str | No
         with open(path, "rb") as fh:
             doc, nonce, arrays = _parsed(fh.read())
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise _bad(path, "the file", f"a LEAF JSON shard (it does not parse: "
-                                     f"{type(e).__name__})") from None
+        raise bad_file(path, "the file", f"a LEAF JSON shard (it does not parse: "
+                                         f"{type(e).__name__})") from None
     if not isinstance(doc, dict) or not all(k in doc for k in ("users", "num_samples",
                                                                "user_data")):
-        raise _bad(path, "the file", "a LEAF JSON object with users, num_samples and "
-                                     "user_data")
+        raise bad_file(path, "the file", "a LEAF JSON object with users, num_samples and "
+                                         "user_data")
     users, counts, data = doc["users"], doc["num_samples"], doc["user_data"]
     if not isinstance(users, list) or not isinstance(counts, list) or \
             not isinstance(data, dict) or len(users) != len(counts):
-        raise _bad(path, "the file", "users and num_samples lists of one length and a "
-                                     "user_data object")
+        raise bad_file(path, "the file", "users and num_samples lists of one length and a "
+                                         "user_data object")
     seen: set[str] = set()
     for user, n in zip(users, counts, strict=True):
         where = f"user {user}"
         if not isinstance(user, str) or user not in data or not isinstance(data[user], dict):
-            raise _bad(path, where, "a user listed in users with its entry in user_data")
+            raise bad_file(path, where, "a user listed in users with its entry in user_data")
         if user in seen:
-            raise _bad(path, where, "each user once per shard")
+            raise bad_file(path, where, "each user once per shard")
         seen.add(user)
         x, y = data[user].get("x"), data[user].get("y")
         if isinstance(x, dict) and nonce is not None:  # numeric rows read by _parsed
             i = x.get(nonce)
             x = arrays[i] if type(i) is int and 0 <= i < len(arrays) else None
         if not isinstance(x, list | np.ndarray) or not isinstance(y, list) or len(x) != len(y):
-            raise _bad(path, where, f"x and y lists of one length (x: {_len(x)}, y: "
-                                    f"{_len(y)})")
+            raise bad_file(path, where, f"x and y lists of one length (x: {_len(x)}, y: "
+                                        f"{_len(y)})")
         if len(x) != n:
-            raise _bad(path, where, f"num_samples = the length of its x and y (num_samples "
-                                    f"{short_repr(n)}, x {len(x)})")
+            raise bad_file(path, where, f"num_samples = the length of its x and y (num_samples "
+                                        f"{short_repr(n)}, x {len(x)})")
         yield user, _rows(path, where, x, y, index, steps, images)
 
 
@@ -179,16 +180,16 @@ def _rows(path: str, where: str, x: Any, y: list, index: dict[str, int] | None, 
     texts = None
     if kind == "letters":  # Shakespeare: a string and its next character
         if not all(isinstance(s, str) and len(s) == len(x[0]) for s in x):
-            raise _bad(path, where, "Shakespeare's text: x strings of one length, y single "
-                                    "characters")
+            raise bad_file(path, where, "Shakespeare's text: x strings of one length, y single "
+                                        "characters")
         x, y = [letter_ids(s) for s in x], [letter_ids(c)[0] for c in y]
     elif kind == "images":  # CelebA: image file names and their labels
         x = celeba_rows(path, where, x, images)
     elif kind == "words":  # Sent140: tweet records [id, date, query, user, text, ...]
         if not all(isinstance(r, list) and len(r) > SENT140_TEXT and
                    isinstance(r[SENT140_TEXT], str) for r in x):
-            raise _bad(path, where, "Sent140's tweet records: lists [id, date, query, user, "
-                                    "text, ...] with the text a string")
+            raise bad_file(path, where, "Sent140's tweet records: lists [id, date, query, user, "
+                                        "text, ...] with the text a string")
         texts = [r[SENT140_TEXT] for r in x]
         x = sent140_rows(texts, index, steps) if index is not None else \
             np.zeros((len(texts), 1), np.float32)
@@ -196,12 +197,12 @@ def _rows(path: str, where: str, x: Any, y: list, index: dict[str, int] | None, 
         xa = np.asarray(x, dtype=np.float32)
         ya = np.asarray(y, dtype=np.float64)
     except (ValueError, TypeError, OverflowError):
-        raise _bad(path, where, "x: equal-length lists of numbers; y: integer labels"
-                   ) from None
+        raise bad_file(path, where, "x: equal-length lists of numbers; y: integer labels"
+                       ) from None
     if xa.ndim != 2 or ya.ndim != 1 or not np.isfinite(xa).all() or \
             not (ya == np.round(ya)).all() or ((ya < 0) | (ya >= MAX_CLASSES)).any():
-        raise _bad(path, where, f"x: equal-length lists of finite numbers; y: integer labels "
-                                f"in 0..{MAX_CLASSES - 1}")
+        raise bad_file(path, where, f"x: equal-length lists of finite numbers; y: integer labels "
+                                    f"in 0..{MAX_CLASSES - 1}")
     return (texts if texts is not None and index is None else xa), ya.astype(np.int64), kind
 
 
@@ -215,22 +216,22 @@ def celeba_rows(path: str, where: str, names: list, images: str | None) -> np.nd
     from PIL import Image, UnidentifiedImageError
 
     if images is None or not os.path.isdir(images):
-        raise _bad(path, where, f"CelebA's images in a folder {os.path.join(*CELEBA_IMAGES)}"
-                                f" of data.root (image names in x)")
+        raise bad_file(path, where, f"CelebA's images in a folder {os.path.join(*CELEBA_IMAGES)}"
+                                    f" of data.root (image names in x)")
     out = np.empty((len(names), 3 * CELEBA_SIZE * CELEBA_SIZE), np.float32)
     for i, name in enumerate(names):
         full = os.path.join(images, name) if isinstance(name, str) else ""
         if not isinstance(name, str) or os.path.basename(name) != name or \
                 name in ("", ".", "..") or not resolves_inside(full, images) or \
                 not os.path.isfile(full):
-            raise _bad(path, where, f"image names of regular files in {images} (got "
-                                    f"{short_repr(name)})")
+            raise bad_file(path, where, f"image names of regular files in {images} (got "
+                                        f"{short_repr(name)})")
         try:
             with Image.open(full) as im:
                 im = im.resize((CELEBA_SIZE, CELEBA_SIZE), Image.Resampling.BICUBIC)
                 arr = np.asarray(im.convert("RGB"))
         except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
-            raise _bad(path, where, f"images that decode ({name} does not)") from None
+            raise bad_file(path, where, f"images that decode ({name} does not)") from None
         out[i] = arr.transpose(2, 0, 1).reshape(-1) / np.float32(255)
     return out
 
@@ -355,11 +356,6 @@ def read_vocab(path: str, size: int) -> list[str]:
     return vocab
 
 
-def _bad(path: str, what: str, rule: str) -> ConfigError:
-    """An error naming the shard (in full), what in it breaks the rule, and the rule."""
-    return ConfigError(f"data.root ({path})", what, rule)
-
-
 def _len(v: Any) -> str:
     return str(len(v)) if isinstance(v, list) else type(v).__name__
 
@@ -403,8 +399,8 @@ def build_leaf(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
                 if n and width is None:
                     width = w
                 if n and w != width:
-                    raise _bad(shards[k], f"user {user}", f"x vectors of the dataset's one "
-                                                          f"length {width} (got {w})")
+                    raise bad_file(shards[k], f"user {user}", f"x vectors of the dataset's one "
+                                                              f"length {width} (got {w})")
                 split = "train" if units[k].train else "test"
                 index.setdefault(user, {"train": [], "test": []})[split].append((k, at, n))
         if "words" in kinds:

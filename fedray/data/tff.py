@@ -259,9 +259,9 @@ def _unit_rows(unit: _Unit) -> Block:
         shapes = {k: tuple(v[0].shape[1:]) for k, v in parts.items() if len(v[1])}
         for (u, _), got in shapes.items():
             if got != next(iter(shapes.values())):
-                raise ConfigError(f"data.root ({os.path.dirname(unit.files['train'])})",
-                                  f"client {u}", f"examples of the dataset's one shape "
-                                                 f"{next(iter(shapes.values()))} (got {got})")
+                raise bad_file(os.path.dirname(unit.files['train']), f"client {u}",
+                               f"examples of the dataset's one shape "
+                               f"{next(iter(shapes.values()))} (got {got})")
         kept = [v for v in parts.values() if len(v[1])]
         x = np.concatenate([v[0] for v in kept]) if kept else np.zeros((0, 1), np.float32)
         y = np.concatenate([v[1] for v in kept]) if kept else np.zeros(0, np.int64)
@@ -331,9 +331,9 @@ def build_tff(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
                     shape[0] = shape[0] or got
                     if got != shape[0]:
                         first = block.users[int(np.flatnonzero(block.n_train + block.n_test)[0])]
-                        raise ConfigError(f"data.root ({root})", f"client {first}",
-                                          f"examples of the dataset's one shape {shape[0]} "
-                                          f"(got {got})")
+                        raise bad_file(root, f"client {first}",
+                                       f"examples of the dataset's one shape {shape[0]} "
+                                       f"(got {got})")
                 yield block
 
         return Natural(blocks(), lambda: shape[0] or (1,), lambda: names)

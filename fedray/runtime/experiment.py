@@ -27,6 +27,7 @@ from fedray.observe.console import Stopped
 from fedray.observe.metrics import json_text
 from fedray.observe.progress import Progress
 from fedray.observe.tracking import Tracker
+from fedray.runtime.rows import GLOBAL_EXTRAS
 
 
 def default_run_dir(cfg: ExperimentConfig) -> str:
@@ -496,9 +497,8 @@ def _summary(cfg: ExperimentConfig, run_dir: str, rows: list[dict], finish: dict
         "best_global_accuracy": clean(max((r["global_accuracy"] for r in evals),
                                           default=math.nan)),
         # a task's own headline scores (FLAIR's averaged precision, TFF's perplexity)
-        **{f"final_{k}": clean(final_eval[k]) for k in
-           ("global_macro_ap", "global_macro_ap_present", "global_micro_ap",
-            "global_perplexity") if k in final_eval},
+        **{f"final_global_{k}": clean(final_eval[f"global_{k}"]) for k in GLOBAL_EXTRAS
+           if f"global_{k}" in final_eval},
         "total_upload_bytes": finish["totals"]["upload_bytes"],
         "total_download_bytes": finish["totals"]["download_bytes"],
         "client_failures": finish["totals"]["failures"],
