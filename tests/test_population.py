@@ -228,3 +228,24 @@ def test_metrics_table_columns_in_first_seen_order():
     b = t.column("b").to_pylist()
     assert b[0] == 2.0 and np.isnan(b[1]) and np.isnan(b[2])
     assert t.column("c").to_pylist() == [None, "x", None]
+
+
+def test_read_ahead_changes_no_draw():
+    """A population told which clients come next seeds them in one pass; every client's
+    arrays are still the ones it draws alone, whether or not it was announced, in any
+    order, twice, or after an out-of-range id."""
+    cfg = load_config(None, SYN + ["clients.num_clients=5000", "data.partition=dirichlet"])
+    alone, ahead = build_client_data(cfg), build_client_data(cfg)
+    ahead.read_ahead([4999, 17, 3, 17, 12_000, 250])
+    for c in (3, 250, 4999, 17, 42):  # 42 was not announced
+        for split in ("train", "test"):
+            for a, b in zip(alone.client_arrays(c, 1, split), ahead.client_arrays(c, 1, split),
+                            strict=True):
+                assert np.array_equal(a, b)
+    assert ahead._ahead == {}  # each prepared generator served one draw
+    ahead.read_ahead([1, 2])
+    ahead.read_ahead([2, 3])  # a second call drops what the first left unread
+    assert sorted(ahead._ahead) == [2, 3]
+    assert np.array_equal(ahead.client_arrays(1, 1)[0], alone.client_arrays(1, 1)[0])
+    with pytest.raises(IndexError):
+        ahead.client_arrays(12_000, 1)

@@ -19,3 +19,41 @@ def test_torch_generator_matches_derived_seed():
     assert torch.equal(torch.rand(4, generator=g), torch.rand(4, generator=torch_generator(
         5, 1, 2, "init")))
     assert 0 <= derive_seed(2**40, 10**6, 10**6, "p") < 2**63
+
+
+def test_rngs_are_the_one_by_one_generators_bit_for_bit():
+    """The vectorized SeedSequence hash against numpy's own, at the word-count edges: seeds
+    and rounds of one, two and four 32-bit words, client ids whose id + 1 needs a second
+    word, the not-a-client -1, empty and long purposes."""
+    import pytest
+
+    from fedray.core.seeding import rngs, seed_sequence
+
+    clients = [-1, 0, 1, 2, 17, 2**32 - 2, 2**32 - 1, 2**32, 2**33 + 5, 2**64, 9_999_999, 3]
+    for seed in (0, 7, 2**32 - 1, 2**32, 2**70 + 11):
+        for round in (-1, 0, 5, 2**32 + 7):
+            for purpose in ("", "population-client", "local-shuffle-e1", "p" * 40):
+                got = rngs(seed, round, clients, purpose)
+                assert len(got) == len(clients)
+                for c, gen in zip(clients, got, strict=True):
+                    one = rng(seed, round, c, purpose)
+                    assert gen.bit_generator.state == one.bit_generator.state
+                    assert np.array_equal(gen.standard_normal(3), one.standard_normal(3))
+    seq = rngs(3, 2, [41], "x")[0].bit_generator.seed_seq
+    for n, dtype in ((2, np.uint32), (5, np.uint32), (4, np.uint64), (3, np.uint64)):
+        assert np.array_equal(seq.generate_state(n, dtype),
+                              seed_sequence(3, 2, 41, "x").generate_state(n, dtype))
+    assert rngs(0, 0, []) == []
+    with pytest.raises(ValueError, match="client >= -1"):
+        rngs(0, 0, [4, -2])
+
+
+def test_cohort_batches_are_each_clients_own_batches():
+    from fedray.models.training import batches, cohort_batches
+
+    sizes, clients = [0, 3, 7, 19, 40, 1, 32], [5, 0, 11, 2, 900, 7, 13]
+    for epochs, max_steps in ((1, None), (3, None), (3, 4), (2, 1), (2, 0)):
+        got = cohort_batches(sizes, clients, 8, epochs, 4, 2, max_steps, "local")
+        for n, c, plan in zip(sizes, clients, got, strict=True):
+            want = list(batches(n, 8, epochs, 4, 2, c, max_steps, "local"))
+            assert [b.tolist() for b in plan] == [b.tolist() for b in want]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -39,6 +39,116 @@ def derive_seed(seed: int, round: int = -1, client: int = -1, purpose: str = "")
 def rng(seed: int, round: int = -1, client: int = -1, purpose: str = "") -> np.random.Generator:
     """A numpy ``Generator`` for (seed, round, client, purpose)."""
     return np.random.Generator(np.random.PCG64(seed_sequence(seed, round, client, purpose)))
+
+
+# numpy's SeedSequence hash (numpy/random/bit_generator.pyx), stream-compatible
+_INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
+_MIX_L, _MIX_R, _POOL = 0xCA01F9DD, 0x4973F715, 4
+_U32 = np.uint32
+
+
+def _words(n: int) -> list[int]:
+    """``n``'s little-endian uint32 words as SeedSequence splits an int (0 → [0])."""
+    out = [n & 0xFFFFFFFF]
+    n >>= 32
+    while n:
+        out.append(n & 0xFFFFFFFF)
+        n >>= 32
+    return out
+
+
+def _pools(entropy: np.ndarray) -> np.ndarray:
+    """The 4-word pools of SeedSequences whose assembled entropy words are the rows of
+    ``entropy`` (M × L uint32, L >= 4): ``mix_entropy``, one row per sequence at once.
+    The hash constant advances the same way for every row, so it stays a Python int."""
+    hc = _INIT_A
+
+    def hashmix(v: np.ndarray) -> np.ndarray:
+        nonlocal hc
+        v = v ^ _U32(hc)
+        hc = hc * _MULT_A & 0xFFFFFFFF
+        v = v * _U32(hc)
+        return v ^ (v >> _U32(16))
+
+    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        r = _U32(_MIX_L) * x - _U32(_MIX_R) * y
+        return r ^ (r >> _U32(16))
+
+    pool = [hashmix(entropy[:, i]) for i in range(_POOL)]
+    for src in range(_POOL):
+        for dst in range(_POOL):
+            if src != dst:
+                pool[dst] = mix(pool[dst], hashmix(pool[src]))
+    for src in range(_POOL, entropy.shape[1]):
+        for dst in range(_POOL):
+            pool[dst] = mix(pool[dst], hashmix(entropy[:, src]))
+    return np.stack(pool, axis=1)
+
+
+def _generate(pools: np.ndarray, n_words: int) -> np.ndarray:
+    """``SeedSequence.generate_state(n_words, np.uint32)`` of each pool (rows)."""
+    hc, out = _INIT_B, []
+    for i in range(n_words):
+        v = pools[:, i % _POOL] ^ _U32(hc)
+        hc = hc * _MULT_B & 0xFFFFFFFF
+        v = v * _U32(hc)
+        out.append(v ^ (v >> _U32(16)))
+    return np.stack(out, axis=1)
+
+
+class _Pooled(np.random.bit_generator.ISeedSequence):
+    """A SeedSequence already mixed (its pool, and the four 64-bit words PCG64 asks for,
+    computed for many sequences at once by :func:`rngs`): ``generate_state`` gives what
+    the ``SeedSequence`` of the same (seed, round, client, purpose) gives. Not
+    spawnable."""
+
+    __slots__ = ("pool", "pcg64")
+
+    def __init__(self, pool: np.ndarray, pcg64: np.ndarray):
+        self.pool, self.pcg64 = pool, pcg64
+
+    def generate_state(self, n_words: int, dtype: type = np.uint32) -> np.ndarray:
+        wide = np.dtype(dtype) == np.dtype(np.uint64)
+        if wide and n_words == 4:
+            return self.pcg64.copy()
+        with np.errstate(over="ignore"):
+            words = _generate(self.pool[None], n_words * (2 if wide else 1))[0]
+        return words.astype("<u4").view("<u8").astype(np.uint64) if wide else words
+
+
+def rngs(seed: int, round: int, clients: Sequence[int], purpose: str = ""
+         ) -> list[np.random.Generator]:
+    """``[rng(seed, round, c, purpose) for c in clients]``, the same generators (the same
+    streams, bit for bit), for a fraction of the cost: the ``SeedSequence`` hash runs once
+    over all clients as uint32 array arithmetic, instead of ≈ 14 µs of sequence and
+    ``PCG64`` construction per client. For loops that seed one generator per client of a
+    cohort."""
+    ids = [int(c) for c in clients]
+    if seed < 0 or round < -1 or any(c < -1 for c in ids):
+        raise ValueError(f"seed >= 0, round >= -1, client >= -1 required, got "
+                         f"{(seed, round, min(ids, default=-1))}")
+    head = _words(seed)
+    head += [0] * (_POOL - len(head))  # spawn-keyed: entropy padded to the pool size
+    head += _words(round + 1)
+    tail = _words(_purpose_key(purpose))
+    out: list[np.random.Generator | None] = [None] * len(ids)
+    by_width: dict[int, list[int]] = {}  # rows by the word count of client + 1
+    if all(c < 0xFFFFFFFF for c in ids):
+        by_width[1] = list(range(len(ids)))
+    else:
+        for i, c in enumerate(ids):
+            by_width.setdefault(len(_words(c + 1)), []).append(i)
+    for width, rows in by_width.items():
+        middle = np.array([_words(ids[i] + 1) for i in rows], dtype=np.uint32) \
+            if width > 1 else np.array([ids[i] + 1 for i in rows], np.uint32)[:, None]
+        entropy = np.concatenate([np.tile(np.array(head, np.uint32), (len(rows), 1)), middle,
+                                  np.tile(np.array(tail, np.uint32), (len(rows), 1))], axis=1)
+        with np.errstate(over="ignore"):
+            pools = _pools(entropy)
+            wide = _generate(pools, 8).astype("<u4").view("<u8").astype(np.uint64)
+        for j, i in enumerate(rows):
+            out[i] = np.random.Generator(np.random.PCG64(_Pooled(pools[j], wide[j])))
+    return out  # type: ignore[return-value]
 
 
 def torch_generator(seed: int, round: int = -1, client: int = -1, purpose: str = "",

@@ -28,6 +28,7 @@ import shutil
 import socket
 import time
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,7 @@ import numpy as np
 
 from fedray.core.config import DataConfig, ExperimentConfig
 from fedray.core.outputs import resolves_inside
-from fedray.core.seeding import rng
+from fedray.core.seeding import rng, rngs
 from fedray.core.spec import ConfigError, redact, short_repr
 from fedray.data.federated import local_test_count
 
@@ -138,6 +139,7 @@ class SyntheticPopulation:
     x_test: np.ndarray
     y_test: np.ndarray
     _last: tuple[int, tuple] | None = field(default=None, repr=False)
+    _ahead: dict[int, np.random.Generator] = field(default_factory=dict, repr=False)
 
     @classmethod
     def build(cls, d: DataConfig, num_clients: int, seed: int) -> SyntheticPopulation:
@@ -173,11 +175,20 @@ class SyntheticPopulation:
         if not 0 <= cid < self.num_clients:
             raise IndexError(f"client id {cid} out of range 0..{self.num_clients - 1}")
         if self._last is None or self._last[0] != cid:
-            x, y = self._draw(rng(self.seed, -1, cid, "population-client"), self.per_client,
-                              self.alpha)
+            gen = self._ahead.pop(cid, None)
+            if gen is None:
+                gen = rng(self.seed, -1, cid, "population-client")
+            x, y = self._draw(gen, self.per_client, self.alpha)
             n, n_test = self.per_client, self._n_test
             self._last = (cid, (x[:n - n_test], y[:n - n_test], x[n - n_test:], y[n - n_test:]))
         return self._last[1]
+
+    def read_ahead(self, cids: Sequence[int]) -> None:
+        """The clients about to be read: their generators seeded in one pass
+        (:func:`~fedray.core.seeding.rngs`, the same streams as one by one), each used by
+        its client's next draw; those of an earlier call not read by now are dropped."""
+        ids = [c for c in dict.fromkeys(cids) if 0 <= c < self.num_clients]
+        self._ahead = dict(zip(ids, rngs(self.seed, -1, ids, "population-client"), strict=True))
 
     def client_arrays(self, cid: int, round: int, split: str = "train"
                       ) -> tuple[np.ndarray, np.ndarray]:

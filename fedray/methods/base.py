@@ -94,7 +94,10 @@ class ClientData(Protocol):
     """The federated data an executor holds: one client's arrays on demand.
 
     ``client_extra`` is per-client side data a method may use (FAVoR's style target);
-    ``None`` when there is none. ``summary()`` is plain JSON (stored as ``data.json``)."""
+    ``None`` when there is none. ``summary()`` is plain JSON (stored as ``data.json``).
+    Optionally ``read_ahead(cids)``: the clients an executor is about to read, in order,
+    so that the data can prepare them together (the synthetic population seeds their
+    generators in one pass); what it returns must not change."""
 
     num_clients: int
     num_classes: int

@@ -51,7 +51,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedray.models.training import batches
+from fedray.models.training import cohort_batches
 
 
 @dataclass
@@ -190,8 +190,8 @@ def schedules(data: Sequence[tuple[np.ndarray, np.ndarray]], clients: Sequence[i
               purpose: str) -> tuple[np.ndarray, np.ndarray]:
     """Every client's batches as (steps, K, B) rows of the clients' concatenated samples
     (:func:`concat_inputs`) and a mask; a padded slot points at the zero row at the end."""
-    sched = [list(batches(len(x), batch_size, epochs, seed, round, c, max_steps, purpose))
-             for (x, _), c in zip(data, clients, strict=True)]
+    sched = cohort_batches([len(x) for x, _ in data], clients, batch_size, epochs, seed, round,
+                           max_steps, purpose)
     offsets = np.cumsum([0] + [len(x) for x, _ in data])
     steps = max((len(s) for s in sched), default=0)
     width = max((len(b) for s in sched for b in s), default=1)

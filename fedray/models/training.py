@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedray.core.seeding import rng, torch_seeded
+from fedray.core.seeding import rng, rngs, torch_seeded
 
 
 def get_state(model: nn.Module) -> dict[str, np.ndarray]:
@@ -104,6 +104,29 @@ def batches(n: int, batch_size: int, epochs: int, seed: int, round: int, client:
                 return
             yield perm[start:start + batch_size]
             steps += 1
+
+
+def cohort_batches(sizes: Sequence[int], clients: Sequence[int], batch_size: int, epochs: int,
+                   seed: int, round: int, max_steps: int | None = None,
+                   purpose: str = "local") -> list[list[np.ndarray]]:
+    """``[list(batches(n, batch_size, epochs, seed, round, c, max_steps, purpose)) for n, c
+    in zip(sizes, clients)]``, the same batches, with each epoch's per-client generators
+    seeded for the whole cohort at once (:func:`~fedray.core.seeding.rngs`)."""
+    if len(sizes) != len(clients):
+        raise ValueError(f"{len(sizes)} client sizes for {len(clients)} clients")
+    out: list[list[np.ndarray]] = [[] for _ in sizes]
+    for epoch in range(epochs):
+        live = [i for i in range(len(sizes)) if max_steps is None or len(out[i]) < max_steps]
+        if not live:
+            break
+        gens = rngs(seed, round, [clients[i] for i in live], f"{purpose}-shuffle-e{epoch}")
+        for i, gen in zip(live, gens, strict=True):
+            perm, got = gen.permutation(sizes[i]), out[i]
+            for start in range(0, sizes[i], batch_size):
+                if max_steps is not None and len(got) >= max_steps:
+                    break
+                got.append(perm[start:start + batch_size])
+    return out
 
 
 class SGD:

@@ -156,6 +156,7 @@ class ClientExecutor:
         (:func:`~fedray.methods.base.accumulate`, float64); the results come back without
         payloads, with the :class:`~fedray.runtime.jobs.Partial`."""
         tensors = self._decoded(job.broadcast)
+        self._read_ahead([slot.client for slot in job.clients])
         partial = Partial({}, 0.0) if job.reduce else None
         policy = self._linear_policy() if job.reduce else None
         size = job.cohort or 1
@@ -336,6 +337,14 @@ class ClientExecutor:
             return state, None
         return state.get("method"), state.get("transforms")
 
+    def _read_ahead(self, cids: list[int]) -> None:
+        """Tell the client data which clients it is about to be asked for, in order, where
+        it can prepare them together (a synthetic population seeds their generators in
+        one pass); what it then returns is the same as without."""
+        hook = getattr(self.data, "read_ahead", None)
+        if hook is not None:
+            hook(cids)
+
     def _context(self, cid: int, round: int, state: Any = None) -> ClientContext:
         x_tr, y_tr = self.data.client_arrays(cid, round, "train")
         if self.adversary is not None:
@@ -351,6 +360,7 @@ class ClientExecutor:
         tensors = self._decoded(job.broadcast)
         epochs = self.cfg.eval.finetune_epochs
         round = job.round
+        self._read_ahead(job.clients)
         out = {}
         try:
             for cid in job.clients:
