@@ -26,7 +26,7 @@ from fedray.core import registry
 from fedray.core.config import load_config
 from fedray.core.registry import make_method
 from fedray.core.spec import ConfigError
-from fedray.methods.base import AUTO_WORK, ClientContext, cohort_size
+from fedray.methods.base import AUTO_WORK, ClientContext, ClientResult, Status, cohort_size
 from fedray.methods.fedavg.method import FedAvg
 from fedray.models import build_model
 from fedray.models.cohort import cohort_problems, train_cohort
@@ -373,3 +373,70 @@ def test_a_compressing_method_keeps_its_chain_per_client(ray_session, tiny_cfg, 
     on, off = final_state(tmp_path / "on"), final_state(tmp_path / "off")
     for k, v in off.items():
         assert np.allclose(on[k], v, rtol=1e-4, atol=1e-6), k
+
+
+def test_a_reduced_cohort_adds_its_stack_as_each_client_alone(ray_session, tiny_cfg, tmp_path):
+    """``runtime.reduce=executors`` with cohorts: the stack decoded once and its clean rows
+    added in client order give the partial sum that adding each client's own decoded
+    upload gives, bit for bit; the NaN client is named and left out, the failing one
+    fails alone, and each client's bytes are its own."""
+    import ray
+
+    from fedray.runtime.executor import ClientExecutor
+    from fedray.runtime.jobs import Broadcast, ClientSlot, TrainJob
+
+    class OneByOne(ClientExecutor):
+        def _stacked(self, slots, round, outputs):
+            return None  # every upload encoded, decoded and added on its own
+
+    cfg = tiny_cfg(**{"runtime.vectorize": "on", "runtime.cohort_size": 3,
+                      "runtime.reduce": "executors"})
+    data = FlakyCohort.build_data(cfg)
+    out = []
+    for cls in (ClientExecutor, OneByOne):
+        ex = ray.remote(num_cpus=0)(cls).remote(cfg, FlakyCohort, data,
+                                                str(tmp_path / cls.__name__), "default", 0)
+        params = ray.get(ex.init_global_state.remote(cfg.seed))
+        job = TrainJob("default", Broadcast("1:train:default", ray.put(params), params.nbytes),
+                       1, [ClientSlot(c) for c in range(6)], reduce=True, cohort=3)
+        out.append(ray.get(ex.run_clients.remote(job)))
+        ray.kill(ex)
+    stacked, alone = out
+    assert stacked.partial.nonfinite == alone.partial.nonfinite == [2]
+    assert stacked.partial.weight == alone.partial.weight > 0
+    assert stacked.partial.total.keys() == alone.partial.total.keys()
+    for k, v in alone.partial.total.items():
+        assert stacked.partial.total[k].tobytes() == v.tobytes(), k
+    for a, b in zip(stacked.results, alone.results, strict=True):
+        assert (a.client_id, a.status, a.upload_bytes, a.num_samples) == \
+            (b.client_id, b.status, b.upload_bytes, b.num_samples)
+    assert [r.status for r in stacked.results].count(Status.ERROR) == 1
+    assert all(r.payload is None for r in stacked.results)
+
+
+def test_jobs_and_results_cross_the_object_store_as_columns():
+    """A job's clients and a batch's results pickle as plain lists and come back equal,
+    every field and status included."""
+    import pickle
+
+    from ray import cloudpickle
+
+    from fedray.runtime.jobs import Broadcast, ClientSlot, Partial, TrainBatch, TrainJob
+    from fedray.wire.payload import Payload
+
+    results = [ClientResult(c, 4, s, 16 + c, Payload.encode({"w": np.full(3, c, np.float32)},
+                                                            "fp32") if c == 1 else None,
+                            {"train_loss": 0.5 * c}, "boom" if s is Status.ERROR else "",
+                            100 + c, 0.25, "default/1", None if c % 2 else 3, 7 * c)
+               for c, s in enumerate([Status.OK, Status.OK, Status.ERROR, Status.REJECTED])]
+    batch = TrainBatch(results, Partial({"w": np.ones(3)}, 2.0, [3]))
+    back = pickle.loads(cloudpickle.dumps(batch))
+    assert back.results[1].payload.decode()["w"].tolist() == [1.0, 1.0, 1.0]
+    back.results[1].payload = batch.results[1].payload
+    assert back.results == batch.results and back.partial.nonfinite == [3]
+    assert [r.status for r in back.results] == [Status.OK, Status.OK, Status.ERROR,
+                                                Status.REJECTED]
+    job = TrainJob("default", Broadcast("k", None, 1), 2, [ClientSlot(5), ClientSlot(9, 1)],
+                   True, 4)
+    assert pickle.loads(cloudpickle.dumps(job)) == job
+    assert "ClientSlot" not in str(pickle.dumps(job))  # the slots travel as two lists

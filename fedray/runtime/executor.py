@@ -34,6 +34,7 @@ from fedray.methods.base import (
     accumulate,
     finite,
 )
+from fedray.runtime.dispatch import Decoder
 from fedray.runtime.jobs import (
     Broadcast,
     ClientSlot,
@@ -168,11 +169,13 @@ class ClientExecutor:
             if self.adversary is not None:
                 outputs = [self._attacked(slot.client, job.round, got)
                            for slot, got in zip(slots, outputs, strict=True)]
-            stack = self._stacked(slots, job.round, outputs) if job.cohort and not job.reduce \
-                else None
+            stack = self._stacked(slots, job.round, outputs) if job.cohort else None
             if stack is not None:
                 batch.results += stack[0]
-                batch.stacks.append(stack[1])
+                if partial is not None:
+                    self._reduce_stack(stack, policy, partial)
+                else:
+                    batch.stacks.append(stack[1])
                 continue
             batch.results += [self._finish(slot.client, job.round, tensors, got, policy,
                                            partial)
@@ -226,6 +229,23 @@ class ClientExecutor:
                    for k, _, _ in shape} if members else {}
         clients = [r.client_id for r in results if r.ok]
         return results, StackedUploads(clients, Payload.encode(stacked, codec))
+
+    @staticmethod
+    def _reduce_stack(stack: tuple[list[ClientResult], StackedUploads], policy: Any,
+                      partial: Partial) -> None:
+        """A cohort's stacked uploads added to the partial sum: decoded once, each clean
+        row added in client order, as :meth:`_finish` adds each client's own decoded
+        upload (an elementwise codec decodes a row as it decodes that client's payload:
+        the same bits); a row with NaN or Inf is left out and named."""
+        results, uploads = stack
+        samples = {r.client_id: r.num_samples for r in results if r.ok}
+        for cid, (upload, clean) in Decoder.stacked(uploads).items():
+            if clean:
+                w = policy.weight(samples[cid])
+                accumulate(partial.total, upload, w)
+                partial.weight += w
+            else:
+                partial.nonfinite.append(cid)
 
     def _save_state(self, cid: int, round: int, method_state: Any, memory: Any
                     ) -> tuple[int | None, int]:
