@@ -144,3 +144,39 @@ def test_favor_shared_adapters_summed_on_the_executors(ray_session, tiny, tmp_pa
     assert states["driver"].keys() == states["executors"].keys()
     for k, v in states["driver"].items():
         np.testing.assert_allclose(states["executors"][k], v, rtol=0, atol=1e-6)
+
+
+def test_a_row_that_cannot_be_added_fails_its_client_alone():
+    """A cohort's stack summed on its executor: the rows add in client order; a client
+    whose row cannot be added (here its weight raises) becomes an error result alone, and
+    the sum holds the others; a NaN row is named and left out."""
+    from fedray.methods.base import ClientResult, Status
+    from fedray.runtime.executor import ClientExecutor
+    from fedray.runtime.jobs import StackedUploads
+    from fedray.wire.payload import Payload
+
+    class Rule:
+        def weight(self, n):
+            if n == 13:
+                raise RuntimeError("bad weight")
+            return float(n)
+
+    gen = np.random.default_rng(0)
+    w = gen.standard_normal((5, 3, 2)).astype(np.float32)
+    w[3, 0, 0] = np.nan
+    ids, samples = [4, 7, 9, 11, 12], [10, 13, 5, 6, 8]
+    results = [ClientResult(c, 2, Status.OK, n, None, {}, upload_bytes=24, executor="t/0")
+               for c, n in zip(ids, samples, strict=True)]
+    ex = ClientExecutor.__new__(ClientExecutor)
+    ex.name = "t/0"
+    partial = Partial({}, 0.0)
+    out = ex._reduce_stack(results, StackedUploads(ids, Payload.encode({"w": w}, "fp32")),
+                           Rule(), partial)
+    assert [r.status for r in out] == [Status.OK, Status.ERROR, Status.OK, Status.OK,
+                                       Status.OK]
+    assert "bad weight" in out[1].error and out[1].client_id == 7
+    assert partial.nonfinite == [11] and partial.weight == 10 + 5 + 8
+    ref = {}
+    for i in (0, 2, 4):
+        accumulate(ref, {"w": w[i]}, float(samples[i]))
+    assert partial.total["w"].tobytes() == ref["w"].tobytes()

@@ -57,3 +57,18 @@ def test_cohort_batches_are_each_clients_own_batches():
         for n, c, plan in zip(sizes, clients, got, strict=True):
             want = list(batches(n, 8, epochs, 4, 2, c, max_steps, "local"))
             assert [b.tolist() for b in plan] == [b.tolist() for b in want]
+
+
+def test_rngs_edges_match_numpy_or_refuse_like_it():
+    import pytest
+
+    from fedray.core.seeding import rngs, seed_sequence
+
+    seq = rngs(1, 0, [3])[0].bit_generator.seed_seq
+    assert np.array_equal(seq.generate_state(0), seed_sequence(1, 0, 3).generate_state(0))
+    with pytest.raises(ValueError):
+        seq.generate_state(2, np.int32)
+    with pytest.raises(TypeError):
+        rngs(1, 0, [3.0])  # as rng(1, 0, 3.0) refuses a float id
+    with pytest.raises(TypeError):
+        rngs(1, 0, [3])[0].spawn(1)

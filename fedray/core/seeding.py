@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import operator
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -99,18 +100,22 @@ def _generate(pools: np.ndarray, n_words: int) -> np.ndarray:
 class _Pooled(np.random.bit_generator.ISeedSequence):
     """A SeedSequence already mixed (its pool, and the four 64-bit words PCG64 asks for,
     computed for many sequences at once by :func:`rngs`): ``generate_state`` gives what
-    the ``SeedSequence`` of the same (seed, round, client, purpose) gives. Not
-    spawnable."""
-
-    __slots__ = ("pool", "pcg64")
+    the ``SeedSequence`` of the same (seed, round, client, purpose) gives. Nothing in
+    fedray spawns from a client's generator, and this one cannot: ``spawn`` raises
+    ``TypeError``, as numpy does for any non-spawnable sequence."""
 
     def __init__(self, pool: np.ndarray, pcg64: np.ndarray):
         self.pool, self.pcg64 = pool, pcg64
 
     def generate_state(self, n_words: int, dtype: type = np.uint32) -> np.ndarray:
-        wide = np.dtype(dtype) == np.dtype(np.uint64)
+        kind = np.dtype(dtype)
+        if kind not in (np.dtype(np.uint32), np.dtype(np.uint64)):
+            raise ValueError("only support uint32 or uint64")
+        wide = kind == np.dtype(np.uint64)
         if wide and n_words == 4:
             return self.pcg64.copy()
+        if n_words == 0:
+            return np.zeros(0, kind)
         with np.errstate(over="ignore"):
             words = _generate(self.pool[None], n_words * (2 if wide else 1))[0]
         return words.astype("<u4").view("<u8").astype(np.uint64) if wide else words
@@ -123,7 +128,7 @@ def rngs(seed: int, round: int, clients: Sequence[int], purpose: str = ""
     over all clients as uint32 array arithmetic, instead of ≈ 14 µs of sequence and
     ``PCG64`` construction per client. For loops that seed one generator per client of a
     cohort."""
-    ids = [int(c) for c in clients]
+    ids = [operator.index(c) for c in clients]
     if seed < 0 or round < -1 or any(c < -1 for c in ids):
         raise ValueError(f"seed >= 0, round >= -1, client >= -1 required, got "
                          f"{(seed, round, min(ids, default=-1))}")

@@ -139,7 +139,8 @@ class SyntheticPopulation:
     x_test: np.ndarray
     y_test: np.ndarray
     _last: tuple[int, tuple] | None = field(default=None, repr=False)
-    _ahead: dict[int, np.random.Generator] = field(default_factory=dict, repr=False)
+    _ahead: dict[int, np.random.Generator] = field(default_factory=dict, init=False,
+                                                   repr=False, compare=False)
 
     @classmethod
     def build(cls, d: DataConfig, num_clients: int, seed: int) -> SyntheticPopulation:

@@ -43,7 +43,7 @@ WEIGHTED_HELP = "weight clients by their sample count (else uniformly)"
 __all__ = ["BASE_HELP", "WEIGHTED_HELP", "AggregationPolicy", "Algorithm", "AsyncUpdate",
            "ClientContext", "ClientData", "ClientOutput", "ClientResult", "ClientSampler",
            "CohortFit", "Draw", "EvalResult", "ReportSection", "State", "Status", "accumulate",
-           "check_reduce", "cohort_size", "finite", "require"]
+           "check_reduce", "cohort_size", "finite", "finite_rows", "require"]
 
 
 def finite(tensors: Mapping[str, np.ndarray]) -> bool:
@@ -53,6 +53,16 @@ def finite(tensors: Mapping[str, np.ndarray]) -> bool:
     with np.errstate(over="ignore", invalid="ignore"):
         return all(np.isfinite(v.sum()) or np.isfinite(v).all()
                    for v in map(np.asarray, tensors.values()) if v.dtype.kind == "f")
+
+
+def finite_rows(stacked: Mapping[str, np.ndarray], k: int) -> np.ndarray:
+    """:func:`finite` for each of ``k`` uploads stacked along the first axis (one bool per
+    row), checked on the stack at once."""
+    clean = np.ones(k, dtype=bool)
+    for v in stacked.values():
+        if v.dtype.kind == "f":
+            clean &= np.isfinite(v.reshape(k, -1)).all(axis=1)
+    return clean
 
 
 def accumulate(acc: dict[str, np.ndarray], tensors: Mapping[str, np.ndarray],

@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import ray
 
 from fedray.methods.base import ClientResult, State, Status, accumulate, finite
@@ -122,16 +121,8 @@ class Decoder:
     @staticmethod
     def stacked(stack: StackedUploads) -> dict[int, tuple[State, bool]]:
         """A cohort's stacked uploads (no transforms to undo), decoded once: each client's
-        upload (views into the stack) and whether it is free of NaN and Inf, checked per
-        client on the stack."""
-        tensors = stack.payload.decode()
-        k = len(stack.clients)
-        clean = np.ones(k, dtype=bool)
-        for v in tensors.values():
-            if v.dtype.kind == "f":
-                clean &= np.isfinite(v.reshape(k, -1)).all(axis=1)
-        return {c: ({name: v[i] for name, v in tensors.items()}, bool(clean[i]))
-                for i, c in enumerate(stack.clients)}
+        upload and whether it is free of NaN and Inf, checked per client on the stack."""
+        return stack.unstacked()
 
 
 class Dispatcher:

@@ -34,7 +34,6 @@ from fedray.methods.base import (
     accumulate,
     finite,
 )
-from fedray.runtime.dispatch import Decoder
 from fedray.runtime.jobs import (
     Broadcast,
     ClientSlot,
@@ -158,6 +157,12 @@ class ClientExecutor:
         payloads, with the :class:`~fedray.runtime.jobs.Partial`."""
         tensors = self._decoded(job.broadcast)
         self._read_ahead([slot.client for slot in job.clients])
+        try:
+            return self._run(job, tensors)
+        finally:
+            self._read_ahead([])  # nothing prepared outlives the call
+
+    def _run(self, job: TrainJob, tensors: State) -> TrainBatch:
         partial = Partial({}, 0.0) if job.reduce else None
         policy = self._linear_policy() if job.reduce else None
         size = job.cohort or 1
@@ -171,11 +176,12 @@ class ClientExecutor:
                            for slot, got in zip(slots, outputs, strict=True)]
             stack = self._stacked(slots, job.round, outputs) if job.cohort else None
             if stack is not None:
-                batch.results += stack[0]
+                results, uploads = stack
                 if partial is not None:
-                    self._reduce_stack(stack, policy, partial)
+                    results = self._reduce_stack(results, uploads, policy, partial)
                 else:
-                    batch.stacks.append(stack[1])
+                    batch.stacks.append(uploads)
+                batch.results += results
                 continue
             batch.results += [self._finish(slot.client, job.round, tensors, got, policy,
                                            partial)
@@ -230,22 +236,33 @@ class ClientExecutor:
         clients = [r.client_id for r in results if r.ok]
         return results, StackedUploads(clients, Payload.encode(stacked, codec))
 
-    @staticmethod
-    def _reduce_stack(stack: tuple[list[ClientResult], StackedUploads], policy: Any,
-                      partial: Partial) -> None:
-        """A cohort's stacked uploads added to the partial sum: decoded once, each clean
-        row added in client order, as :meth:`_finish` adds each client's own decoded
-        upload (an elementwise codec decodes a row as it decodes that client's payload:
-        the same bits); a row with NaN or Inf is left out and named."""
-        results, uploads = stack
+    def _reduce_stack(self, results: list[ClientResult], uploads: StackedUploads, policy: Any,
+                      partial: Partial) -> list[ClientResult]:
+        """A cohort's stacked uploads added to the partial sum: decoded once, each row added
+        in client order as :meth:`_finish` adds each client's own decoded upload (an
+        elementwise codec decodes a row as it decodes that client's payload: the same
+        bits). A row that cannot be added fails its client alone. Returns the results."""
         samples = {r.client_id: r.num_samples for r in results if r.ok}
-        for cid, (upload, clean) in Decoder.stacked(uploads).items():
-            if clean:
-                w = policy.weight(samples[cid])
-                accumulate(partial.total, upload, w)
-                partial.weight += w
-            else:
-                partial.nonfinite.append(cid)
+        failed = {}
+        for cid, (upload, clean) in uploads.unstacked().items():
+            try:
+                self._add(partial, cid, upload, samples[cid], policy, clean)
+            except Exception as e:  # noqa: BLE001 — reported per client
+                failed[cid] = _Trained.failed(e, 0.0)
+        return [self._error(r.client_id, r.round, failed[r.client_id])
+                if r.client_id in failed else r for r in results]
+
+    @staticmethod
+    def _add(partial: Partial, cid: int, upload: State, num_samples: int, policy: Any,
+             clean: bool) -> None:
+        """One decoded upload into the partial sum (the caller keeps client order): added
+        with the rule's weight when free of NaN and Inf, else named and left out."""
+        if clean:
+            w = policy.weight(num_samples)
+            accumulate(partial.total, upload, w)
+            partial.weight += w
+        else:
+            partial.nonfinite.append(cid)
 
     def _save_state(self, cid: int, round: int, method_state: Any, memory: Any
                     ) -> tuple[int | None, int]:
@@ -321,12 +338,7 @@ class ClientExecutor:
             nbytes = payload.nbytes
             if partial is not None:
                 seen, payload = payload.decode(), None
-                if finite(seen):
-                    w = policy.weight(result.num_samples)
-                    accumulate(partial.total, seen, w)
-                    partial.weight += w
-                else:
-                    partial.nonfinite.append(cid)
+                self._add(partial, cid, seen, result.num_samples, policy, finite(seen))
             return ClientResult(cid, round, Status.OK, result.num_samples, payload, metrics,
                                 upload_bytes=nbytes,
                                 seconds=got.seconds + time.perf_counter() - t0,

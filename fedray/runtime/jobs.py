@@ -16,14 +16,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from fedray.methods.base import ClientResult, EvalResult, State, Status
+from fedray.methods.base import ClientResult, EvalResult, State, Status, finite_rows
 
 _RESULT_FIELDS = [f.name for f in fields(ClientResult)]
+if not all(f.init and not f.kw_only for f in fields(ClientResult)):
+    raise TypeError("ClientResult's fields must all be positional: results are rebuilt "
+                    "from columns")
 _STATUS = {s.value: s for s in Status}
 
 
 def _result_columns(results: list[ClientResult]) -> dict[str, list]:
-    cols = {name: [getattr(r, name) for r in results] for name in _RESULT_FIELDS}
+    cols = {name: [getattr(r, name) for r in results] for name in _RESULT_FIELDS
+            if name != "status"}
     cols["status"] = [r.status.value for r in results]
     return cols
 
@@ -101,6 +105,14 @@ class StackedUploads:
 
     clients: list[int]
     payload: Any
+
+    def unstacked(self) -> dict[int, tuple[State, bool]]:
+        """Decoded once: each client's upload (views into the stack) and whether it is
+        free of NaN and Inf (:func:`~fedray.methods.base.finite_rows`, on the stack)."""
+        tensors = self.payload.decode()
+        clean = finite_rows(tensors, len(self.clients))
+        return {c: ({name: v[i] for name, v in tensors.items()}, bool(clean[i]))
+                for i, c in enumerate(self.clients)}
 
 
 @dataclass
