@@ -355,3 +355,31 @@ def test_work_units_are_cut_by_users_and_bytes(monkeypatch):
     users = [f"u{i}" for i in range(7)]
     assert flair._units(users, [10, 10, 10, 10, 95, 500, 1]) == [
         ["u0", "u1", "u2"], ["u3"], ["u4"], ["u5"], ["u6"]]
+
+
+def test_the_global_test_set_stays_8_bit_until_scored(tmp_path):
+    """The index keeps the test images as stored (uint8); ``x_test`` is them scaled to
+    float32 on first use, the values the index held before (as_inputs at build); a pickle
+    carries the 8-bit rows only; an index written the old way (float32) still loads."""
+    import glob
+    import pickle
+
+    from fedray.data.population import TablePopulation, as_inputs
+
+    write_flair(str(tmp_path / "flair" / "flair_federated.hdf5"))
+    pop = build_client_data(flair_cfg(tmp_path / "flair", tmp_path))
+    assert pop.x_test_rows.dtype == np.uint8 and pop._x_test is None
+    x = pop.x_test
+    assert x.dtype == np.float32 and x.shape == (7, 3, 12, 12) and pop.x_test is x
+    assert np.array_equal(x, pop.x_test_rows.astype(np.float32) * np.float32(1 / 255))
+    sent = pickle.dumps(pop)
+    assert len(sent) < pop.x_test_rows.nbytes + x.nbytes  # no float32 copy travels
+    back = pickle.loads(sent)
+    assert back._x_test is None and np.array_equal(back.x_test, x)
+    (index,) = glob.glob(str(tmp_path / "cache" / "**" / "*.index.npz"), recursive=True)
+    with np.load(index, allow_pickle=False) as z:
+        old = {k: z[k] for k in z.files}
+    old["x_test"] = as_inputs(old["x_test"])  # what the index held before 2026-12-06
+    np.savez(index, **old)
+    again = TablePopulation._from_cache(pop.path, index)
+    assert again.x_test_rows.dtype == np.float32 and np.array_equal(again.x_test, x)

@@ -40,7 +40,6 @@ from fedray.data.population import (
     _cache_root,
     _remove_stale_temps,
     _temp_name,
-    as_inputs,
     batch_arrays,
     global_test_size,
     rows_table,
@@ -255,7 +254,6 @@ class EntryWriter:
                 test_rows, global_test_size(len(test_rows), int(np.prod(shape))),
                 replace=False))
             x_test, y_test = _rows_of(self.tmp, pick, shape, tuple(label_shape))
-        x_test = as_inputs(x_test)
         info = {**info, "rows": int(offsets[-1])}
         with open(self.tmp_index, "wb") as fh:  # a file object: savez adds no suffix
             np.savez(fh, offsets=offsets, split=split,

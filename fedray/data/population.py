@@ -703,7 +703,12 @@ class TablePopulation:
     """Clients as contiguous row ranges of a memory-mapped Arrow IPC file: client ``c``'s
     train rows are ``[offsets[c], split[c])``, its local test rows ``[split[c],
     offsets[c+1])``. Only ``path``, the index arrays and the global test set are pickled;
-    each process maps the file on first use."""
+    each process maps the file on first use.
+
+    The global test set is kept as stored (``x_test_rows``: 8-bit pixels stay 8-bit, a
+    quarter of float32's bytes in the index, in every pickle and in every process that
+    never scores it); ``x_test`` is those rows as models read them (:func:`as_inputs`),
+    converted on first use and kept."""
 
     path: str
     num_clients: int
@@ -712,13 +717,20 @@ class TablePopulation:
     offsets: np.ndarray
     split: np.ndarray
     natural_ids: np.ndarray
-    x_test: np.ndarray
+    x_test_rows: np.ndarray
     y_test: np.ndarray
     info: dict[str, Any]
     _parts: Any = field(default=None, repr=False)  # (batch start rows, xs, ys), mapped
+    _x_test: Any = field(default=None, repr=False, compare=False)  # x_test, once converted
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_parts"} | {"_parts": None}
+        return self.__dict__ | {"_parts": None, "_x_test": None}
+
+    @property
+    def x_test(self) -> np.ndarray:
+        if self._x_test is None:
+            self._x_test = as_inputs(self.x_test_rows)
+        return self._x_test
 
     @classmethod
     def build(cls, d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
