@@ -28,7 +28,6 @@ from fedray.runtime.jobs import (
     GlobalScore,
     Partial,
     RootJob,
-    StackedUploads,
     TrainJob,
 )
 from fedray.runtime.rows import Evaluation
@@ -117,12 +116,6 @@ class Decoder:
         decoding, where a NaN can no longer hide in integer codes (bf16 bits, int8)."""
         upload = self.chain.server(res.payload.decode(), shapes, self.reference(bcast))
         return upload, finite(upload)
-
-    @staticmethod
-    def stacked(stack: StackedUploads) -> dict[int, tuple[State, bool]]:
-        """A cohort's stacked uploads (no transforms to undo), decoded once: each client's
-        upload and whether it is free of NaN and Inf, checked per client on the stack."""
-        return stack.unstacked()
 
 
 class Dispatcher:
@@ -242,7 +235,7 @@ class Dispatcher:
                 else:
                     results = batch.results
                     for stack in batch.stacks:
-                        out.decoded.update(self.decode.stacked(stack))
+                        out.decoded.update(stack.unstacked())
                     if batch.partial is not None:
                         out.partials.append((keys[results[0].client_id], batch.partial))
                         out.nonfinite.update(batch.partial.nonfinite)
