@@ -19,11 +19,16 @@ invocations):
 
 Each build runs in a fresh child process (``fedray.data.population.build_client_data``);
 the reported peak is the summed RSS of the child and the reader's pool processes, sampled
-every 20 ms. Usage::
+every 20 ms. With ``--score``, two more children map the built entry and score a linear
+model (flattened input → labels, one thread) on the global test set, once on the in-memory
+sample (``eval.global_test_set=sample``) and once on the whole test partition streamed from
+the cache (``all``): seconds, rows scored and peak RSS, with the part of it that is not
+file-backed (``anon``: RSS less the mapped cache pages, which the kernel can drop). Usage::
 
     .venv/bin/python benchmarks/prep_speed.py --dataset stackoverflow
     .venv/bin/python benchmarks/prep_speed.py --dataset femnist
     .venv/bin/python benchmarks/prep_speed.py --dataset flair
+    .venv/bin/python benchmarks/prep_speed.py --dataset flair --users 12000 --score
 
 Targets (#31): a first build ≤ 60 s with peak RSS ≤ 2 GB, a second ≤ 1 s.
 """
@@ -132,33 +137,54 @@ print(json.dumps({"seconds": time.perf_counter() - t, "clients": pop.num_clients
 """
 
 
-def build(args: list[str]) -> dict:
-    """One build in a fresh child; the peak of the summed RSS of the child and every
-    process it starts (the reader's pool), sampled every 20 ms."""
+SCORE = """
+import json, sys, time
+import numpy as np, torch
+from fedray.core.config import load_config
+from fedray.data.population import build_client_data, global_test_set
+from fedray.models.training import evaluate
+torch.set_num_threads(1)
+pop = build_client_data(load_config(None, json.loads(sys.argv[1])))
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Flatten(),
+                            torch.nn.Linear(int(np.prod(pop.input_shape)), pop.num_classes))
+t = time.perf_counter()
+scores = evaluate(model, *global_test_set(pop, sys.argv[2]))
+print(json.dumps({"seconds": time.perf_counter() - t, "rows": scores["n"],
+                  "macro_ap": scores.get("macro_ap"), "accuracy": scores["accuracy"]}))
+"""
+
+
+def build(args: list[str], code: str = CHILD, *extra: str) -> dict:
+    """``code`` (one build by default) in a fresh child; the peak of the summed RSS of the
+    child and every process it starts (the reader's pool), sampled every 20 ms, and of its
+    part that is not file-backed (``anon``)."""
     import psutil
 
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(args)],
+    proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(args), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak, most = 0, 1
+    peak, anon, most = 0, 0, 1
     root = psutil.Process(proc.pid)
     while proc.poll() is None:
-        total, n = 0, 0
+        total, own, n = 0, 0, 0
         try:
             for p in [root, *root.children(recursive=True)]:
                 try:
-                    total += p.memory_info().rss
+                    m = p.memory_info()
+                    total += m.rss
+                    own += m.rss - m.shared
                     n += 1
                 except psutil.Error:
                     pass
         except psutil.Error:
             pass
-        peak, most = max(peak, total), max(most, n)
+        peak, anon, most = max(peak, total), max(anon, own), max(most, n)
         time.sleep(0.02)
     out, err = proc.communicate()
     if proc.returncode:
-        raise SystemExit(f"the build failed: {err.strip().splitlines()[-1]}")
+        raise SystemExit(f"the child failed: {err.strip().splitlines()[-1]}")
     return {**json.loads(out.strip().splitlines()[-1]), "peak_summed_rss_gb": peak / 2**30,
-            "processes": most}
+            "peak_summed_anon_gb": anon / 2**30, "processes": most}
 
 
 def main() -> None:
@@ -171,6 +197,8 @@ def main() -> None:
     p.add_argument("--shards", type=int, default=35)
     p.add_argument("--data-dir", default="/tmp/fedray-prep")
     p.add_argument("--out", default=None, help="write the result as JSON here")
+    p.add_argument("--score", action="store_true",
+                   help="also score a linear model on the sampled and the whole test set")
     a = p.parse_args()
     users = a.users or {"stackoverflow": 342_477, "femnist": 3_550, "flair": 41_131}[a.dataset]
     root = os.path.join(a.data_dir, f"{a.dataset}-{users}")
@@ -191,6 +219,9 @@ def main() -> None:
               "generate_seconds": written, "first": first, "second": second,
               "cores": os.cpu_count(),
               "targets": {"first_seconds": 60, "peak_summed_rss_gb": 2, "second_seconds": 1}}
+    if a.score:
+        args = overrides(a.dataset, root, cache, users)
+        result["score"] = {which: build(args, SCORE, which) for which in ("sample", "all")}
     print(json.dumps(result, indent=1))
     if a.out:
         with open(a.out, "w") as fh:

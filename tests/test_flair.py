@@ -126,6 +126,48 @@ def test_the_global_test_set_is_capped_by_bytes(tmp_path, monkeypatch):
     assert np.array_equal(pop.x_test, again.x_test)
 
 
+def test_the_test_users_are_a_held_out_entry_streamed_whole(tmp_path, monkeypatch):
+    """FLAIR's test partition is its test users' images, every one (no per-user cap),
+    written once as an entry of their own beside the clients' (``<key>.test``); the
+    in-memory sample is a seeded draw of its rows; ``test_partition`` streams all of them
+    and scores as their concatenation does; an entry whose held-out rows are gone is
+    rebuilt, and a pickle carries no mapping of them."""
+    import pickle
+
+    import fedray.data.population as population
+    from fedray.core.seeding import rng
+    from fedray.data.population import global_test_set
+    from fedray.models.training import evaluate
+
+    data = write_flair(str(tmp_path / "f" / "flair.h5"))
+    monkeypatch.setattr(population, "GLOBAL_TEST_BYTES", 5 * 4 * 3 * 12 * 12)
+    cfg = flair_cfg(tmp_path / "f", tmp_path, "data.max_client_samples=2")
+    pop, pop_seed = build_client_data(cfg), cfg.seed
+    name = pop.info["held_out_entry"]
+    assert name == os.path.basename(pop.path)[:-len(".arrow")] + ".test"
+    assert pop.info["held_out_rows"] == 7 and pop.test_partition_size() == 7
+    x, y = global_test_set(pop, "all")
+    want_x = np.concatenate([data[u]["images"] for u in ("u03", "u09")])
+    want_y = np.concatenate([multi_hot(data[u]["labels"], 17) for u in ("u03", "u09")])
+    assert len(x) == 7 and x.dtype == np.float32 and np.array_equal(  # 4 > the cap of 2
+        np.rint(np.asarray(x) * 255).astype(np.uint8).transpose(0, 2, 3, 1), want_x)
+    assert np.array_equal(np.asarray(y), want_y) and np.array_equal(x[2:6], np.asarray(x)[2:6])
+    # the sample: 5 of those 7 rows, the draw the global test set always was
+    pick = np.sort(rng(pop_seed, -1, -1, "population-global-test").choice(7, 5, replace=False))
+    assert np.array_equal(pop.x_test, np.asarray(x)[pick])
+    assert np.array_equal(pop.y_test, want_y[pick])
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 12 * 12, 17))
+    assert evaluate(model, x, y) == evaluate(model, np.asarray(x), want_y)
+    assert pickle.loads(pickle.dumps(pop))._held is None and pop._held is not None
+    for path in population.entry_paths(os.path.dirname(pop.path), name):
+        os.remove(path)
+    again = build_client_data(cfg)
+    assert again.info["held_out_entry"] == name and np.array_equal(
+        np.asarray(again.test_partition()[1]), want_y)
+    assert np.array_equal(again.x_test, pop.x_test)
+
+
 def _bad_file(tmp_path, plant: str) -> str:
     path = str(tmp_path / "bad" / "flair.hdf5")
     write_flair(path)
@@ -331,10 +373,13 @@ def test_a_flair_run_reports_averaged_precision(ray_session, tmp_path):
     write_flair(str(tmp_path / "f" / "flair.hdf5"))
     cfg = flair_cfg(tmp_path / "f", tmp_path, "rounds=2", "model.name=mlp",
                     "model.hidden=[16]", "clients.per_round=2", "local.batch_size=2",
-                    "runtime.vectorize=on")
+                    "runtime.vectorize=on", "eval.global_test_set=all")
     summary = run_experiment(cfg, str(tmp_path / "run"), progress=False)
     rounds = pq.read_table(tmp_path / "run" / "rounds.parquet").to_pylist()
     last = rounds[-1]
+    # every image of the test users scored, streamed from the held-out entry
+    assert last["global_n"] == 7 and summary["final_global_n"] == 7
+    assert summary["global_test_set"] == "all"
     assert 0 <= last["global_macro_ap"] <= 1 and 0 <= last["global_micro_ap"] <= 1
     assert 0 <= summary["final_global_accuracy"] <= 1
     assert summary["final_global_macro_ap"] == pytest.approx(last["global_macro_ap"])
@@ -361,7 +406,6 @@ def test_the_global_test_set_stays_8_bit_until_scored(tmp_path):
     """The index keeps the test images as stored (uint8); ``x_test`` is them scaled to
     float32 on first use, the values the index held before (as_inputs at build); a pickle
     carries the 8-bit rows only; an index written the old way (float32) still loads."""
-    import glob
     import pickle
 
     from fedray.data.population import TablePopulation, as_inputs
@@ -376,7 +420,7 @@ def test_the_global_test_set_stays_8_bit_until_scored(tmp_path):
     assert len(sent) < pop.x_test_rows.nbytes + x.nbytes  # no float32 copy travels
     back = pickle.loads(sent)
     assert back._x_test is None and np.array_equal(back.x_test, x)
-    (index,) = glob.glob(str(tmp_path / "cache" / "**" / "*.index.npz"), recursive=True)
+    index = pop.path[:-len(".arrow")] + ".index.npz"
     with np.load(index, allow_pickle=False) as z:
         old = {k: z[k] for k in z.files}
     old["x_test"] = as_inputs(old["x_test"])  # what the index held before 2026-12-06

@@ -245,3 +245,47 @@ print("clients", pop.num_clients)
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "clients 8" and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("batch_bytes", [1, 1 << 30])  # a record batch per client, or one
+def test_the_test_partition_streams_every_kept_clients_test_rows(tmp_path, monkeypatch,
+                                                                 batch_bytes):
+    """``eval.global_test_set=all`` (:meth:`TablePopulation.test_partition`): every kept
+    client's LEAF test rows in client order, whatever the record batches; any slice of the
+    streamed rows equals the same slice of their concatenation, as does what every
+    ``evaluate`` loop computes from it, while the in-memory sample stays a seeded draw."""
+    import torch
+
+    import fedray.data.population as population
+    from fedray.data.population import Rows, global_test_set
+    from fedray.models.training import evaluate
+
+    monkeypatch.setattr(natural, "BATCH_BYTES", batch_bytes)
+    monkeypatch.setattr(population, "GLOBAL_TEST_MAX", 4)
+    users = {f"f{i:04d}_00": (int(n), int(t)) for i, (n, t) in enumerate(
+        np.random.default_rng(3).integers(0, 6, (9, 2)) + [4, 0])}
+    write_leaf(tmp_path / "leaf", users)
+    pop = build_client_data(leaf_cfg(tmp_path / "leaf", tmp_path, "clients.num_clients=7"))
+    parts = [pop.client_arrays(c, 0, "test") for c in range(7)]
+    want_x, want_y = (np.concatenate([p[i] for p in parts]) for i in (0, 1))
+    x, y = pop.test_partition()
+    assert isinstance(x, Rows) and len(x) == len(y) == len(want_y) == \
+        pop.test_partition_size() == pop.summary()["test_partition_size"] > 4
+    assert x.shape == want_x.shape and x.dtype == np.float32 and y.ndim == 1
+    n = len(want_y)
+    for a, b in [(0, n), (0, 1), (1, n - 1), (n - 3, n + 5), (2, 2), (n, n)]:
+        assert np.array_equal(x[a:b], want_x[a:b]) and np.array_equal(y[a:b], want_y[a:b])
+    assert np.array_equal(np.asarray(x), want_x) and np.array_equal(y[::2], want_y[::2])
+    assert np.array_equal(x[[3, 0]], want_x[[3, 0]])
+    assert len(pop.y_test) == 4  # the sample: GLOBAL_TEST_MAX of the same rows
+    assert global_test_set(pop, "sample")[1] is pop.y_test
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 62))
+    assert evaluate(model, x, y, batch_size=3) == evaluate(model, want_x, want_y, batch_size=3)
+
+
+def test_an_empty_test_partition_streams_nothing(tmp_path):
+    write_leaf(tmp_path / "leaf", {"f0000_00": (5, 0), "f0001_00": (4, 0)})
+    pop = build_client_data(leaf_cfg(tmp_path / "leaf", tmp_path, "clients.num_clients=2"))
+    x, y = pop.test_partition()
+    assert len(x) == 0 and x[0:5].shape == (0, 1, 28, 28) and np.asarray(y).shape == (0,)

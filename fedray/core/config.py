@@ -228,6 +228,14 @@ class EvalConfig:
     clients: Literal["all", "sampled", "none"] = spec(
         "all", help="whose local test split the global model is evaluated on")
     global_test: bool = True
+    global_test_set: Literal["sample", "all"] = spec(
+        "sample", help="what the global test set is: sample, a seeded draw held in memory (at "
+                       "most 10,000 rows and 512 MB of inputs, e.g. 682 FLAIR images at 256 "
+                       "px); all, every row of the dataset's stored test partition (a natural "
+                       "or table dataset's kept clients' test rows, FLAIR's test users' "
+                       "images), streamed from the cache batch by batch in the scoring "
+                       "executor. Datasets held in memory (digits, CIFAR, synthetic) score "
+                       "their whole test set either way")
     local_before_after: bool = spec(
         False, help="clients report local test accuracy before and after their update")
     finetune_epochs: int = spec(0, ge=0, help="also report personalized accuracy after this "

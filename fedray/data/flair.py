@@ -25,9 +25,11 @@ test set has a positive of).
 FLAIR splits its *users* (each user is in exactly one of train / val / test), not each
 user's images, so: the clients are the ``train`` users (the first ``clients.num_clients``
 in sorted id order with at least ``data.min_samples`` images), with no local test images;
-the global test set is drawn from the ``test`` users' images (seeded, at most
-:func:`fedray.data.population.global_test_size` of them — pfl evaluates on every test
-image centrally); ``val`` is not read. A user keeps its first ``data.max_client_samples``
+the ``test`` users' images, every one (no per-user cap), are the test partition, written
+once as an entry of their own beside the clients' (the held-out entry); the global test set
+is a seeded draw of :func:`fedray.data.population.global_test_size` of them, or with
+``eval.global_test_set=all`` all of them streamed from that entry (pfl evaluates on every
+test image centrally); ``val`` is not read. A user keeps its first ``data.max_client_samples``
 images (default pfl's ``max_num_user_images``, 512). Images stay 8-bit in the cache
 (channels first; scaled to [0, 1] when a client's rows are read), resized with Pillow's
 bilinear filter to ``data.image_size`` when it is set (pfl trains on random 224-pixel crops
@@ -51,7 +53,6 @@ from typing import Any
 import numpy as np
 
 from fedray.core.config import DataConfig
-from fedray.core.seeding import rng
 from fedray.core.spec import ConfigError
 from fedray.data.natural import (
     Block,
@@ -216,14 +217,17 @@ class _Unit:
     classes: int
     cap: int | None
     size: int | None
+    split: str = TRAIN
 
 
 def _unit_rows(unit: _Unit) -> Block:
-    """A unit's train users as one block of rows (their images, no test rows)."""
+    """A unit's users as one block of rows: a train user's images are train rows, a test
+    user's test rows."""
     xs, ys, counts = [], [], []
+    split = unit.split
     with open_hdf5(unit.path) as fh:
         for user in unit.users:
-            x, y = _user_rows(fh, unit.path, TRAIN, user, unit.labels, unit.classes, unit.cap)
+            x, y = _user_rows(fh, unit.path, split, user, unit.labels, unit.classes, unit.cap)
             xs.append(_resized(x, unit.size))
             ys.append(y)
             counts.append(len(y))
@@ -231,41 +235,37 @@ def _unit_rows(unit: _Unit) -> Block:
     if len(shapes) > 1:
         user = next(u for u, x in zip(unit.users, xs, strict=True)
                     if len(x) and tuple(x.shape[1:]) != tuple(xs[0].shape[1:]))
-        raise bad_file(unit.path, f"/{TRAIN}/{user}", f"images of the file's one size "
+        raise bad_file(unit.path, f"/{split}/{user}", f"images of the file's one size "
                                                       f"(got {sorted(shapes)})")
     kept = [(x, y) for x, y in zip(xs, ys, strict=True) if len(y)]
     x = np.concatenate([k[0] for k in kept]) if kept else np.zeros((0, 3, 1, 1), np.uint8)
     y = np.concatenate([k[1] for k in kept]) if kept else np.zeros((0, unit.classes),
                                                                    np.float32)
-    return Block(unit.users, np.array(counts, np.int64), np.zeros(len(counts), np.int64), x, y)
+    counts = np.array(counts, np.int64)
+    none = np.zeros(len(counts), np.int64)
+    return Block(unit.users, counts, none, x, y) if split == TRAIN else \
+        Block(unit.users, none, counts, x, y)
 
 
-def _held_out(path: str, labels: str, classes: int, size: int | None, seed: int,
-              shape: tuple[int, ...] | None, want: int) -> tuple[np.ndarray, np.ndarray]:
-    """The global test set: ``want`` (at most) of the test users' images, drawn with the
-    seed over all of them in sorted-user order, read user by user."""
+def _held_out(path: str, labels: str, classes: int, size: int | None,
+              shape: tuple[int, ...] | None) -> Generator[Block, None, None]:
+    """The test partition: every test user's images (no cap), in sorted-user order, as
+    test rows of the train images' size ``shape`` (the held-out entry)."""
     with open_hdf5(path) as fh:
         users = _users(fh, path, HELD_OUT)
         if not users:
             raise bad_file(path, f"/{HELD_OUT}", "FLAIR's test partition: a group of users "
                                                  "(the global test set)")
-        sizes = np.array([_images(fh, path, HELD_OUT, u).shape[0] for u in users], np.int64)
-        starts = np.r_[0, np.cumsum(sizes)]
-        total = int(starts[-1])
-        pick = np.sort(rng(seed, -1, -1, "population-global-test").choice(
-            total, min(want, total), replace=False))
-        owner = np.searchsorted(starts, pick, side="right") - 1
-        xs, ys = [], []
-        for i in np.unique(owner):
-            idx = pick[owner == i] - starts[i]
-            x, y = _user_rows(fh, path, HELD_OUT, users[i], labels, classes, None, idx)
-            xs.append(_resized(x, size))
-            ys.append(y)
-    x = np.concatenate(xs) if xs else np.zeros((0, *(shape or (3, 1, 1))), np.uint8)
-    if shape is not None and len(x) and tuple(x.shape[1:]) != tuple(shape):
-        raise bad_file(path, f"/{HELD_OUT}", f"test images of the train images' size {shape} "
-                                             f"(got {tuple(x.shape[1:])})")
-    return x, (np.concatenate(ys) if ys else np.zeros((0, classes), np.float32))
+        kept = [int(np.prod(_images(fh, path, HELD_OUT, u).shape)) for u in users]
+    units = [_Unit(path, part, labels, classes, None, size, HELD_OUT)
+             for part in _units(users, kept)]
+    for block in ordered_map(_unit_rows, units):
+        if shape is not None and len(block.y) and tuple(block.x.shape[1:]) != tuple(shape):
+            first = block.users[int(np.flatnonzero(block.n_test)[0])]
+            raise bad_file(path, f"/{HELD_OUT}/{first}", f"test images of the train images' "
+                                                         f"size {shape} (got "
+                                                         f"{tuple(block.x.shape[1:])})")
+        yield block
 
 
 def _kept_bytes(fh: Any, path: str, user: str, cap: int | None) -> int:
@@ -321,13 +321,12 @@ def build_flair(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
                        lambda: {"task": "multilabel", "label_set": labels,
                                 "max_client_samples": cap,
                                 "global_test": f"images of FLAIR's {HELD_OUT} users"},
-                       lambda want: _held_out(path, labels, len(names), d.image_size, seed,
-                                              shape[0], want))
+                       lambda: _held_out(path, labels, len(names), d.image_size, shape[0]))
 
     return natural_split_population(
         d, num_clients, seed, "flair", [path], read,
         f"FLAIR's users: clients from {TRAIN}, the global test set from {HELD_OUT}",
-        key_extra=[labels, cap, d.image_size])
+        key_extra=[labels, cap, d.image_size, "held-out entry"])
 
 
 __all__ = ["build_flair", "flair_file", "label_names", "label_set"]

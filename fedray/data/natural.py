@@ -10,9 +10,12 @@ The cache entry is keyed by the files (path, size, modification time),
 ``clients.num_clients``, ``data.min_samples``, the seed and the reader's own settings; the
 clients kept are the first ``clients.num_clients`` in sorted id order with at least
 ``data.min_samples`` rows (train + test), each client's train rows then its test rows; the
-global test set is up to 10,000 of the kept clients' test rows (seeded; fewer for large
-inputs: :func:`fedray.data.population.global_test_size`), or a reader's own held-out rows
-(FLAIR's test users). 8-bit images are stored as 8-bit and multi-hot targets as float32.
+test partition is the kept clients' test rows, or a reader's own held-out users (FLAIR's
+test users) written as a second entry beside the first (``<key>.test``); the global test
+set is up to 10,000 of the test partition's rows (seeded; fewer for large inputs:
+:func:`fedray.data.population.global_test_size`), or all of them streamed
+(``eval.global_test_set=all``). 8-bit images are stored as 8-bit and multi-hot targets as
+float32.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from fedray.data.population import (
     _remove_stale_temps,
     _temp_name,
     batch_arrays,
+    entry_paths,
     global_test_size,
     rows_table,
 )
@@ -88,9 +92,10 @@ class Natural:
     shape: Callable[[], tuple[int, ...]]
     classes: Callable[[], int | list[str] | None] = field(default=lambda: None)
     info: Callable[[], dict[str, Any]] = field(default=lambda: {})
-    # the global test set's rows from users outside the clients (FLAIR's test partition),
-    # given the largest row count wanted; None: drawn from the clients' test rows
-    held_out: Callable[[int], tuple[np.ndarray, np.ndarray]] | None = None
+    # the test partition's users when they are not clients (FLAIR's test users): blocks of
+    # them in sorted id order, every row a test row, written as the held-out entry; None:
+    # the test partition is the clients' own test rows
+    held_out: Callable[[], Iterator[Block]] | None = None
 
 
 def natural_split_population(d: DataConfig, num_clients: int, seed: int, kind: str,
@@ -231,11 +236,14 @@ class EntryWriter:
         self._writer.write_table(table, max_chunksize=max(1, len(y)))
 
     def finish(self, seed: int, info: dict[str, Any],
-               held_out: Callable[[int], tuple[np.ndarray, np.ndarray]] | None = None
-               ) -> TablePopulation:
-        """Write the last batch and the index, rename both into place, map the entry; the
-        global test set is ``held_out``'s rows when given (:class:`Natural`), else a seeded
-        draw of the kept clients' test rows (:func:`global_test_size` of them)."""
+               held_out: Callable[[], Iterator[Block]] | None = None,
+               sample: bool = True) -> TablePopulation:
+        """Write the last batch and the index, rename both into place, map the entry. The
+        test partition is the kept clients' test rows, or with ``held_out`` (:class:`Natural`)
+        the rows of its blocks, written first as an entry of their own (``<key>.test``,
+        every row a test row; ``info["held_out_entry"]``); the global test set is a seeded
+        draw of :func:`global_test_size` rows of the test partition, in its order (none
+        with ``sample`` false: the held-out entry's own index)."""
         shape = tuple(int(s) for s in info["input_shape"])
         label_shape = self.label_shape
         if label_shape:
@@ -245,15 +253,19 @@ class EntryWriter:
         self._sink.close()
         self._writer = None
         offsets, split = np.asarray(self.offsets, np.int64), np.asarray(self.split, np.int64)
+        source = self.tmp
         if held_out is not None:
-            x_test, y_test = held_out(global_test_size(1 << 62, int(np.prod(shape))))
+            name = os.path.basename(self.path)[:-len(".arrow")] + ".test"
+            held = self._held_out(held_out, name, seed, info)
+            info = {**info, "held_out_entry": name, "held_out_rows": int(held.offsets[-1])}
+            source, test_rows = held.path, np.arange(int(held.offsets[-1]))
         else:
             test_rows = np.concatenate([np.arange(a, b) for a, b in zip(
                 split, offsets[1:], strict=True)] or [np.zeros(0, np.int64)])
-            pick = np.sort(rng(seed, -1, -1, "population-global-test").choice(
-                test_rows, global_test_size(len(test_rows), int(np.prod(shape))),
-                replace=False))
-            x_test, y_test = _rows_of(self.tmp, pick, shape, tuple(label_shape))
+        pick = np.sort(rng(seed, -1, -1, "population-global-test").choice(
+            test_rows, global_test_size(len(test_rows), int(np.prod(shape))) if sample else 0,
+            replace=False))
+        x_test, y_test = _rows_of(source, pick, shape, tuple(label_shape))
         info = {**info, "rows": int(offsets[-1])}
         with open(self.tmp_index, "wb") as fh:  # a file object: savez adds no suffix
             np.savez(fh, offsets=offsets, split=split,
@@ -263,6 +275,20 @@ class EntryWriter:
         os.replace(self.tmp_index, self.index_path)
         os.replace(self.tmp, self.path)
         return TablePopulation._from_cache(self.path, self.index_path)
+
+    def _held_out(self, blocks: Callable[[], Iterator[Block]], name: str, seed: int,
+                  info: dict[str, Any]) -> TablePopulation:
+        """The held-out users' rows as an entry of their own beside this one (every user
+        kept, every row a test row), renamed into place before this entry is."""
+        folder = os.path.dirname(self.path)
+        writer = EntryWriter(*entry_paths(folder, name), 1 << 62, 0)
+        try:
+            for block in blocks():
+                writer.add(block)
+            return writer.finish(seed, {**info, "held_out_of": os.path.basename(self.path)},
+                                 sample=False)
+        finally:
+            writer.discard()
 
     def discard(self) -> None:
         """Close and remove the temporary files (nothing once :meth:`finish` renamed them)."""

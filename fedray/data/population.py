@@ -30,7 +30,7 @@ import time
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -60,6 +60,61 @@ def as_inputs(x: np.ndarray) -> np.ndarray:
     if x.dtype == np.uint8:
         return x.astype(np.float32) * np.float32(1 / 255)
     return x
+
+
+class Rows:
+    """Rows ``[lo[i], hi[i])`` of a memory-mapped cache entry's ``x`` or ``y`` column, in
+    that order, as one read-only array-like: a slice reads only the rows asked for (8-bit
+    pixels scaled as :func:`as_inputs` scales them) into a new array, so a scorer walks a
+    test partition larger than memory batch by batch, as every ``evaluate`` loop does;
+    ``np.asarray`` gives the whole column and any other index goes through it."""
+
+    def __init__(self, parts: tuple[np.ndarray, list[np.ndarray], list[np.ndarray]],
+                 lo: np.ndarray, hi: np.ndarray, column: Literal["x", "y"]):
+        starts, xs, ys = parts
+        self._arrays = xs if column == "x" else ys
+        self._scale = column == "x" and self._arrays[0].dtype == np.uint8
+        lo, hi = np.asarray(lo, np.int64), np.asarray(hi, np.int64)
+        lo, hi = lo[hi > lo], hi[hi > lo]
+        k = np.searchsorted(starts, lo, side="right") - 1  # a batch holds whole clients
+        new = np.r_[True, (k[1:] != k[:-1]) | (lo[1:] != hi[:-1])][:len(lo)]  # adjacent
+        last = np.r_[np.flatnonzero(new)[1:] - 1, len(hi) - 1][:len(lo)]  # ranges merged
+        self._k, self._a = k[new], lo[new] - starts[k[new]]
+        self._cum = np.r_[0, np.cumsum(hi[last] - lo[new])].astype(np.int64)
+        first = self._arrays[0]
+        self.dtype = np.dtype(np.float32) if self._scale else first.dtype
+        self.shape = (int(self._cum[-1]), *first.shape[1:])
+        self.ndim = len(self.shape)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        if not isinstance(key, slice) or key.indices(len(self))[2] != 1:
+            return np.asarray(self)[key]
+        start, stop, _ = key.indices(len(self))
+        cum = self._cum
+        pieces = [self._arrays[self._k[s]][self._a[s] + max(start - cum[s], 0):
+                                           self._a[s] + min(stop, cum[s + 1]) - cum[s]]
+                  for s in range(int(np.searchsorted(cum, start, side="right")) - 1,
+                                 int(np.searchsorted(cum, stop, side="left")))]
+        out = np.concatenate(pieces) if pieces else self._arrays[0][:0]
+        return as_inputs(out) if self._scale else out  # a writable copy, never the mapping
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self[:]
+        return out if dtype is None else out.astype(dtype)
+
+
+def global_test_set(data: Any, which: Literal["sample", "all"]) -> tuple[Any, Any]:
+    """The global test set the scorer evaluates (``eval.global_test_set``): ``sample`` the
+    population's in-memory ``x_test``/``y_test``; ``all`` its whole stored test partition
+    streamed from the cache (:meth:`TablePopulation.test_partition`) where it has one —
+    a dataset held in memory (digits, CIFAR, the synthetic population) already scores its
+    whole test set, so ``all`` is its ``x_test`` too."""
+    if which == "all" and hasattr(data, "test_partition"):
+        return data.test_partition()
+    return data.x_test, data.y_test
 
 
 def build_client_data(cfg: ExperimentConfig, dataset: Any = None) -> Any:
@@ -722,9 +777,31 @@ class TablePopulation:
     info: dict[str, Any]
     _parts: Any = field(default=None, repr=False)  # (batch start rows, xs, ys), mapped
     _x_test: Any = field(default=None, repr=False, compare=False)  # x_test, once converted
+    _held: Any = field(default=None, repr=False, compare=False)  # the held-out entry, mapped
 
     def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__ | {"_parts": None, "_x_test": None}
+        return self.__dict__ | {"_parts": None, "_x_test": None, "_held": None}
+
+    def test_partition(self) -> tuple[Rows, Rows]:
+        """Every row of the dataset's test partition as streamed :class:`Rows` (x, y): the
+        rows of the held-out entry when the dataset keeps its test users apart from the
+        clients (FLAIR: ``info["held_out_entry"]``, all of its images), else every kept
+        client's local test rows in client order."""
+        held = self.info.get("held_out_entry")
+        if held is not None:
+            if self._held is None:
+                self._held = TablePopulation._from_cache(*entry_paths(
+                    os.path.dirname(self.path), held))
+            return self._held.test_partition()
+        if self._parts is None:
+            self._map()
+        hi = self.offsets[1:]
+        return Rows(self._parts, self.split, hi, "x"), Rows(self._parts, self.split, hi, "y")
+
+    def test_partition_size(self) -> int:
+        """Rows of :meth:`test_partition` (from the index: nothing is mapped)."""
+        held = self.info.get("held_out_rows")
+        return int(held) if held is not None else int((self.offsets[1:] - self.split).sum())
 
     @property
     def x_test(self) -> np.ndarray:
@@ -811,6 +888,12 @@ class TablePopulation:
             pop = cls(path, len(offsets) - 1, 0, shape, offsets, split, z["natural_ids"],
                       z["x_test"].reshape(-1, *shape), z["y_test"], info)
         pop.num_classes = len(pop.info["classes"])
+        held = info.get("held_out_entry")
+        if held is not None:  # an entry whose held-out rows are missing is rebuilt
+            folder = os.path.dirname(path)
+            if not all(os.path.isfile(p) and resolves_inside(p, folder)
+                       for p in entry_paths(folder, held)):
+                raise ValueError(f"held-out entry {held} missing")
         pop._map()
         starts, _, ys = pop._parts
         if starts[-1] + len(ys[-1]) != int(offsets[-1]) or len(split) != pop.num_clients \
@@ -857,7 +940,14 @@ class TablePopulation:
                 "num_classes": self.num_classes, "input_shape": list(self.input_shape),
                 "train_rows_min_median_max": [int(train.min()), float(np.median(train)),
                                               int(train.max())],
-                "global_test_size": int(len(self.y_test)), **self.info}
+                "global_test_size": int(len(self.y_test)),
+                "test_partition_size": self.test_partition_size(), **self.info}
+
+
+def entry_paths(folder: str, name: str) -> tuple[str, str]:
+    """A cache entry's two files: its rows (``<name>.arrow``) and its index
+    (``<name>.index.npz``)."""
+    return os.path.join(folder, name + ".arrow"), os.path.join(folder, name + ".index.npz")
 
 
 __all__ = ["SyntheticPopulation", "TablePopulation", "build_client_data", "group_by_id",

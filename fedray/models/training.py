@@ -403,6 +403,7 @@ def evaluate_multilabel(model: nn.Module, x: np.ndarray, y: np.ndarray, device: 
     are taken over the whole set at once, as pfl sums them over its central evaluation
     set."""
     model.eval()
+    y = np.asarray(y)  # the whole set's targets (a streamed test partition's too)
     if len(x) == 0:
         return {"loss": float("nan"), "accuracy": float("nan"), "n": 0.0,
                 "macro_ap": float("nan"), "macro_ap_present": float("nan"),

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from fedray.data.population import global_test_set
 from fedray.methods.base import (
     ClientContext,
     ClientOutput,
@@ -409,13 +410,14 @@ class ClientExecutor:
         return EvalBatch(out)
 
     def evaluate_global(self, job: GlobalEvalJob) -> GlobalScore:
-        """The broadcast model on the global test set, tagged with the broadcast key; under
-        a backdoor attack also its ``attack_success_rate`` (accuracy on the triggered test
-        samples relabelled the target)."""
+        """The broadcast model on the global test set (``eval.global_test_set``: the
+        in-memory sample, or the whole test partition streamed), tagged with the broadcast
+        key; under a backdoor attack also its ``attack_success_rate`` (accuracy on the
+        sample's triggered test samples relabelled the target)."""
         tensors = self._decoded(job.broadcast)
         try:
-            scores = self.algorithm.evaluate(self.resident, tensors, self.data.x_test,
-                                             self.data.y_test, self.device)
+            scores = self.algorithm.evaluate(self.resident, tensors, *global_test_set(
+                self.data, self.cfg.eval.global_test_set), self.device)
             triggered = self.adversary.triggered_test(self.data.x_test, self.data.y_test) \
                 if self.adversary is not None else None
             if triggered is not None:

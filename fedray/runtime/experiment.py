@@ -490,6 +490,9 @@ def _summary(cfg: ExperimentConfig, run_dir: str, rows: list[dict], finish: dict
         "parameters": info["parameters"],
         "model_parameters": info["executors"][0].get("model_parameters"),
         "final_global_accuracy": clean(final_eval.get("global_accuracy", math.nan)),
+        # what that accuracy was scored on: eval.global_test_set and the rows it held
+        "global_test_set": cfg.eval.global_test_set,
+        "final_global_n": clean(final_eval.get("global_n", math.nan)),
         "final_personalized_accuracy": clean(final_eval.get("personalized_accuracy",
                                                             math.nan)),
         "final_personalized_accuracy_std": clean(final_eval.get("personalized_accuracy_std",

@@ -101,7 +101,9 @@ def _scores(evaluation: Evaluation, per_tier: dict[str, float]) -> dict[str, flo
             "personalized_accuracy_std": float(accs.std()) if accs.size else math.nan,
             "personalized_accuracy_ft": float(ft.mean()) if ft.size else math.nan,
             "global_accuracy": float(g.get("accuracy", math.nan)),
-            "global_loss": float(g.get("loss", math.nan))}
+            "global_loss": float(g.get("loss", math.nan)),
+            # rows (tokens for next-token tasks) scored: the sample or the whole partition
+            "global_n": float(np.mean([v.n for v in scores.values()])) if scores else math.nan}
 
 
 def round_rows(rec: RoundRecord, tier_of: Callable[[int], str], totals: dict[str, int]

@@ -659,6 +659,7 @@ class Hetero(Algorithm):
 
         if len(x) == 0:
             return {"loss": float("nan"), "accuracy": float("nan"), "n": 0.0}
+        y = np.asarray(y)
         out = self.logits(resident, broadcast, x, device)
         shifted = out - out.max(1, keepdims=True)
         logp = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
