@@ -144,7 +144,8 @@ def test_the_test_users_are_a_held_out_entry_streamed_whole(tmp_path, monkeypatc
     cfg = flair_cfg(tmp_path / "f", tmp_path, "data.max_client_samples=2")
     pop, pop_seed = build_client_data(cfg), cfg.seed
     name = pop.info["held_out_entry"]
-    assert name == os.path.basename(pop.path)[:-len(".arrow")] + ".test"
+    assert name.endswith(".test") and os.path.isfile(os.path.join(os.path.dirname(pop.path),
+                                                                  name + ".arrow"))
     assert pop.info["held_out_rows"] == 7 and pop.test_partition_size() == 7
     x, y = global_test_set(pop, "all")
     want_x = np.concatenate([data[u]["images"] for u in ("u03", "u09")])
@@ -160,12 +161,33 @@ def test_the_test_users_are_a_held_out_entry_streamed_whole(tmp_path, monkeypatc
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 12 * 12, 17))
     assert evaluate(model, x, y) == evaluate(model, np.asarray(x), want_y)
     assert pickle.loads(pickle.dumps(pop))._held is None and pop._held is not None
-    for path in population.entry_paths(os.path.dirname(pop.path), name):
-        os.remove(path)
-    again = build_client_data(cfg)
-    assert again.info["held_out_entry"] == name and np.array_equal(
-        np.asarray(again.test_partition()[1]), want_y)
-    assert np.array_equal(again.x_test, pop.x_test)
+    # one held-out entry for every client count, seed and cap of the same file and labels
+    held_paths = population.entry_paths(os.path.dirname(pop.path), name)
+    stamp = os.stat(held_paths[0]).st_mtime_ns
+    other = build_client_data(flair_cfg(tmp_path / "f", tmp_path, "clients.num_clients=2",
+                                        "seed=5"))
+    assert other.path != pop.path and other.info["held_out_entry"] == name
+    assert os.stat(held_paths[0]).st_mtime_ns == stamp  # kept, not written again
+    fine = build_client_data(flair_cfg(tmp_path / "f", tmp_path,
+                                       "data.label_column=fine_grained_labels"))
+    assert fine.info["held_out_entry"] != name
+    # held-out rows gone, damaged or another entry's: the entry is rebuilt
+    for damage in ("remove", "truncate", "other"):
+        if damage == "remove":
+            for path in held_paths:
+                os.remove(path)
+        elif damage == "truncate":
+            with open(held_paths[0], "r+b") as fh:
+                fh.truncate(100)
+        else:
+            for mine, theirs in zip(held_paths, population.entry_paths(
+                    os.path.dirname(pop.path), fine.info["held_out_entry"]), strict=True):
+                os.replace(mine, mine + ".keep")
+                os.symlink(theirs, mine)  # resolves inside the cache, but 40 fine labels
+        again = build_client_data(cfg)
+        assert again.info["held_out_entry"] == name and np.array_equal(
+            np.asarray(again.test_partition()[1]), want_y)
+        assert np.array_equal(again.x_test, pop.x_test)
 
 
 def _bad_file(tmp_path, plant: str) -> str:

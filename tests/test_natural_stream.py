@@ -136,8 +136,12 @@ def test_a_killed_builds_spool_folder_is_removed(tmp_path):
     spool = folder / f"{'0' * 32}.spool.tmp-{socket.gethostname()}-{gone}"
     os.makedirs(spool)
     (spool / "0.bin").write_bytes(b"\0" * 64)
+    held = [folder / f"{'1' * 32}.test.{ext}.tmp-{socket.gethostname()}-{gone}"
+            for ext in ("arrow", "index.npz")]  # a held-out entry's, killed mid-write
+    for path in held:
+        path.write_bytes(b"\0" * 64)
     build_client_data(leaf_cfg(root, tmp_path))
-    assert not spool.exists()
+    assert not spool.exists() and not any(p.exists() for p in held)
 
 
 @pytest.mark.parametrize("group_bytes", [1, 16 << 20])  # a CSV call per user, or one
@@ -273,10 +277,15 @@ def test_the_test_partition_streams_every_kept_clients_test_rows(tmp_path, monke
         pop.test_partition_size() == pop.summary()["test_partition_size"] > 4
     assert x.shape == want_x.shape and x.dtype == np.float32 and y.ndim == 1
     n = len(want_y)
-    for a, b in [(0, n), (0, 1), (1, n - 1), (n - 3, n + 5), (2, 2), (n, n)]:
-        assert np.array_equal(x[a:b], want_x[a:b]) and np.array_equal(y[a:b], want_y[a:b])
+    for a in range(-n - 2, n + 3):
+        for b in [None, *range(-n - 2, n + 3)]:
+            assert np.array_equal(x[a:b], want_x[a:b]) and np.array_equal(y[a:b], want_y[a:b])
     assert np.array_equal(np.asarray(x), want_x) and np.array_equal(y[::2], want_y[::2])
-    assert np.array_equal(x[[3, 0]], want_x[[3, 0]])
+    assert np.array_equal(x[[3, 0]], want_x[[3, 0]]) and np.array_equal(x[1:4, 0, 2],
+                                                                        want_x[1:4, 0, 2])
+    assert np.array_equal(np.asarray(y, np.float64), want_y) and int(y[-1]) == want_y[-1]
+    with pytest.raises(ValueError, match="copy"):
+        np.asarray(x, copy=False)
     assert len(pop.y_test) == 4  # the sample: GLOBAL_TEST_MAX of the same rows
     assert global_test_set(pop, "sample")[1] is pop.y_test
     torch.manual_seed(0)

@@ -160,12 +160,11 @@ def _images(fh: Any, path: str, split: str, user: str) -> Any:
 
 
 def _user_rows(fh: Any, path: str, split: str, user: str, labels: str, classes: int,
-               cap: int | None, pick: np.ndarray | None = None
-               ) -> tuple[np.ndarray, np.ndarray]:
+               cap: int | None) -> tuple[np.ndarray, np.ndarray]:
     """A user's images (uint8, (N, H, W, 3)) and multi-hot targets (float32 (N, L)): its
-    first ``cap`` images, or the images ``pick`` (sorted indices). Memory follows the
-    images kept, not what the file declares: at most one (row, label) pair per image and
-    label is accepted, and targets are built for the kept images only."""
+    first ``cap`` images (all with None). Memory follows the images kept, not what the
+    file declares: at most one (row, label) pair per image and label is accepted, and
+    targets are built for the kept images only."""
     what = f"/{split}/{user}"
     images = _images(fh, path, split, user)
     group = fh[split][user]
@@ -175,8 +174,7 @@ def _user_rows(fh: Any, path: str, split: str, user: str, labels: str, classes: 
             sets[0].shape != sets[1].shape or sets[0].shape[0] > min(n * classes, MAX_PAIRS):
         raise bad_file(path, what, f"{labels}_row and {labels}_col integer vectors of one length, "
                                    f"at most images x labels and {MAX_PAIRS:,}")
-    keep = np.asarray(pick) if pick is not None else np.arange(n if cap is None
-                                                               else min(n, cap))
+    keep = np.arange(n if cap is None else min(n, cap))
     try:
         rows, cols = (s[()].astype(np.int64) for s in sets)
         if len(rows) and (rows.min() < 0 or rows.max() >= n or cols.min() < 0 or
@@ -187,7 +185,7 @@ def _user_rows(fh: Any, path: str, split: str, user: str, labels: str, classes: 
         mine = (keep[at] == rows) if len(keep) else np.zeros(len(rows), bool)
         y = np.zeros((len(keep), classes), np.float32)
         y[at[mine], cols[mine]] = 1.0
-        x = images[keep] if pick is not None and len(keep) else images[:len(keep)]
+        x = images[:len(keep)]
     except OSError as e:
         raise bad_file(path, what, f"readable images and labels ({str(e)[:80]})") from None
     return x, y
@@ -321,7 +319,8 @@ def build_flair(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
                        lambda: {"task": "multilabel", "label_set": labels,
                                 "max_client_samples": cap,
                                 "global_test": f"images of FLAIR's {HELD_OUT} users"},
-                       lambda: _held_out(path, labels, len(names), d.image_size, shape[0]))
+                       lambda: _held_out(path, labels, len(names), d.image_size, shape[0]),
+                       [labels, d.image_size])
 
     return natural_split_population(
         d, num_clients, seed, "flair", [path], read,

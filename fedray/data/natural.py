@@ -11,9 +11,10 @@ The cache entry is keyed by the files (path, size, modification time),
 clients kept are the first ``clients.num_clients`` in sorted id order with at least
 ``data.min_samples`` rows (train + test), each client's train rows then its test rows; the
 test partition is the kept clients' test rows, or a reader's own held-out users (FLAIR's
-test users) written as a second entry beside the first (``<key>.test``); the global test
-set is up to 10,000 of the test partition's rows (seeded; fewer for large inputs:
-:func:`fedray.data.population.global_test_size`), or all of them streamed
+test users) written as a second entry beside the first (``<its own key>.test``, keyed by
+the files and what decides those rows, so shared by every client count and seed); the
+global test set is up to 10,000 of the test partition's rows (seeded; fewer for large
+inputs: :func:`fedray.data.population.global_test_size`), or all of them streamed
 (``eval.global_test_set=all``). 8-bit images are stored as 8-bit and multi-hot targets as
 float32.
 """
@@ -96,6 +97,9 @@ class Natural:
     # them in sorted id order, every row a test row, written as the held-out entry; None:
     # the test partition is the clients' own test rows
     held_out: Callable[[], Iterator[Block]] | None = None
+    # what decides the held-out rows besides the files (the held-out entry's key: shared
+    # by every client count, seed and per-client cap)
+    held_out_key: list[Any] = field(default_factory=list)
 
 
 def natural_split_population(d: DataConfig, num_clients: int, seed: int, kind: str,
@@ -138,7 +142,9 @@ def natural_split_population(d: DataConfig, num_clients: int, seed: int, kind: s
                 "ids_too_small": writer.total - writer.eligible, "classes": names,
                 "input_shape": list(source.shape()), "split": split_note,
                 **source.info(), **(extra_info or {})}
-        return writer.finish(seed, info, source.held_out)
+        held_name = None if source.held_out is None else hashlib.sha256(json.dumps(
+            [kind, "held-out", stat, source.held_out_key]).encode()).hexdigest()[:32] + ".test"
+        return writer.finish(seed, info, source.held_out, held_name)
     finally:
         if source is not None:
             source.blocks.close()  # a reader's pool stops with it
@@ -237,13 +243,13 @@ class EntryWriter:
 
     def finish(self, seed: int, info: dict[str, Any],
                held_out: Callable[[], Iterator[Block]] | None = None,
-               sample: bool = True) -> TablePopulation:
+               held_name: str | None = None, sample: bool = True) -> TablePopulation:
         """Write the last batch and the index, rename both into place, map the entry. The
         test partition is the kept clients' test rows, or with ``held_out`` (:class:`Natural`)
-        the rows of its blocks, written first as an entry of their own (``<key>.test``,
-        every row a test row; ``info["held_out_entry"]``); the global test set is a seeded
-        draw of :func:`global_test_size` rows of the test partition, in its order (none
-        with ``sample`` false: the held-out entry's own index)."""
+        the rows of its blocks: the entry ``held_name`` (``<32 hex>.test``, every row a test
+        row; ``info["held_out_entry"]``), written first unless a valid one is there; the
+        global test set is a seeded draw of :func:`global_test_size` rows of the test
+        partition, in its order (none with ``sample`` false: the held-out entry's index)."""
         shape = tuple(int(s) for s in info["input_shape"])
         label_shape = self.label_shape
         if label_shape:
@@ -254,10 +260,9 @@ class EntryWriter:
         self._writer = None
         offsets, split = np.asarray(self.offsets, np.int64), np.asarray(self.split, np.int64)
         source = self.tmp
-        if held_out is not None:
-            name = os.path.basename(self.path)[:-len(".arrow")] + ".test"
-            held = self._held_out(held_out, name, seed, info)
-            info = {**info, "held_out_entry": name, "held_out_rows": int(held.offsets[-1])}
+        if held_out is not None and held_name is not None:
+            held = self._held_out(held_out, held_name, seed, info)
+            info = {**info, "held_out_entry": held_name, "held_out_rows": int(held.offsets[-1])}
             source, test_rows = held.path, np.arange(int(held.offsets[-1]))
         else:
             test_rows = np.concatenate([np.arange(a, b) for a, b in zip(
@@ -265,7 +270,8 @@ class EntryWriter:
         pick = np.sort(rng(seed, -1, -1, "population-global-test").choice(
             test_rows, global_test_size(len(test_rows), int(np.prod(shape))) if sample else 0,
             replace=False))
-        x_test, y_test = _rows_of(source, pick, shape, tuple(label_shape))
+        x_test, y_test = _rows_of(source, pick, shape, tuple(label_shape)) if len(pick) else \
+            (np.zeros((0, *shape), np.float32), np.zeros((0, *label_shape), np.int64))
         info = {**info, "rows": int(offsets[-1])}
         with open(self.tmp_index, "wb") as fh:  # a file object: savez adds no suffix
             np.savez(fh, offsets=offsets, split=split,
@@ -279,15 +285,32 @@ class EntryWriter:
     def _held_out(self, blocks: Callable[[], Iterator[Block]], name: str, seed: int,
                   info: dict[str, Any]) -> TablePopulation:
         """The held-out users' rows as an entry of their own beside this one (every user
-        kept, every row a test row), renamed into place before this entry is."""
+        kept, every row a test row), renamed into place before this entry is; one already
+        there that loads and has this entry's input shape and classes is kept (its key is
+        the files and the reader's ``held_out_key``: every client count, seed and cap of
+        the same files shares it)."""
         folder = os.path.dirname(self.path)
-        writer = EntryWriter(*entry_paths(folder, name), 1 << 62, 0)
+        paths = entry_paths(folder, name)
+        if all(os.path.isfile(p) and resolves_inside(p, folder) for p in paths):
+            try:
+                held = TablePopulation._from_cache(*paths)
+            except (ValueError, KeyError, IndexError, TypeError, OSError, zipfile.BadZipFile):
+                pass  # rewritten below
+            else:
+                if "held_out_entry" not in held.info and held.info["classes"] == \
+                        info["classes"] and list(held.input_shape) == list(info["input_shape"]):
+                    return held
+        writer = EntryWriter(*paths, 1 << 62, 0)
+        source = blocks()
         try:
-            for block in blocks():
+            for block in source:
                 writer.add(block)
-            return writer.finish(seed, {**info, "held_out_of": os.path.basename(self.path)},
+            return writer.finish(seed, {**info, "ids_total": writer.total, "ids_too_small": 0,
+                                        "split": f"the held-out users: {info['split']}"},
                                  sample=False)
         finally:
+            if hasattr(source, "close"):
+                source.close()  # a reader's pool stops with it
             writer.discard()
 
     def discard(self) -> None:

@@ -66,8 +66,10 @@ class Rows:
     """Rows ``[lo[i], hi[i])`` of a memory-mapped cache entry's ``x`` or ``y`` column, in
     that order, as one read-only array-like: a slice reads only the rows asked for (8-bit
     pixels scaled as :func:`as_inputs` scales them) into a new array, so a scorer walks a
-    test partition larger than memory batch by batch, as every ``evaluate`` loop does;
-    ``np.asarray`` gives the whole column and any other index goes through it."""
+    test partition larger than memory batch by batch, as every ``evaluate`` loop does (a
+    slice may be followed by more indices: ``x[a:b, 0]``). ``np.asarray`` reads the whole
+    column, and so does any other index (an integer, a list): meant for the targets, not
+    for a large ``x``."""
 
     def __init__(self, parts: tuple[np.ndarray, list[np.ndarray], list[np.ndarray]],
                  lo: np.ndarray, hi: np.ndarray, column: Literal["x", "y"]):
@@ -90,8 +92,10 @@ class Rows:
         return self.shape[0]
 
     def __getitem__(self, key: Any) -> np.ndarray:
+        if isinstance(key, tuple) and key and isinstance(key[0], slice):
+            return self[key[0]][(slice(None), *key[1:])]
         if not isinstance(key, slice) or key.indices(len(self))[2] != 1:
-            return np.asarray(self)[key]
+            return np.asarray(self)[key]  # the whole column first
         start, stop, _ = key.indices(len(self))
         cum = self._cum
         pieces = [self._arrays[self._k[s]][self._a[s] + max(start - cum[s], 0):
@@ -102,8 +106,11 @@ class Rows:
         return as_inputs(out) if self._scale else out  # a writable copy, never the mapping
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        if copy is False:
+            raise ValueError("streamed rows are read into a new array: copy=False is "
+                             "impossible")
         out = self[:]
-        return out if dtype is None else out.astype(dtype)
+        return out if dtype is None else out.astype(dtype, copy=False)
 
 
 def global_test_set(data: Any, which: Literal["sample", "all"]) -> tuple[Any, Any]:
@@ -279,8 +286,8 @@ FEATURE_RULE = ("integer or floating columns, or one list column of integers or 
                 "or one encoded-image column (a Hugging Face Image feature: struct of bytes "
                 "and path) of one size and mode in every row")
 STALE_TEMP_S = 24 * 3600
-_TEMP = re.compile(r"^[0-9a-f]{32}\.(?:arrow|index\.npz|spool)\.tmp-(?P<host>[A-Za-z0-9._-]+)-"
-                   r"(?P<pid>[0-9]+)$")
+_TEMP = re.compile(r"^[0-9a-f]{32}(?:\.test)?\.(?:arrow|index\.npz|spool)\.tmp-"
+                   r"(?P<host>[A-Za-z0-9._-]+)-(?P<pid>[0-9]+)$")
 
 
 def _cache_root(d: DataConfig) -> str:
@@ -790,8 +797,7 @@ class TablePopulation:
         held = self.info.get("held_out_entry")
         if held is not None:
             if self._held is None:
-                self._held = TablePopulation._from_cache(*entry_paths(
-                    os.path.dirname(self.path), held))
+                self._held = _held_out_entry(self, held)
             return self._held.test_partition()
         if self._parts is None:
             self._map()
@@ -889,11 +895,8 @@ class TablePopulation:
                       z["x_test"].reshape(-1, *shape), z["y_test"], info)
         pop.num_classes = len(pop.info["classes"])
         held = info.get("held_out_entry")
-        if held is not None:  # an entry whose held-out rows are missing is rebuilt
-            folder = os.path.dirname(path)
-            if not all(os.path.isfile(p) and resolves_inside(p, folder)
-                       for p in entry_paths(folder, held)):
-                raise ValueError(f"held-out entry {held} missing")
+        if held is not None:  # an entry whose held-out rows are missing or other is rebuilt
+            pop._held = _held_out_entry(pop, held)
         pop._map()
         starts, _, ys = pop._parts
         if starts[-1] + len(ys[-1]) != int(offsets[-1]) or len(split) != pop.num_clients \
@@ -942,6 +945,23 @@ class TablePopulation:
                                               int(train.max())],
                 "global_test_size": int(len(self.y_test)),
                 "test_partition_size": self.test_partition_size(), **self.info}
+
+
+def _held_out_entry(pop: TablePopulation, name: Any) -> TablePopulation:
+    """The held-out entry ``name`` beside ``pop``'s, mapped and checked to be the one it
+    was built with: an entry of its own (no held-out entry itself) with ``pop``'s input
+    shape and classes and ``info["held_out_rows"]`` rows; ValueError otherwise."""
+    folder = os.path.dirname(pop.path)
+    paths = entry_paths(folder, str(name))
+    if not re.fullmatch(r"[0-9a-f]{32}\.test", str(name)) or not all(
+            os.path.isfile(p) and resolves_inside(p, folder) for p in paths):
+        raise ValueError(f"held-out entry {name!r} missing")
+    held = TablePopulation._from_cache(*paths)
+    if "held_out_entry" in held.info or held.input_shape != pop.input_shape or \
+            held.info["classes"] != pop.info["classes"] or \
+            int(held.offsets[-1]) != pop.info.get("held_out_rows"):
+        raise ValueError(f"held-out entry {name!r} is not this entry's")
+    return held
 
 
 def entry_paths(folder: str, name: str) -> tuple[str, str]:
