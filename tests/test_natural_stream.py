@@ -298,3 +298,39 @@ def test_an_empty_test_partition_streams_nothing(tmp_path):
     pop = build_client_data(leaf_cfg(tmp_path / "leaf", tmp_path, "clients.num_clients=2"))
     x, y = pop.test_partition()
     assert len(x) == 0 and x[0:5].shape == (0, 1, 28, 28) and np.asarray(y).shape == (0,)
+
+
+def test_next_word_scores_over_the_streamed_partition_equal_the_concatenation(tmp_path,
+                                                                             monkeypatch):
+    """A next-word task's test partition (TFF StackOverflow, a record batch per 2 clients):
+    per-token targets of shape (rows, steps) stream like inputs, and TFF's token scores
+    over them equal those over the concatenated clients' test rows."""
+    import torch
+
+    from fedray.models.training import evaluate
+
+    monkeypatch.setattr(natural, "BATCH_BYTES", 1)
+    monkeypatch.setattr(tff, "UNIT_CLIENTS", 2)  # a record batch per 2 clients
+    write_text(tmp_path / "so", "tokens", so_clients(12, seed=4), "stackoverflow")
+    pop = build_client_data(cfg_of(tmp_path / "so", tmp_path, "clients.num_clients=8",
+                                   "data.vocab_size=6"))
+    assert batches(pop) >= 4
+    parts = [pop.client_arrays(c, 0, "test") for c in range(8)]
+    want_x, want_y = (np.concatenate([p[i] for p in parts]) for i in (0, 1))
+    x, y = pop.test_partition()
+    assert y.ndim == 2 and y.shape == want_y.shape and np.array_equal(y[3:-2], want_y[3:-2])
+
+    class Tokens(torch.nn.Module):  # per-token logits (N, vocab, steps), as word_lstm's
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(len(pop.info["classes"]) + 4, 5)
+            self.out = torch.nn.Linear(5, len(pop.info["classes"]))
+
+        def forward(self, t):
+            return self.out(self.emb(t.long())).transpose(1, 2)  # stored as float32
+
+    torch.manual_seed(0)
+    model = Tokens()
+    got, want = evaluate(model, x, y, batch_size=3), evaluate(model, want_x, want_y,
+                                                             batch_size=3)
+    assert got == want and got["n"] > 0
