@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from fedray.core.storage import Storage
@@ -36,16 +37,26 @@ def json_text(obj: Any, indent: int | None = None) -> str:
     return json.dumps(_finite(obj), indent=indent, default=str, allow_nan=False)
 
 
+def _column(values: list[Any]) -> Any:
+    """A metrics column: numbers with at least one float (and gaps: None) become float64
+    with NaN for the gaps; anything else (ints, strings, bools, all-None) as it is, for
+    Arrow to type."""
+    kinds = set(map(type, values))
+    if all(t is type(None) or issubclass(t, (int, float)) and not issubclass(t, bool)
+           for t in kinds) and any(issubclass(t, float) for t in kinds):
+        return np.array(values, dtype=np.float64)  # None → NaN
+    return values
+
+
 def _table(rows: list[dict[str, Any]]) -> pa.Table:
+    """Rows as a table: the union of their keys in first-seen order (:func:`_column`)."""
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    cols = {}
-    for k in keys:
-        vals = [r.get(k) for r in rows]
-        if all(v is None or isinstance(v, (int, float)) and not isinstance(v, bool)
-               for v in vals) and any(isinstance(v, float) for v in vals):
-            vals = [math.nan if v is None else float(v) for v in vals]
-        cols[k] = vals
-    return pa.table(cols)
+    return columns_table({k: [r.get(k) for r in rows] for k in keys})
+
+
+def columns_table(columns: dict[str, list[Any]]) -> pa.Table:
+    """Columns (name → one value per row, None where a row has none) as a table."""
+    return pa.table({k: _column(v) for k, v in columns.items()})
 
 
 class MetricsWriter:
@@ -53,10 +64,13 @@ class MetricsWriter:
         self.storage = storage
 
     def write_round(self, round: int, round_row: dict[str, Any],
-                    client_rows: list[dict[str, Any]]) -> None:
-        for kind, rows in (("rounds", [round_row]), ("clients", client_rows)):
-            if rows:
-                self.storage.write_parquet(f"metrics/{kind}/{round:06d}.parquet", _table(rows))
+                    client_columns: dict[str, list[Any]]) -> None:
+        """The round's part files: its row, and its clients' rows (columns, as
+        :func:`fedray.runtime.rows.client_columns` gives them) when it has any."""
+        self.storage.write_parquet(f"metrics/rounds/{round:06d}.parquet", _table([round_row]))
+        if client_columns.get("client_id"):
+            self.storage.write_parquet(f"metrics/clients/{round:06d}.parquet",
+                                       columns_table(client_columns))
 
     def truncate_after(self, round: int) -> None:
         """Drop part files of rounds after ``round`` (a resumed run redoes them)."""

@@ -5,6 +5,7 @@ rows are bitwise the same whatever the executor count or finish order."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,35 +40,81 @@ class RoundRecord:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-def client_rows(rec: RoundRecord, tier_of: Callable[[int], str], per_client: dict,
-                per_tier: dict[str, float]) -> list[dict[str, Any]]:
-    """One row per client sampled or evaluated in the round; each tier's bytes are added
-    to ``per_tier`` on the way."""
-    rows = []
-    for c in sorted(set(rec.sampled) | set(rec.evaluation.clients)):
-        tier = tier_of(c)
-        row: dict[str, Any] = {"round": rec.round, "client_id": c, "tier": tier,
-                               "sampled": c in rec.final}
-        if c in rec.final:
-            res, d = rec.final[c], rec.download[c]
-            for kind, nbytes in (("upload_bytes", res.upload_bytes), ("download_bytes", d)):
-                key = f"tier/{tier}/{kind}"
-                per_tier[key] = per_tier.get(key, 0) + nbytes
-            row.update(status=str(res.status), error=res.error, attempts=rec.attempts[c],
-                       executor=res.executor, num_samples=res.num_samples,
-                       upload_bytes=res.upload_bytes, download_bytes=d,
-                       seconds=res.seconds, **{k: float(v) for k, v in res.metrics.items()})
-            if res.state_version is not None:
-                row["state_bytes"] = float(res.state_bytes)
-        row.update({k: float(v) for k, v in per_client.get(c, {}).items()})
-        row.update(rec.client_extra.get(c, {}))
-        ev = rec.evaluation.clients.get(c)
-        if ev is not None:
-            row.update(eval_loss=ev.loss, eval_accuracy=ev.accuracy, eval_samples=ev.n)
-            if ev.finetuned is not None:
-                row.update(ft_loss=ev.finetuned.loss, ft_accuracy=ev.finetuned.accuracy)
-        rows.append(row)
-    return rows
+def client_columns(rec: RoundRecord, tier_of: Callable[[int], str], per_client: dict
+                   ) -> dict[str, list[Any]]:
+    """One row per client sampled or evaluated in the round, in client-id order, as
+    columns (None where a row has no value): ``round``, ``client_id``, ``tier``,
+    ``sampled``; for the sampled ``status``, ``error``, ``attempts``, ``executor``,
+    ``num_samples``, ``upload_bytes``, ``download_bytes``, ``seconds``, the client's
+    metrics and ``state_bytes``; then the policy's ``per_client`` metrics, the round's
+    ``client_extra`` and the local scores (``eval_*``, ``ft_*``). A later group's value
+    replaces an earlier one of the same name, as a row dict's update would. Built column
+    by column: 10,000 clients a round are the driver's work between two rounds."""
+    cids = sorted(set(rec.sampled) | set(rec.evaluation.clients))
+    n = len(cids)
+    res = [rec.final.get(c) for c in cids]
+    cols: dict[str, list[Any]] = {"round": [rec.round] * n, "client_id": cids,
+                                  "tier": [tier_of(c) for c in cids],
+                                  "sampled": [r is not None for r in res]}
+
+    def put(key: str, values: list[Any]) -> None:  # one per row, None where none
+        if key not in cols:
+            cols[key] = values
+            return
+        col = cols[key]  # a later group's value replaces an earlier one's
+        for i, v in enumerate(values):
+            if v is not None:
+                col[i] = v
+
+    if any(r is not None for r in res):
+        names = {s: s.value for s in Status}
+        both = list(zip(cids, res, strict=True))
+        put("status", [None if r is None else names[r.status] for r in res])
+        put("error", [None if r is None else r.error for r in res])
+        put("attempts", [None if r is None else rec.attempts[c] for c, r in both])
+        put("executor", [None if r is None else r.executor for r in res])
+        put("num_samples", [None if r is None else r.num_samples for r in res])
+        put("upload_bytes", [None if r is None else r.upload_bytes for r in res])
+        put("download_bytes", [None if r is None else rec.download[c] for c, r in both])
+        put("seconds", [None if r is None else r.seconds for r in res])
+        mets = [None if r is None else r.metrics for r in res]
+        for key in dict.fromkeys(k for m in mets if m is not None for k in m):
+            put(key, [None if m is None or key not in m else float(m[key]) for m in mets])
+        if any(r is not None and r.state_version is not None for r in res):
+            put("state_bytes", [None if r is None or r.state_version is None else
+                                float(r.state_bytes) for r in res])
+    for group, scale in ((per_client, float), (rec.client_extra, None)):
+        mine = [group.get(c) for c in cids]
+        for key in dict.fromkeys(k for m in mine if m is not None for k in m):
+            put(key, [None if m is None or key not in m else
+                      (m[key] if scale is None else scale(m[key])) for m in mine])
+    if rec.evaluation.clients:
+        evs = [rec.evaluation.clients.get(c) for c in cids]
+        put("eval_loss", [None if e is None else e.loss for e in evs])
+        put("eval_accuracy", [None if e is None else e.accuracy for e in evs])
+        put("eval_samples", [None if e is None else e.n for e in evs])
+        if any(e is not None and e.finetuned is not None for e in evs):
+            put("ft_loss", [None if e is None or e.finetuned is None else e.finetuned.loss
+                            for e in evs])
+            put("ft_accuracy", [None if e is None or e.finetuned is None else
+                                e.finetuned.accuracy for e in evs])
+    return cols
+
+
+def tier_bytes(clients: dict[str, list[Any]]) -> dict[str, float]:
+    """Each tier's upload and download bytes in the round (``tier/<name>/upload_bytes``,
+    ``.../download_bytes``) from its clients' columns (:func:`client_columns`), tiers in
+    the order their first sampled client (by id) comes."""
+    up: dict[str, int] = {}
+    down: dict[str, int] = {}
+    if "upload_bytes" in clients:
+        for tier, u, d in zip(clients["tier"], clients["upload_bytes"],
+                              clients["download_bytes"], strict=True):
+            if u is not None:
+                up[tier] = up.get(tier, 0) + u
+                down[tier] = down.get(tier, 0) + d
+    return {f"tier/{t}/{kind}": v for t in up
+            for kind, v in (("upload_bytes", up[t]), ("download_bytes", down[t]))}
 
 
 # evaluate's task scores, as global_*
@@ -107,29 +154,28 @@ def _scores(evaluation: Evaluation, per_tier: dict[str, float]) -> dict[str, flo
 
 
 def round_rows(rec: RoundRecord, tier_of: Callable[[int], str], totals: dict[str, int]
-               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(the round's row, its clients' rows); ``totals`` are the ledger's running totals
-    after the round. ``rec.policy_metrics`` may hold ``per_client`` {client: {name:
-    value}}, which goes to the clients' rows."""
+               ) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """(the round's row, its clients' rows as columns: :func:`client_columns`); ``totals``
+    are the ledger's running totals after the round. ``rec.policy_metrics`` may hold
+    ``per_client`` {client: {name: value}}, which goes to the clients' rows."""
     policy_metrics = dict(rec.policy_metrics)
     per_client = policy_metrics.pop("per_client", {})
-    per_tier: dict[str, float] = {}
-    clients = client_rows(rec, tier_of, per_client, per_tier)
-    final = rec.final
-    ok = [final[c] for c in rec.sampled if final[c].ok]
+    clients = client_columns(rec, tier_of, per_client)
+    per_tier = tier_bytes(clients)
+    results = [rec.final[c] for c in rec.sampled]
+    ok = [res for res in results if res.ok]
     n_ok = [res.num_samples for res in ok]
     losses = [res.metrics.get("train_loss", math.nan) for res in ok]
     scores = _scores(rec.evaluation, per_tier)
+    status = Counter(res.status for res in results)
     row = {
         "round": rec.round, "sampled": len(rec.sampled), "ok": len(ok),
-        "failed": sum(final[c].status is Status.ERROR for c in rec.sampled),
-        "rejected": sum(final[c].status is Status.REJECTED for c in rec.sampled),
-        **{s.value: sum(final[c].status is s for c in rec.sampled)
-           for s in (Status.DROPPED, Status.LATE, Status.SURPLUS)},
+        "failed": status[Status.ERROR], "rejected": status[Status.REJECTED],
+        **{s.value: status[s] for s in (Status.DROPPED, Status.LATE, Status.SURPLUS)},
         **rec.extra,
         "train_loss": float(np.average(losses, weights=n_ok)) if ok else math.nan,
         **scores,
-        "upload_bytes": sum(final[c].upload_bytes for c in rec.sampled),
+        "upload_bytes": sum(res.upload_bytes for res in results),
         "download_bytes": sum(rec.download.values()),
         "cum_upload_bytes": totals["upload_bytes"],
         "cum_download_bytes": totals["download_bytes"],
