@@ -305,3 +305,18 @@ def test_every_job_json_prints_one_strict_json_object(ray_session, tmp_path):
         assert res.returncode == 0, (script, res.stderr[-3000:])
         strict_json(res.stdout)
         assert "[stage 1/" in res.stderr, (script, res.stderr[-2000:])  # progress: stderr
+
+
+def test_the_summary_says_what_the_global_accuracy_was_scored_on():
+    from fedray.front.cli import summary_text
+
+    base = {"run_dir": "runs/x", "algorithm": "fedavg", "model": "mlp", "dataset": "flair",
+            "num_clients": 3, "rounds": 2, "wall_seconds": 1.0,
+            "final_global_accuracy": 0.5, "best_global_accuracy": 0.5,
+            "final_personalized_accuracy": None, "total_upload_bytes": 1,
+            "total_download_bytes": 2, "client_failures": 0, "executor_restarts": 0}
+    assert "global test set: all of it (12,519 scored)" in summary_text(
+        base | {"global_test_set": "all", "final_global_n": 12519.0})
+    assert "global test set: a sample (682 scored)" in summary_text(
+        base | {"global_test_set": "sample", "final_global_n": 682.0})
+    assert "global test set" not in summary_text(base | {"final_global_n": None})
