@@ -115,6 +115,31 @@ def test_client_columns_are_the_rows_they_replace(seed, mixed):
         assert kept and all(norms[c] == 7.0 for c in rec.sampled[::3])
 
 
+def test_clashing_names_replace_as_a_row_update_did():
+    """Keys of one group named like another's columns (a client's extra ``tier``,
+    ``upload_bytes``, ``client_id``, a None replacing a metric, on a sampled and on an
+    evaluated-only client) replace that row's value as before, and the tiers' byte totals
+    still come from the results."""
+    rec = record(5, True)
+    first_eval = min(rec.evaluation.clients)
+    sampled_ok = next(c for c in rec.sampled if rec.final[c].ok)
+    rec.client_extra[sampled_ok] |= {"tier": "zz", "upload_bytes": 5, "train_loss": None}
+    rec.client_extra[first_eval] = {"client_id": 7, "upload_bytes": 3}
+    tier_of = {c: ("slow" if c % 5 == 0 else "fast") for c in range(500)}.__getitem__
+    row, columns = round_rows(rec, tier_of, {"upload_bytes": 0, "download_bytes": 0})
+    per_client = rec.policy_metrics.get("per_client", {})
+    oracle = oracle_rows(rec, tier_of, per_client)
+    want, got = _table(oracle), columns_table(columns)
+    assert sorted(got.column_names) == sorted(want.column_names)
+    for name in want.column_names:
+        assert got.schema.field(name).type == want.schema.field(name).type, name
+        assert all(same(a, b) for a, b in zip(got.column(name).to_pylist(),
+                                              want.column(name).to_pylist(), strict=True))
+    assert "tier/zz/upload_bytes" not in row
+    assert row["tier/fast/upload_bytes"] + row["tier/slow/upload_bytes"] == sum(
+        r.upload_bytes for r in rec.final.values())
+
+
 def test_a_round_without_clients_writes_its_row_only(tmp_path):
     from fedray.core.storage import Storage
     from fedray.observe.metrics import MetricsWriter

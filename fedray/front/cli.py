@@ -83,7 +83,7 @@ def summary_text(s: dict, report: str | None = None) -> str:
            f"personalized {pct(s['final_personalized_accuracy'])}")
     if s.get("final_global_n"):  # what the global accuracy was scored on
         which = "all of it" if s.get("global_test_set") == "all" else "a sample"
-        acc += f"\nglobal test set: {which} ({int(s['final_global_n']):,} scored)"
+        acc += f"\nglobal test set: {which} ({round(s['final_global_n']):,} scored)"
     return (f"run dir: {s['run_dir']}\n"
             f"{s['algorithm']} · {s['model']} · {s['dataset']} · {s['num_clients']} clients · "
             f"{s['rounds']} rounds in {s['wall_seconds']:.1f}s\n{acc}\n"

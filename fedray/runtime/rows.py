@@ -40,6 +40,9 @@ class RoundRecord:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+_ABSENT = object()  # a client_extra key a row lacks (None is a value there)
+
+
 def client_columns(rec: RoundRecord, tier_of: Callable[[int], str], per_client: dict
                    ) -> dict[str, list[Any]]:
     """One row per client sampled or evaluated in the round, in client-id order, as
@@ -53,17 +56,18 @@ def client_columns(rec: RoundRecord, tier_of: Callable[[int], str], per_client: 
     cids = sorted(set(rec.sampled) | set(rec.evaluation.clients))
     n = len(cids)
     res = [rec.final.get(c) for c in cids]
-    cols: dict[str, list[Any]] = {"round": [rec.round] * n, "client_id": cids,
+    cols: dict[str, list[Any]] = {"round": [rec.round] * n, "client_id": list(cids),
                                   "tier": [tier_of(c) for c in cids],
                                   "sampled": [r is not None for r in res]}
 
-    def put(key: str, values: list[Any]) -> None:  # one per row, None where none
+    def put(key: str, values: list[Any], absent: Any = None) -> None:  # one per row
         if key not in cols:
-            cols[key] = values
+            cols[key] = values if absent is None else [None if v is absent else v
+                                                       for v in values]
             return
         col = cols[key]  # a later group's value replaces an earlier one's
         for i, v in enumerate(values):
-            if v is not None:
+            if v is not absent:
                 col[i] = v
 
     if any(r is not None for r in res):
@@ -83,11 +87,12 @@ def client_columns(rec: RoundRecord, tier_of: Callable[[int], str], per_client: 
         if any(r is not None and r.state_version is not None for r in res):
             put("state_bytes", [None if r is None or r.state_version is None else
                                 float(r.state_bytes) for r in res])
-    for group, scale in ((per_client, float), (rec.client_extra, None)):
-        mine = [group.get(c) for c in cids]
-        for key in dict.fromkeys(k for m in mine if m is not None for k in m):
-            put(key, [None if m is None or key not in m else
-                      (m[key] if scale is None else scale(m[key])) for m in mine])
+    policy = [per_client.get(c) for c in cids]
+    for key in dict.fromkeys(k for m in policy if m is not None for k in m):
+        put(key, [None if m is None or key not in m else float(m[key]) for m in policy])
+    extra = [rec.client_extra.get(c) for c in cids]  # values as they are, None included
+    for key in dict.fromkeys(k for m in extra if m is not None for k in m):
+        put(key, [_ABSENT if m is None or key not in m else m[key] for m in extra], _ABSENT)
     if rec.evaluation.clients:
         evs = [rec.evaluation.clients.get(c) for c in cids]
         put("eval_loss", [None if e is None else e.loss for e in evs])
@@ -101,18 +106,16 @@ def client_columns(rec: RoundRecord, tier_of: Callable[[int], str], per_client: 
     return cols
 
 
-def tier_bytes(clients: dict[str, list[Any]]) -> dict[str, float]:
+def tier_bytes(rec: RoundRecord, tier_of: Callable[[int], str]) -> dict[str, float]:
     """Each tier's upload and download bytes in the round (``tier/<name>/upload_bytes``,
-    ``.../download_bytes``) from its clients' columns (:func:`client_columns`), tiers in
-    the order their first sampled client (by id) comes."""
+    ``.../download_bytes``), tiers in the order their first sampled client (by id) comes;
+    from the results themselves, whatever columns of those names a client's row holds."""
     up: dict[str, int] = {}
     down: dict[str, int] = {}
-    if "upload_bytes" in clients:
-        for tier, u, d in zip(clients["tier"], clients["upload_bytes"],
-                              clients["download_bytes"], strict=True):
-            if u is not None:
-                up[tier] = up.get(tier, 0) + u
-                down[tier] = down.get(tier, 0) + d
+    for c in sorted(rec.final):
+        tier = tier_of(c)
+        up[tier] = up.get(tier, 0) + rec.final[c].upload_bytes
+        down[tier] = down.get(tier, 0) + rec.download[c]
     return {f"tier/{t}/{kind}": v for t in up
             for kind, v in (("upload_bytes", up[t]), ("download_bytes", down[t]))}
 
@@ -161,7 +164,7 @@ def round_rows(rec: RoundRecord, tier_of: Callable[[int], str], totals: dict[str
     policy_metrics = dict(rec.policy_metrics)
     per_client = policy_metrics.pop("per_client", {})
     clients = client_columns(rec, tier_of, per_client)
-    per_tier = tier_bytes(clients)
+    per_tier = tier_bytes(rec, tier_of)
     results = [rec.final[c] for c in rec.sampled]
     ok = [res for res in results if res.ok]
     n_ok = [res.num_samples for res in ok]
