@@ -125,6 +125,26 @@ def test_parquet_natural_ids_memory_mapped_and_cached(tmp_path, parquet_source):
                        "test_rows": 1}
 
 
+def test_a_parquet_tables_test_partition_is_its_clients_local_test_rows(tmp_path,
+                                                                      parquet_source):
+    """``eval.global_test_set=all`` on a Parquet table: every kept writer's local test
+    rows, in client order, streamed from the mapped entry (the sample is the same rows)."""
+    from fedray.data.population import global_test_set
+
+    path, _ = parquet_source
+    cfg = load_config(None, ["data.dataset=parquet", f"data.root={path}",
+                             "data.client_column=writer", "clients.num_clients=30",
+                             f"data.cache_dir={tmp_path / 'cache'}",
+                             "eval.global_test_set=all"])
+    data = build_client_data(cfg)
+    x, y = global_test_set(data, cfg.eval.global_test_set)
+    want = [data.client_arrays(c, 1, "test") for c in range(30)]
+    assert len(x) == 30 == data.summary()["test_partition_size"]
+    assert np.array_equal(np.asarray(x), np.concatenate([w[0] for w in want]))
+    assert np.array_equal(np.asarray(y), np.concatenate([w[1] for w in want]))
+    assert sorted(map(tuple, data.x_test)) == sorted(map(tuple, np.asarray(x)))
+
+
 def test_a_hugging_face_save_to_disk_directory(tmp_path):
     datasets = pytest.importorskip("datasets")
     gen = np.random.default_rng(1)
