@@ -254,7 +254,7 @@ def _held_out(path: str, labels: str, classes: int, size: int | None,
         if not users:
             raise bad_file(path, f"/{HELD_OUT}", "FLAIR's test partition: a group of users "
                                                  "(the global test set)")
-        kept = [int(np.prod(_images(fh, path, HELD_OUT, u).shape)) for u in users]
+        kept = [_kept_bytes(fh, path, HELD_OUT, u, None) for u in users]
     units = [_Unit(path, part, labels, classes, None, size, HELD_OUT)
              for part in _units(users, kept)]
     for block in ordered_map(_unit_rows, units):
@@ -266,10 +266,10 @@ def _held_out(path: str, labels: str, classes: int, size: int | None,
         yield block
 
 
-def _kept_bytes(fh: Any, path: str, user: str, cap: int | None) -> int:
-    """The bytes of a train user's kept images, from the dataset's declared shape (read
-    before any image, so that a work unit's size is known)."""
-    shape = _images(fh, path, TRAIN, user).shape
+def _kept_bytes(fh: Any, path: str, split: str, user: str, cap: int | None) -> int:
+    """The bytes of a user's kept images, from the dataset's declared shape (read before
+    any image, so that a work unit's size is known)."""
+    shape = _images(fh, path, split, user).shape
     return int(min(shape[0], cap if cap is not None else shape[0]) * np.prod(shape[1:]))
 
 
@@ -298,7 +298,7 @@ def build_flair(d: DataConfig, num_clients: int, seed: int) -> TablePopulation:
         with open_hdf5(path) as fh:
             names = label_names(fh, path, labels)
             users = _users(fh, path, TRAIN)
-            kept = [_kept_bytes(fh, path, u, cap) for u in users]
+            kept = [_kept_bytes(fh, path, TRAIN, u, cap) for u in users]
         units = [_Unit(path, part, labels, len(names), cap, d.image_size)
                  for part in _units(users, kept)]
         shape: list[Any] = [None]

@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import sys
-import zipfile
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +38,7 @@ from fedray.core.outputs import resolves_inside
 from fedray.core.seeding import rng
 from fedray.core.spec import ConfigError, redact
 from fedray.data.population import (
+    DAMAGED_ENTRY,
     GLOBAL_TEST_RULE,
     TablePopulation,
     _cache_root,
@@ -47,6 +47,7 @@ from fedray.data.population import (
     batch_arrays,
     entry_paths,
     global_test_size,
+    held_out_entry,
     rows_table,
 )
 
@@ -96,10 +97,19 @@ class Natural:
     # the test partition's users when they are not clients (FLAIR's test users): blocks of
     # them in sorted id order, every row a test row, written as the held-out entry; None:
     # the test partition is the clients' own test rows
-    held_out: Callable[[], Iterator[Block]] | None = None
+    held_out: Callable[[], Generator[Block, None, None]] | None = None
     # what decides the held-out rows besides the files (the held-out entry's key: shared
     # by every client count, seed and per-client cap)
     held_out_key: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class HeldOut:
+    """The held-out entry to write beside a natural entry: its name (``<32 hex>.test``,
+    keyed by the files and :attr:`Natural.held_out_key`) and its users' blocks."""
+
+    name: str
+    blocks: Callable[[], Generator[Block, None, None]]
 
 
 def natural_split_population(d: DataConfig, num_clients: int, seed: int, kind: str,
@@ -119,7 +129,7 @@ def natural_split_population(d: DataConfig, num_clients: int, seed: int, kind: s
     if all(os.path.isfile(p) and resolves_inside(p, folder) for p in (path, index_path)):
         try:
             pop = TablePopulation._from_cache(path, index_path)
-        except (ValueError, KeyError, IndexError, TypeError, OSError, zipfile.BadZipFile):
+        except DAMAGED_ENTRY:
             pass  # a damaged cache entry is rebuilt
         else:
             return _same_vocabulary(pop, extra_info or {})
@@ -142,9 +152,10 @@ def natural_split_population(d: DataConfig, num_clients: int, seed: int, kind: s
                 "ids_too_small": writer.total - writer.eligible, "classes": names,
                 "input_shape": list(source.shape()), "split": split_note,
                 **source.info(), **(extra_info or {})}
-        held_name = None if source.held_out is None else hashlib.sha256(json.dumps(
-            [kind, "held-out", stat, source.held_out_key]).encode()).hexdigest()[:32] + ".test"
-        return writer.finish(seed, info, source.held_out, held_name)
+        held = None if source.held_out is None else HeldOut(hashlib.sha256(json.dumps(
+            [kind, "held-out", stat, source.held_out_key]).encode()).hexdigest()[:32] + ".test",
+            source.held_out)
+        return writer.finish(seed, info, held)
     finally:
         if source is not None:
             source.blocks.close()  # a reader's pool stops with it
@@ -241,13 +252,12 @@ class EntryWriter:
             raise ValueError(f"rows of another shape than the first batch's ({table.schema})")
         self._writer.write_table(table, max_chunksize=max(1, len(y)))
 
-    def finish(self, seed: int, info: dict[str, Any],
-               held_out: Callable[[], Iterator[Block]] | None = None,
-               held_name: str | None = None, sample: bool = True) -> TablePopulation:
+    def finish(self, seed: int, info: dict[str, Any], held_out: HeldOut | None = None,
+               sample: bool = True) -> TablePopulation:
         """Write the last batch and the index, rename both into place, map the entry. The
-        test partition is the kept clients' test rows, or with ``held_out`` (:class:`Natural`)
-        the rows of its blocks: the entry ``held_name`` (``<32 hex>.test``, every row a test
-        row; ``info["held_out_entry"]``), written first unless a valid one is there; the
+        test partition is the kept clients' test rows, or with ``held_out`` the rows of its
+        blocks: the entry ``held_out.name`` (every row a test row;
+        ``info["held_out_entry"]``), written first unless one that fits is there; the
         global test set is a seeded draw of :func:`global_test_size` rows of the test
         partition, in its order (none with ``sample`` false: the held-out entry's index)."""
         shape = tuple(int(s) for s in info["input_shape"])
@@ -260,9 +270,10 @@ class EntryWriter:
         self._writer = None
         offsets, split = np.asarray(self.offsets, np.int64), np.asarray(self.split, np.int64)
         source = self.tmp
-        if held_out is not None and held_name is not None:
-            held = self._held_out(held_out, held_name, seed, info)
-            info = {**info, "held_out_entry": held_name, "held_out_rows": int(held.offsets[-1])}
+        if held_out is not None:
+            held = self._held_out(held_out, seed, info)
+            info = {**info, "held_out_entry": held_out.name,
+                    "held_out_rows": int(held.offsets[-1])}
             source, test_rows = held.path, np.arange(int(held.offsets[-1]))
         else:
             test_rows = np.concatenate([np.arange(a, b) for a, b in zip(
@@ -282,26 +293,19 @@ class EntryWriter:
         os.replace(self.tmp, self.path)
         return TablePopulation._from_cache(self.path, self.index_path)
 
-    def _held_out(self, blocks: Callable[[], Iterator[Block]], name: str, seed: int,
-                  info: dict[str, Any]) -> TablePopulation:
+    def _held_out(self, held: HeldOut, seed: int, info: dict[str, Any]) -> TablePopulation:
         """The held-out users' rows as an entry of their own beside this one (every user
         kept, every row a test row), renamed into place before this entry is; one already
         there that loads and has this entry's input shape and classes is kept (its key is
         the files and the reader's ``held_out_key``: every client count, seed and cap of
         the same files shares it)."""
         folder = os.path.dirname(self.path)
-        paths = entry_paths(folder, name)
-        if all(os.path.isfile(p) and resolves_inside(p, folder) for p in paths):
-            try:
-                held = TablePopulation._from_cache(*paths)
-            except (ValueError, KeyError, IndexError, TypeError, OSError, zipfile.BadZipFile):
-                pass  # rewritten below
-            else:
-                if "held_out_entry" not in held.info and held.info["classes"] == \
-                        info["classes"] and list(held.input_shape) == list(info["input_shape"]):
-                    return held
-        writer = EntryWriter(*paths, 1 << 62, 0)
-        source = blocks()
+        try:
+            return held_out_entry(folder, held.name, info["input_shape"], info["classes"])
+        except DAMAGED_ENTRY:
+            pass  # missing, damaged or not fitting: written below
+        writer = EntryWriter(*entry_paths(folder, held.name), 1 << 62, 0)
+        source = held.blocks()
         try:
             for block in source:
                 writer.add(block)
@@ -309,8 +313,7 @@ class EntryWriter:
                                         "split": f"the held-out users: {info['split']}"},
                                  sample=False)
         finally:
-            if hasattr(source, "close"):
-                source.close()  # a reader's pool stops with it
+            source.close()  # a reader's pool stops with it
             writer.discard()
 
     def discard(self) -> None:

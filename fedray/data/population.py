@@ -286,6 +286,8 @@ FEATURE_RULE = ("integer or floating columns, or one list column of integers or 
                 "or one encoded-image column (a Hugging Face Image feature: struct of bytes "
                 "and path) of one size and mode in every row")
 STALE_TEMP_S = 24 * 3600
+# what reading a damaged cache entry raises (it is then rebuilt)
+DAMAGED_ENTRY = (ValueError, KeyError, IndexError, TypeError, OSError, zipfile.BadZipFile)
 _TEMP = re.compile(r"^[0-9a-f]{32}(?:\.test)?\.(?:arrow|index\.npz|spool)\.tmp-"
                    r"(?P<host>[A-Za-z0-9._-]+)-(?P<pid>[0-9]+)$")
 
@@ -797,12 +799,18 @@ class TablePopulation:
         held = self.info.get("held_out_entry")
         if held is not None:
             if self._held is None:
-                self._held = _held_out_entry(self, held)
+                self._held = self._held_out(held)
             return self._held.test_partition()
         if self._parts is None:
             self._map()
         hi = self.offsets[1:]
         return Rows(self._parts, self.split, hi, "x"), Rows(self._parts, self.split, hi, "y")
+
+    def _held_out(self, name: Any) -> TablePopulation:
+        """This entry's held-out entry: :func:`held_out_entry` with its input shape, classes
+        and ``info["held_out_rows"]`` rows."""
+        return held_out_entry(os.path.dirname(self.path), name, self.input_shape,
+                              self.info["classes"], int(self.info["held_out_rows"]))
 
     def test_partition_size(self) -> int:
         """Rows of :meth:`test_partition` (from the index: nothing is mapped)."""
@@ -831,7 +839,7 @@ class TablePopulation:
         if all(os.path.isfile(p) and resolves_inside(p, folder) for p in (path, index_path)):
             try:
                 return cls._from_cache(path, index_path)
-            except (ValueError, KeyError, IndexError, TypeError, OSError, zipfile.BadZipFile):
+            except DAMAGED_ENTRY:
                 pass  # a damaged cache entry is rebuilt
         return cls._convert(d, files, num_clients, seed, path, index_path)
 
@@ -896,7 +904,7 @@ class TablePopulation:
         pop.num_classes = len(pop.info["classes"])
         held = info.get("held_out_entry")
         if held is not None:  # an entry whose held-out rows are missing or other is rebuilt
-            pop._held = _held_out_entry(pop, held)
+            pop._held = pop._held_out(held)
         pop._map()
         starts, _, ys = pop._parts
         if starts[-1] + len(ys[-1]) != int(offsets[-1]) or len(split) != pop.num_clients \
@@ -947,20 +955,22 @@ class TablePopulation:
                 "test_partition_size": self.test_partition_size(), **self.info}
 
 
-def _held_out_entry(pop: TablePopulation, name: Any) -> TablePopulation:
-    """The held-out entry ``name`` beside ``pop``'s, mapped and checked to be the one it
-    was built with: an entry of its own (no held-out entry itself) with ``pop``'s input
-    shape and classes and ``info["held_out_rows"]`` rows; ValueError otherwise."""
-    folder = os.path.dirname(pop.path)
+def held_out_entry(folder: str, name: Any, input_shape: Sequence[int], classes: list[str],
+                   rows: int | None = None) -> TablePopulation:
+    """The held-out entry ``name`` in ``folder``, mapped and checked to be one that fits:
+    an entry of its own (no held-out entry itself) with this input shape and these
+    classes, and ``rows`` rows when given (what the main entry recorded); a
+    :data:`DAMAGED_ENTRY` error otherwise (ValueError when it is missing or does not
+    fit)."""
     paths = entry_paths(folder, str(name))
     if not re.fullmatch(r"[0-9a-f]{32}\.test", str(name)) or not all(
             os.path.isfile(p) and resolves_inside(p, folder) for p in paths):
         raise ValueError(f"held-out entry {name!r} missing")
     held = TablePopulation._from_cache(*paths)
-    if "held_out_entry" in held.info or held.input_shape != pop.input_shape or \
-            held.info["classes"] != pop.info["classes"] or \
-            int(held.offsets[-1]) != pop.info.get("held_out_rows"):
-        raise ValueError(f"held-out entry {name!r} is not this entry's")
+    if "held_out_entry" in held.info or list(held.input_shape) != list(input_shape) or \
+            held.info["classes"] != classes or \
+            rows is not None and int(held.offsets[-1]) != rows:
+        raise ValueError(f"held-out entry {name!r} does not fit")
     return held
 
 
