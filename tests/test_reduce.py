@@ -18,7 +18,7 @@ from test_favor_policies import tiny  # noqa: F401 — the tiny Qwen2 + ASCE fix
 from test_runtime import assert_bitwise_equal, final_state
 
 from fedray.core.spec import ConfigError
-from fedray.methods.base import accumulate
+from fedray.methods.base import accumulate, accumulate_rows
 from fedray.methods.fedavg.method import FedAvg
 from fedray.runtime import run_experiment
 from fedray.runtime.dispatch import combine, even_groups
@@ -105,6 +105,43 @@ def test_partials_are_added_in_group_order_whatever_order_they_came_in():
     accumulate(a, {"w": np.array([1.5], np.float32)}, 3.0)
     accumulate(a, {"w": np.array([0.25], np.float32)}, 2.0)
     assert a["w"].dtype == np.float64 and a["w"][0] == 5.0
+
+
+@pytest.mark.parametrize("block_bytes", [1, 200, 1 << 23])
+def test_stacked_rows_add_as_one_client_after_another(block_bytes):
+    """accumulate_rows gives the bits of accumulate called row by row: a sum that holds
+    some tensors already and not others (a missing one starts at its first term, so a
+    -0.0 term stays -0.0), a scalar and an integer tensor, weights far apart, rows taken
+    one at a time or in blocks; a shape that differs from the sum's raises before anything
+    is added."""
+    gen = np.random.default_rng(3)
+    k = 7
+    stacked = {"w": (gen.standard_normal((k, 4, 3)) * 10.0 ** gen.integers(-6, 6, (k, 1, 1))
+                     ).astype(np.float32),
+               "b": gen.standard_normal((k, 5)).astype(np.float32),
+               "s": gen.standard_normal(k).astype(np.float32),
+               "n": gen.integers(-9, 9, (k, 2)),
+               "z": np.full((k, 2), -0.0, np.float32)}
+    weights = [float(x) for x in gen.uniform(0.5, 3e4, k)]
+    start = {"b": gen.standard_normal(5), "w": gen.standard_normal((4, 3))}
+    want = {n: v.copy() for n, v in start.items()}
+    for i in range(k):
+        accumulate(want, {n: v[i] for n, v in stacked.items()}, weights[i])
+    got = {n: v.copy() for n, v in start.items()}
+    accumulate_rows(got, stacked, weights, block_bytes=block_bytes)
+    assert got.keys() == want.keys()
+    for n, v in want.items():
+        assert got[n].dtype == v.dtype == np.float64 and got[n].shape == v.shape, n
+        assert got[n].tobytes() == v.tobytes(), n
+    assert np.signbit(got["z"]).all()
+    before = {n: v.copy() for n, v in got.items()}
+    with pytest.raises(ValueError, match="'b' has shape"):
+        accumulate_rows(got, {"w": stacked["w"], "b": stacked["b"][:, :4]}, weights)
+    with pytest.raises(ValueError, match="3 rows for 7 weights"):
+        accumulate_rows(got, {"w": stacked["w"][:3]}, weights)
+    assert all(got[n].tobytes() == v.tobytes() for n, v in before.items())
+    accumulate_rows(got, {"w": stacked["w"][:0]}, [])
+    assert all(got[n].tobytes() == v.tobytes() for n, v in before.items())
 
 
 @pytest.mark.parametrize("extra, why", [

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -40,10 +40,11 @@ BASE_HELP = ("the pretrained starting point: a `fedray pretrain` output of the c
              "causal LM hub id or directory (FAVoR)")
 WEIGHTED_HELP = "weight clients by their sample count (else uniformly)"
 
-__all__ = ["BASE_HELP", "WEIGHTED_HELP", "AggregationPolicy", "Algorithm", "AsyncUpdate",
-           "ClientContext", "ClientData", "ClientOutput", "ClientResult", "ClientSampler",
-           "CohortFit", "Draw", "EvalResult", "ReportSection", "State", "Status", "accumulate",
-           "check_reduce", "cohort_size", "finite", "finite_rows", "require"]
+__all__ = ["BASE_HELP", "ROW_BLOCK_BYTES", "WEIGHTED_HELP", "AggregationPolicy", "Algorithm",
+           "AsyncUpdate", "ClientContext", "ClientData", "ClientOutput", "ClientResult",
+           "ClientSampler", "CohortFit", "Draw", "EvalResult", "ReportSection", "StackRow",
+           "State", "Status", "accumulate", "accumulate_rows", "check_reduce",
+           "cohort_size", "finite", "finite_rows", "require", "rows_per_block"]
 
 
 def finite(tensors: Mapping[str, np.ndarray]) -> bool:
@@ -83,6 +84,86 @@ def accumulate(acc: dict[str, np.ndarray], tensors: Mapping[str, np.ndarray],
             acc[name] += term
         else:
             acc[name] = term
+
+
+ROW_BLOCK_BYTES = 1 << 18  # float64 terms formed at once by accumulate_rows
+
+
+def rows_per_block(elements: int, block_bytes: int = ROW_BLOCK_BYTES) -> int:
+    """How many uploads of ``elements`` numbers each fit one block of float64 terms (at
+    least one)."""
+    return max(1, block_bytes // (8 * max(elements, 1)))
+
+
+def accumulate_rows(acc: dict[str, np.ndarray], stacked: Mapping[str, np.ndarray],
+                    weights: Sequence[float], block_bytes: int = ROW_BLOCK_BYTES) -> None:
+    """``accumulate(acc, {name: v[i] for name, v in stacked.items()}, weights[i])`` for
+    every row ``i`` of uploads stacked along the first axis, in row order, with the same
+    bits: each row's weighted term is the same float64 product, added to the sum with the
+    same one addition, row after row (a missing tensor starts at its first term). The
+    tensors are laid side by side, so that a row costs one addition over all of them
+    instead of a few small operations per tensor, which is what a cohort of small models
+    spends its reduction on; the terms are formed in blocks of at most ``block_bytes``.
+    All or nothing, as :func:`accumulate`."""
+    k = len(weights)
+    for name, v in stacked.items():
+        if len(v) != k:
+            raise ValueError(f"upload tensor {name!r} has {len(v)} rows for {k} weights")
+        if name in acc and acc[name].shape != v.shape[1:]:
+            raise ValueError(f"upload tensor {name!r} has shape {v.shape[1:]}, the sum "
+                             f"{acc[name].shape}")
+    if not k or not stacked:
+        return
+    spans, end = {}, 0
+    for name, v in stacked.items():
+        spans[name] = slice(end, end + math.prod(v.shape[1:]))
+        end = spans[name].stop
+    fresh = {n for n in stacked if n not in acc}
+    total = np.zeros(end)
+    for name, span in spans.items():
+        if name in acc:
+            total[span] = acc[name].reshape(-1)
+    w = np.asarray(weights, dtype=np.float64)[:, None]
+    step = rows_per_block(end, block_bytes)
+    for first in range(0, k, step):
+        last = min(k, first + step)
+        terms = np.empty((last - first, end))
+        for name, span in spans.items():
+            np.multiply(stacked[name][first:last].reshape(last - first, -1), w[first:last],
+                        out=terms[:, span])
+        for row in terms:
+            if fresh:
+                for name, span in spans.items():
+                    if name in fresh:
+                        total[span] = row[span]
+                    else:
+                        total[span] += row[span]
+                fresh = set()
+            else:
+                total += row
+    for name, span in spans.items():
+        acc[name] = total[span].reshape(stacked[name].shape[1:]).copy()
+
+
+class StackRow(Mapping):
+    """Row ``row`` of uploads stacked along their first axis (``stack``: name → array),
+    read as that client's own upload (each tensor a view, made when read). A sum over
+    consecutive rows of one stack (FedAvg's ``weighted_mean``) can add them as the
+    stack's slice (:func:`accumulate_rows`) instead of client by client."""
+
+    __slots__ = ("row", "stack")
+
+    def __init__(self, stack: Mapping[str, np.ndarray], row: int):
+        self.stack, self.row = stack, row
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.stack[name][self.row]
+
+    def __iter__(self):
+        return iter(self.stack)
+
+    def __len__(self) -> int:
+        return len(self.stack)
 
 
 class Status(str, enum.Enum):

@@ -65,6 +65,26 @@ class CohortTrained:
     optimizer_state: dict | None = None
 
 
+@dataclass
+class CohortStack:
+    """:func:`train_cohort_stacked`'s result: the cohort's trained parameters stacked
+    (float32, the trainable ones by name, client axis first, in the cohort's order), and
+    each client's metrics and optimizer state. Per-client arithmetic on the stack (an
+    update Δ_i = θ_i − θ) is one array operation for the whole cohort."""
+
+    params: dict[str, np.ndarray]
+    metrics: list[dict[str, float]]
+    optimizer_states: list[dict | None]
+
+    def __len__(self) -> int:
+        return len(self.metrics)
+
+    def client(self, i: int) -> CohortTrained:
+        """Client ``i``'s result; its parameters are views into the stack."""
+        return CohortTrained({n: p[i] for n, p in self.params.items()}, self.metrics[i],
+                             self.optimizer_states[i])
+
+
 _RANDOM = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
            nn.FeatureAlphaDropout)
 
@@ -262,16 +282,22 @@ def _momentum_buffers(states: Sequence[dict | None] | None, params: list[torch.T
 
 
 def train_cohort(model: nn.Module, data: Sequence[tuple[np.ndarray, np.ndarray]],
-                 clients: Sequence[int], *, epochs: int, batch_size: int, lr: float,
-                 momentum: float = 0.0, weight_decay: float = 0.0, seed: int, round: int,
-                 max_steps: int | None = None, device: str = "cpu",
-                 grad_hook: Callable[[list[torch.Tensor]], None] | None = None,
-                 optimizer_states: Sequence[dict | None] | None = None,
-                 purpose: str = "local") -> list[CohortTrained]:
+                 clients: Sequence[int], **knobs: Any) -> list[CohortTrained]:
+    """:func:`train_cohort_stacked` as one :class:`CohortTrained` per client, in order."""
+    stack = train_cohort_stacked(model, data, clients, **knobs)
+    return [stack.client(i) for i in range(len(stack))]
+
+
+def train_cohort_stacked(model: nn.Module, data: Sequence[tuple[np.ndarray, np.ndarray]],
+                         clients: Sequence[int], *, epochs: int, batch_size: int, lr: float,
+                         momentum: float = 0.0, weight_decay: float = 0.0, seed: int,
+                         round: int, max_steps: int | None = None, device: str = "cpu",
+                         grad_hook: Callable[[list[torch.Tensor]], None] | None = None,
+                         optimizer_states: Sequence[dict | None] | None = None,
+                         purpose: str = "local") -> CohortStack:
     """Local SGD of ``clients`` (their ``data``: (x, y) each) from ``model``'s current
-    parameters, all at once; one :class:`CohortTrained` per client, in order. The knobs
-    mean what they mean in :func:`~fedray.models.training.train_local`; ``model`` itself
-    is left as it was."""
+    parameters, all at once, as one :class:`CohortStack`. The knobs mean what they mean
+    in :func:`~fedray.models.training.train_local`; ``model`` itself is left as it was."""
     from torch.func import functional_call, grad_and_value, vmap
 
     k = len(data)
@@ -307,18 +333,17 @@ def train_cohort(model: nn.Module, data: Sequence[tuple[np.ndarray, np.ndarray]]
             if active[i]:
                 totals[i] += v
                 counts[i] += 1
-    stacked = [p.detach().to("cpu", torch.float32).numpy() for p in params]
+    stacked = {n: p.detach().to("cpu", torch.float32).numpy()
+               for n, p in zip(names, params, strict=True)}
     moments = [b.detach().cpu().numpy() for b in bufs] if momentum > 0 else []
-    out = []
-    for i in range(k):
-        trained = {n: p[i].copy() for n, p in zip(names, stacked, strict=True)}
-        state = None
-        if momentum > 0:
+    states: list[dict | None] = [None] * k
+    if momentum > 0:
+        for i in range(k):
             keep = counts[i] > 0 or bool(had[i])
-            state = {"momentum_buffers": [b[i].copy() if keep else None for b in moments]}
-        out.append(CohortTrained(trained, {"train_loss": totals[i] / max(counts[i], 1),
-                                           "steps": float(counts[i])}, state))
-    return out
+            states[i] = {"momentum_buffers": [b[i].copy() if keep else None for b in moments]}
+    metrics = [{"train_loss": totals[i] / max(counts[i], 1), "steps": float(counts[i])}
+               for i in range(k)]
+    return CohortStack(stacked, metrics, states)
 
 
 def stacked_parameters(named: dict[str, torch.Tensor], names: Sequence[str], k: int

@@ -33,7 +33,9 @@ from fedray.methods.base import (
     State,
     Status,
     accumulate,
+    accumulate_rows,
     finite,
+    finite_rows,
 )
 from fedray.runtime.jobs import (
     Broadcast,
@@ -239,17 +241,33 @@ class ClientExecutor:
 
     def _reduce_stack(self, results: list[ClientResult], uploads: StackedUploads, policy: Any,
                       partial: Partial) -> list[ClientResult]:
-        """A cohort's stacked uploads added to the partial sum: decoded once, each row added
-        in client order as :meth:`_finish` adds each client's own decoded upload (an
-        elementwise codec decodes a row as it decodes that client's payload: the same
-        bits). A row that cannot be added fails its client alone. Returns the results."""
+        """A cohort's stacked uploads added to the partial sum: decoded once, the rows free
+        of NaN and Inf added in client order as :meth:`_finish` adds each client's own
+        decoded upload (an elementwise codec decodes a row as it decodes that client's
+        payload, and :func:`~fedray.methods.base.accumulate_rows` adds as
+        :func:`~fedray.methods.base.accumulate` does: the same bits), the others named. A
+        client whose weight raises fails alone; stacked rows share their shapes, so a stack
+        that cannot be added fails each of its clients. Returns the results."""
         samples = {r.client_id: r.num_samples for r in results if r.ok}
-        failed = {}
-        for cid, (upload, clean) in uploads.unstacked().items():
+        tensors = uploads.payload.decode()
+        clean = finite_rows(tensors, len(uploads.clients))
+        failed, rows, weights = {}, [], []
+        for i in np.flatnonzero(clean):
+            cid = uploads.clients[i]
             try:
-                self._add(partial, cid, upload, samples[cid], policy, clean)
+                weights.append(policy.weight(samples[cid]))
+                rows.append(i)
             except Exception as e:  # noqa: BLE001 — reported per client
                 failed[cid] = _Trained.failed(e, 0.0)
+        try:
+            accumulate_rows(partial.total, tensors if len(rows) == len(clean) else
+                            {k: v[rows] for k, v in tensors.items()}, weights)
+        except Exception as e:  # noqa: BLE001 — reported per client
+            failed |= {uploads.clients[i]: _Trained.failed(e, 0.0) for i in rows}
+            weights = []
+        for w in weights:
+            partial.weight += w
+        partial.nonfinite += [c for c, ok in zip(uploads.clients, clean, strict=True) if not ok]
         return [self._error(r.client_id, r.round, failed[r.client_id])
                 if r.client_id in failed else r for r in results]
 

@@ -16,7 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from fedray.methods.base import ClientResult, EvalResult, State, Status, finite_rows
+from fedray.methods.base import (
+    ClientResult,
+    EvalResult,
+    StackRow,
+    State,
+    Status,
+    finite_rows,
+)
 
 _RESULT_FIELDS = [f.name for f in fields(ClientResult)]
 if not all(f.init and not f.kw_only for f in fields(ClientResult)):
@@ -107,12 +114,12 @@ class StackedUploads:
     payload: Any
 
     def unstacked(self) -> dict[int, tuple[State, bool]]:
-        """Decoded once: each client's upload (views into the stack) and whether it is
-        free of NaN and Inf (:func:`~fedray.methods.base.finite_rows`, on the stack)."""
+        """Decoded once: each client's upload (a :class:`~fedray.methods.base.StackRow`
+        of the stack) and whether it is free of NaN and Inf
+        (:func:`~fedray.methods.base.finite_rows`, on the stack)."""
         tensors = self.payload.decode()
-        clean = finite_rows(tensors, len(self.clients))
-        return {c: ({name: v[i] for name, v in tensors.items()}, bool(clean[i]))
-                for i, c in enumerate(self.clients)}
+        clean = finite_rows(tensors, len(self.clients)).tolist()
+        return {c: (StackRow(tensors, i), clean[i]) for i, c in enumerate(self.clients)}
 
 
 @dataclass

@@ -243,8 +243,9 @@ class FedAvg(Algorithm):
     def cohort_update(self, contexts: list[ClientContext], broadcast: State
                       ) -> list[ClientOutput]:
         """:meth:`client_update` of each context, the local SGD of all of them as one
-        batched computation (:func:`fedray.models.cohort.train_cohort`)."""
-        from fedray.models.cohort import train_cohort
+        batched computation (:func:`fedray.models.cohort.train_cohort_stacked`); the
+        updates Δ_i = θ_i − θ are taken on the stack at once, each client's upload a row."""
+        from fedray.models.cohort import train_cohort_stacked
         from fedray.models.training import evaluate, set_state
 
         first, model, loc = contexts[0], contexts[0].resident, self.cfg.local
@@ -254,23 +255,25 @@ class FedAvg(Algorithm):
             if compare else []
         states = [(c.state or {}).get("optimizer") for c in contexts] \
             if self.uses_client_state else None
-        trained = train_cohort(
+        trained = train_cohort_stacked(
             model, [(c.x_train, c.y_train) for c in contexts], [c.client_id for c in contexts],
             epochs=loc.epochs, batch_size=loc.batch_size, lr=loc.lr, momentum=loc.momentum,
             weight_decay=loc.weight_decay, seed=first.seed, round=first.round,
             max_steps=loc.max_steps, device=first.device,
             grad_hook=self.grad_hook(model, broadcast, first.device), optimizer_states=states)
         out, names = [], self.trainable(model)
-        start = {k: np.asarray(broadcast[k], dtype=np.float32) for k in names}
-        for i, (ctx, tr) in enumerate(zip(contexts, trained, strict=True)):
-            metrics = ({"acc_before": before[i]} if compare else {}) | tr.metrics
+        deltas = {k: trained.params[k] - np.asarray(broadcast[k], dtype=np.float32)
+                  for k in names}
+        for i, ctx in enumerate(contexts):
+            metrics = ({"acc_before": before[i]} if compare else {}) | trained.metrics[i]
             if compare:
-                set_state(model, {**broadcast, **tr.params})
+                set_state(model, {**broadcast, **trained.client(i).params})
                 metrics["acc_after"] = evaluate(model, ctx.x_test, ctx.y_test,
                                                 ctx.device)["accuracy"]
-            delta = {k: tr.params[k] - start[k] for k in names}
-            state = {"optimizer": tr.optimizer_state} if self.uses_client_state else None
-            out.append(ClientOutput(delta, len(ctx.x_train), metrics, state))
+            state = {"optimizer": trained.optimizer_states[i]} if self.uses_client_state \
+                else None
+            out.append(ClientOutput({k: deltas[k][i] for k in names}, len(ctx.x_train),
+                                    metrics, state))
         return out
 
     def evaluate(self, resident, broadcast, x, y, device="cpu"):

@@ -10,21 +10,56 @@ from typing import Any
 
 import numpy as np
 
-from fedray.methods.base import AggregationPolicy, State
+from fedray.methods.base import AggregationPolicy, StackRow, State, accumulate_rows
 from fedray.services.server_opt import SGD, ServerOptimizer, norm
+
+RUN = 4  # consecutive rows of one stack added as a slice from this many on,
+SMALL = 1 << 14  # for uploads of at most this many numbers (larger: memory-bound either way)
+
+
+def _runs(deltas: list[Any], slices: bool) -> list[tuple[int, int, bool]]:
+    """``deltas`` cut into runs [i, j): True for at least :data:`RUN` consecutive rows of
+    one stack (added as its slice; with ``slices`` only), False for the uploads between
+    them (one by one)."""
+    if not slices:
+        return [(0, len(deltas), False)]
+    out: list[tuple[int, int, bool]] = []
+    i = 0
+    while i < len(deltas):
+        j, first = i + 1, deltas[i]
+        if isinstance(first, StackRow):
+            while j < len(deltas) and isinstance(deltas[j], StackRow) and \
+                    deltas[j].stack is first.stack and deltas[j].row == first.row + j - i:
+                j += 1
+        sliced = j - i >= RUN
+        if not sliced and out and not out[-1][2]:
+            out[-1] = (out[-1][0], j, False)
+        else:
+            out.append((i, j, sliced))
+        i = j
+    return out
 
 
 def weighted_mean(updates: list[tuple[int, int, State]], weighted: bool = True) -> State:
-    """Σ_i w_i Δ_i in the given (client-id) order, accumulated in float64."""
+    """Σ_i w_i Δ_i in the given (client-id) order, accumulated in float64 from zero: each
+    term w_i·Δ_i a float64 product, added one client after another. Consecutive rows of
+    one cohort's stack (:class:`~fedray.methods.base.StackRow`) of a small model are added
+    as the stack's slice (:func:`~fedray.methods.base.accumulate_rows`: the same bits, one
+    addition per client over all tensors instead of two operations per tensor)."""
     counts = np.array([n for _, n, _ in updates], dtype=np.float64)
     w = counts / counts.sum() if weighted and counts.sum() > 0 else np.full(
         len(updates), 1.0 / len(updates))
-    out = {}
-    for name in updates[0][2]:
-        acc = np.zeros(np.shape(updates[0][2][name]), dtype=np.float64)
-        for wi, (_, _, delta) in zip(w, updates, strict=True):
-            acc += wi * delta[name]
-        out[name] = acc
+    out = {name: np.zeros(np.shape(v), dtype=np.float64) for name, v in updates[0][2].items()}
+    deltas = [delta for _, _, delta in updates]
+    for i, j, sliced in _runs(deltas, sum(v.size for v in out.values()) <= SMALL):
+        if sliced:
+            first = deltas[i]
+            accumulate_rows(out, {k: first.stack[k][first.row:first.row + j - i]
+                                  for k in out}, w[i:j].tolist())
+            continue
+        for name, acc in out.items():
+            for wi, delta in zip(w[i:j], deltas[i:j], strict=True):
+                acc += wi * delta[name]
     return out
 
 
