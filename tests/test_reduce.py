@@ -18,8 +18,9 @@ from test_favor_policies import tiny  # noqa: F401 — the tiny Qwen2 + ASCE fix
 from test_runtime import assert_bitwise_equal, final_state
 
 from fedray.core.spec import ConfigError
-from fedray.methods.base import accumulate, accumulate_rows
+from fedray.methods.base import StackRow, accumulate, accumulate_rows
 from fedray.methods.fedavg.method import FedAvg
+from fedray.methods.fedavg.policy import weighted_mean
 from fedray.runtime import run_experiment
 from fedray.runtime.dispatch import combine, even_groups
 from fedray.runtime.jobs import Partial
@@ -142,6 +143,52 @@ def test_stacked_rows_add_as_one_client_after_another(block_bytes):
     assert all(got[n].tobytes() == v.tobytes() for n, v in before.items())
     accumulate_rows(got, {"w": stacked["w"][:0]}, [])
     assert all(got[n].tobytes() == v.tobytes() for n, v in before.items())
+
+
+def loop_mean(updates, weighted=True):
+    """The client-by-client float64 mean weighted_mean replaces: the oracle."""
+    counts = np.array([n for _, n, _ in updates], dtype=np.float64)
+    w = counts / counts.sum() if weighted else np.full(len(updates), 1.0 / len(updates))
+    out = {k: np.zeros(np.shape(v)) for k, v in updates[0][2].items()}
+    for k in out:
+        for wi, (_, _, d) in zip(w, updates, strict=True):
+            out[k] += wi * np.asarray(d[k])
+    return out
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+def test_the_mean_of_stacked_rows_is_the_client_by_client_mean(weighted, monkeypatch):
+    """weighted_mean over cohorts' rows (StackRow: long runs added as the stack's slice,
+    runs cut by a left-out client, a run too short to slice, a second stack, plain
+    uploads between them) gives the bits of the loop over clients and tensors."""
+    gen = np.random.default_rng(5)
+    stacks = [{"w": gen.standard_normal((n, 6, 4)).astype(np.float32),
+               "b": gen.standard_normal((n, 6)).astype(np.float32)} for n in (9, 12)]
+    stacks[0]["b"][2] = -0.0
+    rows = [StackRow(stacks[0], r) for r in (0, 1, 2, 3, 4, 6, 7, 8)] + \
+        [StackRow(stacks[1], r) for r in (0, 1)] + \
+        [{"w": gen.standard_normal((6, 4)).astype(np.float32),
+          "b": gen.standard_normal(6).astype(np.float32)}] + \
+        [StackRow(stacks[1], r) for r in range(2, 12)]
+    updates = [(c, int(gen.integers(1, 50)), d) for c, d in enumerate(rows)]
+    want = loop_mean(updates, weighted)
+    from fedray.methods.fedavg import policy
+
+    sliced = []
+    monkeypatch.setattr(policy, "accumulate_rows", lambda acc, stacked, w: (
+        sliced.append(len(w)), accumulate_rows(acc, stacked, w)))
+    got = weighted_mean(updates, weighted)
+    assert sliced == [5, 10]  # the two long runs; the rest one by one
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert got[k].tobytes() == v.tobytes(), k
+    plain = [(c, n, {k: np.array(d[k]) for k in d}) for c, n, d in updates]
+    assert all(weighted_mean(plain, weighted)[k].tobytes() == v.tobytes()
+               for k, v in want.items())
+    row = rows[5]
+    assert len(row) == 2 and list(row) == ["w", "b"] and dict(row).keys() == {"w", "b"}
+    assert np.shares_memory(row["w"], stacks[0]["w"]) and np.array_equal(row["b"],
+                                                                          stacks[0]["b"][6])
 
 
 @pytest.mark.parametrize("extra, why", [
