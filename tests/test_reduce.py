@@ -18,7 +18,7 @@ from test_favor_policies import tiny  # noqa: F401 — the tiny Qwen2 + ASCE fix
 from test_runtime import assert_bitwise_equal, final_state
 
 from fedray.core.spec import ConfigError
-from fedray.methods.base import StackRow, accumulate, accumulate_rows
+from fedray.methods.base import StackRow, accumulate, accumulate_rows, stack_slice
 from fedray.methods.fedavg.method import FedAvg
 from fedray.methods.fedavg.policy import weighted_mean
 from fedray.runtime import run_experiment
@@ -189,6 +189,21 @@ def test_the_mean_of_stacked_rows_is_the_client_by_client_mean(weighted, monkeyp
     assert len(row) == 2 and list(row) == ["w", "b"] and dict(row).keys() == {"w", "b"}
     assert np.shares_memory(row["w"], stacks[0]["w"]) and np.array_equal(row["b"],
                                                                           stacks[0]["b"][6])
+
+
+def test_consecutive_rows_of_one_stack_are_its_slice():
+    """stack_slice: rows r..r+n-1 of one stack are its slice (a view, no copy); a gap, a
+    second stack, a plain upload or nothing at all is not."""
+    stack = {"w": np.arange(24, dtype=np.float32).reshape(6, 4), "b": np.arange(6.0)}
+    other = {k: v.copy() for k, v in stack.items()}
+    got = stack_slice([StackRow(stack, r) for r in (2, 3, 4)])
+    assert got.keys() == {"w", "b"} and np.shares_memory(got["w"], stack["w"])
+    assert np.array_equal(got["w"], stack["w"][2:5]) and np.array_equal(got["b"], [2, 3, 4])
+    for bad in ([StackRow(stack, 0), StackRow(stack, 2)],
+                [StackRow(stack, 0), StackRow(other, 1)],
+                [StackRow(stack, 0), {"w": stack["w"][1], "b": stack["b"][1]}],
+                [{"w": stack["w"][0], "b": stack["b"][0]}], []):
+        assert stack_slice(bad) is None
 
 
 @pytest.mark.parametrize("extra, why", [

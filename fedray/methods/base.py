@@ -44,7 +44,7 @@ __all__ = ["BASE_HELP", "ROW_BLOCK_BYTES", "WEIGHTED_HELP", "AggregationPolicy",
            "AsyncUpdate", "ClientContext", "ClientData", "ClientOutput", "ClientResult",
            "ClientSampler", "CohortFit", "Draw", "EvalResult", "ReportSection", "StackRow",
            "State", "Status", "accumulate", "accumulate_rows", "check_reduce",
-           "cohort_size", "finite", "finite_rows", "require", "rows_per_block"]
+           "cohort_size", "finite", "finite_rows", "require", "rows_per_block", "stack_slice"]
 
 
 def finite(tensors: Mapping[str, np.ndarray]) -> bool:
@@ -164,6 +164,18 @@ class StackRow(Mapping):
 
     def __len__(self) -> int:
         return len(self.stack)
+
+
+def stack_slice(uploads: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray] | None:
+    """The uploads as one stack without copying, where they are consecutive rows of one
+    stack (:class:`StackRow`): that stack's slice, a view. None otherwise."""
+    first = uploads[0] if uploads else None
+    if not isinstance(first, StackRow):
+        return None
+    for i, u in enumerate(uploads):
+        if not isinstance(u, StackRow) or u.stack is not first.stack or u.row != first.row + i:
+            return None
+    return {k: v[first.row:first.row + len(uploads)] for k, v in first.stack.items()}
 
 
 class Status(str, enum.Enum):

@@ -36,6 +36,7 @@ from fedray.methods.base import (
     accumulate_rows,
     finite,
     finite_rows,
+    stack_slice,
 )
 from fedray.runtime.jobs import (
     Broadcast,
@@ -211,10 +212,11 @@ class ClientExecutor:
         ok = [got.output for got in outputs if got.error is None]
         if self.chain or not CODECS[codec].elementwise or not ok:
             return None
-        shape = [(k, np.shape(v), np.asarray(v).dtype) for k, v in ok[0].upload.items()]
-        if any([(k, np.shape(v), np.asarray(v).dtype) for k, v in o.upload.items()] != shape
-               for o in ok[1:]):
-            return None
+        if stack_slice([o.upload for o in ok]) is None:  # rows of one stack: one structure
+            shape = [(k, np.shape(v), np.asarray(v).dtype) for k, v in ok[0].upload.items()]
+            if any([(k, np.shape(v), np.asarray(v).dtype) for k, v in o.upload.items()]
+                   != shape for o in ok[1:]):
+                return None
         nbytes = Payload.encode(ok[0].upload, codec).nbytes
         results, members = [], []
         for slot, got in zip(slots, outputs, strict=True):
@@ -234,8 +236,9 @@ class ClientExecutor:
                 dict(got.output.metrics), upload_bytes=nbytes,
                 seconds=got.seconds + time.perf_counter() - t0, executor=self.name,
                 state_version=version, state_bytes=state_bytes))
-        stacked = {k: np.stack([np.asarray(o.upload[k]) for o in members])
-                   for k, _, _ in shape} if members else {}
+        stacked = (stack_slice([o.upload for o in members]) or
+                   {k: np.stack([np.asarray(o.upload[k]) for o in members])
+                    for k in ok[0].upload}) if members else {}
         clients = [r.client_id for r in results if r.ok]
         return results, StackedUploads(clients, Payload.encode(stacked, codec))
 

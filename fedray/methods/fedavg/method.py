@@ -22,6 +22,7 @@ from fedray.methods.base import (
     ClientContext,
     ClientOutput,
     CohortFit,
+    StackRow,
     State,
 )
 from fedray.methods.fedavg.policy import FedAvgPolicy
@@ -244,7 +245,8 @@ class FedAvg(Algorithm):
                       ) -> list[ClientOutput]:
         """:meth:`client_update` of each context, the local SGD of all of them as one
         batched computation (:func:`fedray.models.cohort.train_cohort_stacked`); the
-        updates Δ_i = θ_i − θ are taken on the stack at once, each client's upload a row."""
+        updates Δ_i = θ_i − θ are taken on the stack at once, each client's upload its row
+        (:class:`~fedray.methods.base.StackRow`)."""
         from fedray.models.cohort import train_cohort_stacked
         from fedray.models.training import evaluate, set_state
 
@@ -272,8 +274,7 @@ class FedAvg(Algorithm):
                                                 ctx.device)["accuracy"]
             state = {"optimizer": trained.optimizer_states[i]} if self.uses_client_state \
                 else None
-            out.append(ClientOutput({k: deltas[k][i] for k in names}, len(ctx.x_train),
-                                    metrics, state))
+            out.append(ClientOutput(StackRow(deltas, i), len(ctx.x_train), metrics, state))
         return out
 
     def evaluate(self, resident, broadcast, x, y, device="cpu"):
