@@ -293,6 +293,30 @@ def test_tier_fractions_follow_the_shares_without_a_list():
     assert cfg.clients.tiers is None
 
 
+@pytest.mark.parametrize("overrides", [
+    ["clients.num_clients=40", "clients.tier_fractions=[1, 3]",
+     "runtime.tiers=[{name: a}, {name: b}]"],
+    ["clients.num_clients=6", "clients.tiers=[b, a, a, b, b, a]",
+     "runtime.tiers=[{name: a}, {name: b}]"],
+    ["clients.num_clients=40"],
+])
+def test_the_drivers_tier_lookups_agree_with_the_config(overrides):
+    """roster.Tiers (the driver's cache; one tier without a mapping answers without a
+    lookup): of, many and group give ExperimentConfig.tier_of's tiers."""
+    from fedray.runtime.roster import Tiers
+
+    cfg = load_config(None, overrides)
+    clients = [5, 0, 3, 5, 1] + list(range(6, cfg.clients.num_clients, 3))
+    want = [cfg.tier_of(c) for c in clients]
+    tiers = Tiers(cfg)
+    assert tiers.many(clients) == want
+    assert [Tiers(cfg).of(c) for c in clients] == want
+    groups = Tiers(cfg).group(clients)
+    assert groups == {t: [c for c, u in zip(clients, want, strict=True) if u == t]
+                      for t in dict.fromkeys(want)}
+    assert Tiers(cfg).group([]) == {} and Tiers(cfg).many([]) == []
+
+
 # ----------------------------------------------------------------------------- with Ray
 
 

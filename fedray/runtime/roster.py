@@ -12,13 +12,18 @@ TIER_CACHE = 1_000_000
 
 
 class Tiers:
-    """A client's tier (:meth:`ExperimentConfig.tier_of`), remembered for the clients seen."""
+    """A client's tier (:meth:`ExperimentConfig.tier_of`), remembered for the clients seen;
+    with one tier and no per-client mapping, every client's without a lookup."""
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
         self._tiers: dict[int, str] = {}
+        tiers = cfg.runtime.tiers
+        self._only = tiers[0].name if len(tiers) == 1 and cfg.clients.tiers is None else None
 
     def of(self, client: int) -> str:
+        if self._only is not None:
+            return self._only
         t = self._tiers.get(client)
         if t is None:
             self.remember([client])
@@ -28,17 +33,29 @@ class Tiers:
     def remember(self, clients: list[int]) -> None:
         """Look up the tiers of clients not seen yet, at once (vectorised); the cache is
         bounded whatever the population."""
+        if self._only is not None:
+            return
         new = [c for c in clients if c not in self._tiers]
         if new:
             if len(self._tiers) + len(new) > TIER_CACHE:
                 self._tiers.clear()
             self._tiers.update(zip(new, self.cfg.tiers_of(new), strict=True))
 
+    def many(self, clients: list[int]) -> list[str]:
+        """The tiers of ``clients``, in order (:meth:`of` for each, looked up at once)."""
+        if self._only is not None:
+            return [self._only] * len(clients)
+        self.remember(clients)
+        known = self._tiers.get
+        return [known(c) or self.of(c) for c in clients]
+
     def group(self, clients: list[int]) -> dict[str, list[int]]:
         """``clients`` by tier, each in the given order."""
+        if self._only is not None:
+            return {self._only: list(clients)} if clients else {}
         by_tier: dict[str, list[int]] = {}
-        for c in clients:
-            by_tier.setdefault(self.of(c), []).append(c)
+        for c, t in zip(clients, self.many(clients), strict=True):
+            by_tier.setdefault(t, []).append(c)
         return by_tier
 
 

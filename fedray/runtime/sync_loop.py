@@ -51,11 +51,11 @@ class SyncLoop:
         if not sampled:
             return self.idle(p, r, t0, wait=draw.wait)
         p.clients.touched.update(sampled)
-        p.tiers.remember(sampled)
+        tiers = p.tiers.many(sampled)
         drop = p.fleet.dropped(r, np.array(sampled, dtype=np.int64))
         params = p.server.params
         bcast = p.dispatcher.broadcasts(lambda tier: p.policy.broadcast(params, r, tier),
-                                        {p.tiers.of(c) for c in sampled}, f"{r}:train")
+                                        set(tiers), f"{r}:train")
         restarts_before = p.dispatcher.restarts
         trained = p.dispatcher.train([c for c, d in zip(sampled, drop, strict=True) if not d],
                                      bcast, r, p.clients.version, p.server.shapes())
@@ -69,7 +69,8 @@ class SyncLoop:
             secure_begin(p.secagg, r, sampled, final, elements(p, trained),
                          {c for c in final if not trained.upload(c)[1]})
         download = p.ledger.charge_downloads(sampled, attempts,
-                                             {c: bcast[p.tiers.of(c)].nbytes for c in sampled})
+                                             {c: bcast[t].nbytes for c, t in
+                                              zip(sampled, tiers, strict=True)})
         times, duration = time_round(p, sampled, final, download, draw.reports)
         accepted = accept(p, trained)
         p.ledger.charge_uploads(sampled, final)
@@ -247,7 +248,7 @@ def time_round(p: RoundParts, sampled: list[int], final: dict[int, ClientResult]
     ran = np.array([final[c].status is not Status.DROPPED for c in sampled])
     up = np.array([final[c].upload_bytes if final[c].ok else 0 for c in sampled])
     seen = np.array([p.samples_seen(final[c].num_samples) for c in sampled])
-    parts = p.fleet.seconds(ids, [p.tiers.of(c) for c in sampled],
+    parts = p.fleet.seconds(ids, p.tiers.many(sampled),
                             np.array([download[c] for c in sampled]), up, seen)
     total = np.where(ran, parts["total"], parts["down"])
     offline = p.fleet.online_until(ids, p.ledger.sim_time) - p.ledger.sim_time
