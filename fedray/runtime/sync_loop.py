@@ -241,40 +241,41 @@ def time_round(p: RoundParts, sampled: list[int], final: dict[int, ClientResult]
                download: dict[int, int], k: int) -> tuple[dict[int, float], float]:
     """Simulated seconds of each sampled client, and of the round; marks clients that go
     offline before finishing (dropped), miss the deadline (late) or finish after the first
-    ``k`` reports (surplus). Their uploads never complete, so they are not charged; a
-    dropout's time is its download."""
+    ``k`` reports (surplus; the reports ordered by time, then client id). Their uploads
+    never complete, so they are not charged; a dropout's time is its download."""
     fl = p.cfg.fleet
     ids = np.array(sampled, dtype=np.int64)
-    ran = np.array([final[c].status is not Status.DROPPED for c in sampled])
-    up = np.array([final[c].upload_bytes if final[c].ok else 0 for c in sampled])
-    seen = np.array([p.samples_seen(final[c].num_samples) for c in sampled])
+    res = [final[c] for c in sampled]
+    ok = np.array([r.status is Status.OK for r in res], dtype=bool)
+    ran = np.array([r.status is not Status.DROPPED for r in res], dtype=bool)
+    up = np.array([r.upload_bytes if r.status is Status.OK else 0 for r in res])
+    seen = np.array([p.samples_seen(r.num_samples) for r in res])
     parts = p.fleet.seconds(ids, p.tiers.many(sampled),
                             np.array([download[c] for c in sampled]), up, seen)
     total = np.where(ran, parts["total"], parts["down"])
     offline = p.fleet.online_until(ids, p.ledger.sim_time) - p.ledger.sim_time
-    reporting = []
-    for i, c in enumerate(sampled):
-        res = final[c]
-        if not res.ok:
-            continue
-        if total[i] > offline[i]:
-            res.status, res.error = Status.DROPPED, (
-                f"went offline {offline[i]:.1f} s into the round, before finishing")
-        elif fl.deadline_s is not None and total[i] > fl.deadline_s:
-            res.status, res.error = Status.LATE, (
-                f"needed {total[i]:.1f} s, the deadline is {fl.deadline_s:g} s")
-        else:
-            reporting.append((float(total[i]), c))
-    reporting.sort()
-    for _, c in reporting[k:]:
-        final[c].status, final[c].error = Status.SURPLUS, "the round closed on K reports"
-    for c in sampled:
-        if final[c].status in LOST:
-            final[c].upload_bytes = 0
+    dropped = ok & (total > offline)
+    late = ok & ~dropped & (total > fl.deadline_s) if fl.deadline_s is not None else \
+        np.zeros(len(res), dtype=bool)
+    for i in np.flatnonzero(dropped):
+        res[i].status, res[i].error = Status.DROPPED, (
+            f"went offline {offline[i]:.1f} s into the round, before finishing")
+    for i in np.flatnonzero(late):
+        res[i].status, res[i].error = Status.LATE, (
+            f"needed {total[i]:.1f} s, the deadline is {fl.deadline_s:g} s")
+    reporting = np.flatnonzero(ok & ~dropped & ~late)
+    reporting = reporting[np.lexsort((ids[reporting], total[reporting]))]
+    for i in reporting[k:]:
+        res[i].status, res[i].error = Status.SURPLUS, "the round closed on K reports"
+    for i in np.flatnonzero(~ran | dropped | late):
+        res[i].upload_bytes = 0
+    for i in reporting[k:]:
+        res[i].upload_bytes = 0
     if len(reporting) >= k:
-        duration = reporting[k - 1][0] if reporting else 0.0
+        duration = float(total[reporting[k - 1]]) if len(reporting) else 0.0
     elif fl.deadline_s is not None:
         duration = float(fl.deadline_s)
     else:
-        duration = max((t for t, _ in reporting), default=float(np.max(total, initial=0.0)))
-    return {c: float(total[i]) for i, c in enumerate(sampled)}, duration
+        duration = float(np.max(total[reporting])) if len(reporting) else \
+            float(np.max(total, initial=0.0))
+    return dict(zip(sampled, total.tolist(), strict=True)), duration
