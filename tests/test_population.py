@@ -250,22 +250,56 @@ def test_metrics_table_columns_in_first_seen_order():
     assert t.column("c").to_pylist() == [None, "x", None]
 
 
-def test_read_ahead_changes_no_draw():
-    """A population told which clients come next seeds them in one pass; every client's
-    arrays are still the ones it draws alone, whether or not it was announced, in any
-    order, twice, or after an out-of-range id."""
-    cfg = load_config(None, SYN + ["clients.num_clients=5000", "data.partition=dirichlet"])
+def drawn_alone(pop, cid: int) -> tuple:
+    """Client ``cid``'s (x_train, y_train, x_test, y_test) as the synthetic population
+    defines them, written out client by client: the oracle of every faster path."""
+    from fedray.core.seeding import rng
+
+    gen, n = rng(pop.seed, -1, cid, "population-client"), pop.per_client
+    if pop.alpha is None:
+        y = gen.integers(0, pop.num_classes, n)
+    else:
+        y = gen.choice(pop.num_classes, n, p=gen.dirichlet(np.full(pop.num_classes,
+                                                                   pop.alpha)))
+    cluster = gen.integers(0, 2, n)
+    z = pop.centres[y, cluster] + 0.6 * gen.standard_normal((n, pop.centres.shape[2]))
+    x = gen.standard_normal((n, pop.input_shape[0]), dtype=np.float32)
+    x *= np.float32(pop.noise_scale)
+    x += z.astype(np.float32) @ pop.basis.T
+    cut = n - pop._n_test
+    return x[:cut], y[:cut].astype(np.int64), x[cut:], y[cut:].astype(np.int64)
+
+
+@pytest.mark.parametrize("partition", ["iid", "dirichlet"])
+@pytest.mark.parametrize("together", [True, False])
+def test_read_ahead_changes_no_draw(partition, together, monkeypatch):
+    """A population told which clients come next seeds them in one pass and (up to
+    READY_BYTES, ``together``) draws them as one stack; every client's arrays are still
+    the bits it draws alone, whether or not it was announced, in any order, twice, or
+    after an out-of-range id, and whichever clients were drawn beside it."""
+    from fedray.data import population
+
+    if not together:
+        monkeypatch.setattr(population, "READY_BYTES", 0)
+    cfg = load_config(None, SYN + ["clients.num_clients=5000", f"data.partition={partition}"])
     alone, ahead = build_client_data(cfg), build_client_data(cfg)
     ahead.read_ahead([4999, 17, 3, 17, 12_000, 250])
     for c in (3, 250, 4999, 17, 42):  # 42 was not announced
-        for split in ("train", "test"):
-            for a, b in zip(alone.client_arrays(c, 1, split), ahead.client_arrays(c, 1, split),
-                            strict=True):
-                assert np.array_equal(a, b)
-    assert ahead._ahead == {}  # each prepared generator served one draw
+        want = drawn_alone(alone, c)
+        got = ahead.client_arrays(c, 1, "train") + ahead.client_arrays(c, 1, "test")
+        got_alone = alone.client_arrays(c, 1, "train") + alone.client_arrays(c, 1, "test")
+        for a, b, d in zip(want, got, got_alone, strict=True):
+            assert a.dtype == b.dtype == d.dtype and a.tobytes() == b.tobytes() == d.tobytes()
+    assert ahead._ahead == {} and ahead._ready == {}  # each prepared client served once
     ahead.read_ahead([1, 2])
     ahead.read_ahead([2, 3])  # a second call drops what the first left unread
-    assert sorted(ahead._ahead) == [2, 3]
+    assert sorted(ahead._ready if together else ahead._ahead) == [2, 3]
     assert np.array_equal(ahead.client_arrays(1, 1)[0], alone.client_arrays(1, 1)[0])
+    many = build_client_data(cfg)
+    many.read_ahead(range(0, 5000, 7))
+    for c in (0, 7, 4998):
+        for a, b in zip(drawn_alone(alone, c), many.client_arrays(c, 1, "train")
+                        + many.client_arrays(c, 1, "test"), strict=True):
+            assert a.tobytes() == b.tobytes()
     with pytest.raises(IndexError):
         ahead.client_arrays(12_000, 1)

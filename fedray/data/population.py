@@ -179,6 +179,8 @@ def local_test_mask(client: np.ndarray, labels: np.ndarray, test_fraction: float
 
 # ----------------------------------------------------------------------------- synthetic
 
+READY_BYTES = 64 << 20  # a synthetic read-ahead draws its clients together up to this size
+
 
 @dataclass
 class SyntheticPopulation:
@@ -201,6 +203,8 @@ class SyntheticPopulation:
     x_test: np.ndarray
     y_test: np.ndarray
     _last: tuple[int, tuple] | None = field(default=None, repr=False)
+    _ready: dict[int, tuple] = field(default_factory=dict, init=False, repr=False,
+                                     compare=False)
     _ahead: dict[int, np.random.Generator] = field(default_factory=dict, init=False,
                                                    repr=False, compare=False)
 
@@ -222,36 +226,69 @@ class SyntheticPopulation:
 
     def _draw(self, gen: np.random.Generator, n: int, alpha: float | None
               ) -> tuple[np.ndarray, np.ndarray]:
-        if alpha is None:
-            y = gen.integers(0, self.num_classes, n)
-        else:
-            y = gen.choice(self.num_classes, n, p=gen.dirichlet(np.full(self.num_classes,
-                                                                        alpha)))
-        cluster = gen.integers(0, 2, n)
-        z = self.centres[y, cluster] + 0.6 * gen.standard_normal((n, self.centres.shape[2]))
-        x = gen.standard_normal((n, self.input_shape[0]), dtype=np.float32)
+        """``n`` samples (x, y) from ``gen``: :meth:`_draw_many` of one generator."""
+        x, y = self._draw_many([gen], n, alpha)
+        return x[0], y[0]
+
+    def _draw_many(self, gens: Sequence[np.random.Generator], n: int, alpha: float | None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` samples from each generator, stacked ((K, n, ...) inputs, (K, n) labels).
+        Each generator is read in the same order (labels, clusters, latent noise, input
+        noise); the arithmetic after it runs on the stack at once, elementwise, and the
+        projection is one matmul per generator's slice (a stacked ``@``), so a client's
+        samples are the same bits whichever clients are drawn beside it."""
+        k, f, latent = len(gens), self.input_shape[0], self.centres.shape[2]
+        y = np.empty((k, n), np.int64)
+        cluster = np.empty((k, n), np.int64)
+        noise = np.empty((k, n, latent))
+        x = np.empty((k, n, f), np.float32)
+        for i, gen in enumerate(gens):
+            if alpha is None:
+                y[i] = gen.integers(0, self.num_classes, n)
+            else:
+                y[i] = gen.choice(self.num_classes, n,
+                                  p=gen.dirichlet(np.full(self.num_classes, alpha)))
+            cluster[i] = gen.integers(0, 2, n)
+            gen.standard_normal(out=noise[i])
+            gen.standard_normal(dtype=np.float32, out=x[i])
+        z = self.centres[y, cluster] + 0.6 * noise
         x *= np.float32(self.noise_scale)
         x += z.astype(np.float32) @ self.basis.T
-        return x, y.astype(np.int64)
+        return x, y
+
+    def _split(self, x: np.ndarray, y: np.ndarray) -> tuple:
+        n, n_test = self.per_client, self._n_test
+        return x[:n - n_test], y[:n - n_test], x[n - n_test:], y[n - n_test:]
 
     def _client(self, cid: int) -> tuple:
         if not 0 <= cid < self.num_clients:
             raise IndexError(f"client id {cid} out of range 0..{self.num_clients - 1}")
         if self._last is None or self._last[0] != cid:
-            gen = self._ahead.pop(cid, None)
-            if gen is None:
-                gen = rng(self.seed, -1, cid, "population-client")
-            x, y = self._draw(gen, self.per_client, self.alpha)
-            n, n_test = self.per_client, self._n_test
-            self._last = (cid, (x[:n - n_test], y[:n - n_test], x[n - n_test:], y[n - n_test:]))
+            got = self._ready.pop(cid, None)
+            if got is None:
+                gen = self._ahead.pop(cid, None)
+                if gen is None:
+                    gen = rng(self.seed, -1, cid, "population-client")
+                got = self._split(*self._draw(gen, self.per_client, self.alpha))
+            self._last = (cid, got)
         return self._last[1]
 
     def read_ahead(self, cids: Sequence[int]) -> None:
         """The clients about to be read: their generators seeded in one pass
-        (:func:`~fedray.core.seeding.rngs`, the same streams as one by one), each used by
-        its client's next draw; those of an earlier call not read by now are dropped."""
+        (:func:`~fedray.core.seeding.rngs`, the same streams as one by one) and, up to
+        :data:`READY_BYTES` of samples, their samples drawn together
+        (:meth:`_draw_many`), each kept for its client's next read; what an earlier call
+        prepared and was not read by now is dropped."""
         ids = [c for c in dict.fromkeys(cids) if 0 <= c < self.num_clients]
-        self._ahead = dict(zip(ids, rngs(self.seed, -1, ids, "population-client"), strict=True))
+        gens = rngs(self.seed, -1, ids, "population-client")
+        size = len(ids) * self.per_client * (self.input_shape[0] + self.centres.shape[2]) * 8
+        if ids and size <= READY_BYTES:
+            x, y = self._draw_many(gens, self.per_client, self.alpha)
+            self._ready = {c: self._split(x[i], y[i]) for i, c in enumerate(ids)}
+            self._ahead = {}
+        else:
+            self._ready = {}
+            self._ahead = dict(zip(ids, gens, strict=True))
 
     def client_arrays(self, cid: int, round: int, split: str = "train"
                       ) -> tuple[np.ndarray, np.ndarray]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -159,7 +159,7 @@ class StackRow(Mapping):
     def __getitem__(self, name: str) -> np.ndarray:
         return self.stack[name][self.row]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self.stack)
 
     def __len__(self) -> int:

@@ -13,8 +13,8 @@ import numpy as np
 from fedray.methods.base import AggregationPolicy, StackRow, State, accumulate_rows
 from fedray.services.server_opt import SGD, ServerOptimizer, norm
 
-RUN = 4  # consecutive rows of one stack added as a slice from this many on,
-SMALL = 1 << 14  # for uploads of at most this many numbers (larger: memory-bound either way)
+RUN = 4  # from this many consecutive rows of one stack on, they are added as its slice
+SMALL = 1 << 14  # ... for uploads of at most this many numbers (above: memory-bound anyway)
 
 
 def _runs(deltas: list[Any], slices: bool) -> list[tuple[int, int, bool]]:
