@@ -214,13 +214,17 @@ def schedules(data: Sequence[tuple[np.ndarray, np.ndarray]], clients: Sequence[i
                            max_steps, purpose)
     offsets = np.cumsum([0] + [len(x) for x, _ in data])
     steps = max((len(s) for s in sched), default=0)
-    width = max((len(b) for s in sched for b in s), default=1)
+    flat = [b for s in sched for b in s]
+    lens = np.array([len(b) for b in flat], np.int64)
+    width = int(lens.max(initial=1))
     idx = np.full((steps, len(sched), width), offsets[-1], np.int64)
     mask = np.zeros((steps, len(sched), width), np.float32)
-    for i, s in enumerate(sched):
-        for t, b in enumerate(s):
-            idx[t, i, :len(b)] = offsets[i] + b
-            mask[t, i, :len(b)] = 1.0
+    if lens.sum():  # every batch's rows written at once: (step, client, slot) per sample
+        step = np.repeat(np.array([t for s in sched for t in range(len(s))], np.int64), lens)
+        client = np.repeat(np.repeat(np.arange(len(sched)), [len(s) for s in sched]), lens)
+        slot = np.arange(len(step)) - np.repeat(np.cumsum(lens) - lens, lens)
+        idx[step, client, slot] = np.concatenate(flat) + offsets[client]
+        mask[step, client, slot] = 1.0
     return idx, mask
 
 
