@@ -301,5 +301,7 @@ def test_read_ahead_changes_no_draw(partition, together, monkeypatch):
         for a, b in zip(drawn_alone(alone, c), many.client_arrays(c, 1, "train")
                         + many.client_arrays(c, 1, "test"), strict=True):
             assert a.tobytes() == b.tobytes()
+    many.read_ahead([])  # what an executor call does last: nothing prepared is kept
+    assert many._ready == {} and many._ahead == {} and many._last is None
     with pytest.raises(IndexError):
         ahead.client_arrays(12_000, 1)

@@ -278,8 +278,10 @@ class SyntheticPopulation:
         (:func:`~fedray.core.seeding.rngs`, the same streams as one by one) and, up to
         :data:`READY_BYTES` of samples, their samples drawn together
         (:meth:`_draw_many`), each kept for its client's next read; what an earlier call
-        prepared and was not read by now is dropped."""
+        prepared and was not read by now is dropped, with the last client's arrays (views
+        into an earlier stack)."""
         ids = [c for c in dict.fromkeys(cids) if 0 <= c < self.num_clients]
+        self._last = None
         gens = rngs(self.seed, -1, ids, "population-client")
         size = len(ids) * self.per_client * (self.input_shape[0] + self.centres.shape[2]) * 8
         if ids and size <= READY_BYTES:
