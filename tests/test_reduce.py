@@ -18,7 +18,7 @@ from test_favor_policies import tiny  # noqa: F401 — the tiny Qwen2 + ASCE fix
 from test_runtime import assert_bitwise_equal, final_state
 
 from fedray.core.spec import ConfigError
-from fedray.methods.base import StackRow, accumulate, accumulate_rows, stack_slice
+from fedray.methods.base import StackRow, accumulate, accumulate_rows, stack_runs, stack_slice
 from fedray.methods.fedavg.method import FedAvg
 from fedray.methods.fedavg.policy import weighted_mean
 from fedray.runtime import run_experiment
@@ -193,7 +193,8 @@ def test_the_mean_of_stacked_rows_is_the_client_by_client_mean(weighted, monkeyp
 
 def test_consecutive_rows_of_one_stack_are_its_slice():
     """stack_slice: rows r..r+n-1 of one stack are its slice (a view, no copy); a gap, a
-    second stack, a plain upload or nothing at all is not."""
+    second stack, a plain upload or nothing at all is not. stack_runs cuts a list into
+    such runs, any other upload a run of its own."""
     stack = {"w": np.arange(24, dtype=np.float32).reshape(6, 4), "b": np.arange(6.0)}
     other = {k: v.copy() for k, v in stack.items()}
     got = stack_slice([StackRow(stack, r) for r in (2, 3, 4)])
@@ -204,6 +205,10 @@ def test_consecutive_rows_of_one_stack_are_its_slice():
                 [StackRow(stack, 0), {"w": stack["w"][1], "b": stack["b"][1]}],
                 [{"w": stack["w"][0], "b": stack["b"][0]}], []):
         assert stack_slice(bad) is None
+    plain = {"w": stack["w"][0], "b": stack["b"][0]}
+    assert stack_runs([StackRow(stack, 0), StackRow(stack, 1), plain, StackRow(stack, 2),
+                       StackRow(other, 3), StackRow(other, 4), StackRow(stack, 5)]) == \
+        [(0, 2), (2, 3), (3, 4), (4, 6), (6, 7)]
 
 
 @pytest.mark.parametrize("extra, why", [

@@ -44,7 +44,7 @@ __all__ = ["BASE_HELP", "ROW_BLOCK_BYTES", "WEIGHTED_HELP", "AggregationPolicy",
            "AsyncUpdate", "ClientContext", "ClientData", "ClientOutput", "ClientResult",
            "ClientSampler", "CohortFit", "Draw", "EvalResult", "ReportSection", "StackRow",
            "State", "Status", "accumulate", "accumulate_rows", "check_reduce",
-           "cohort_size", "finite", "finite_rows", "require", "rows_per_block", "stack_slice"]
+           "cohort_size", "finite", "finite_rows", "require", "stack_runs", "stack_slice"]
 
 
 def finite(tensors: Mapping[str, np.ndarray]) -> bool:
@@ -89,12 +89,6 @@ def accumulate(acc: dict[str, np.ndarray], tensors: Mapping[str, np.ndarray],
 ROW_BLOCK_BYTES = 1 << 18  # float64 terms formed at once by accumulate_rows
 
 
-def rows_per_block(elements: int, block_bytes: int = ROW_BLOCK_BYTES) -> int:
-    """How many uploads of ``elements`` numbers each fit one block of float64 terms (at
-    least one)."""
-    return max(1, block_bytes // (8 * max(elements, 1)))
-
-
 def accumulate_rows(acc: dict[str, np.ndarray], stacked: Mapping[str, np.ndarray],
                     weights: Sequence[float], block_bytes: int = ROW_BLOCK_BYTES) -> None:
     """``accumulate(acc, {name: v[i] for name, v in stacked.items()}, weights[i])`` for
@@ -124,7 +118,7 @@ def accumulate_rows(acc: dict[str, np.ndarray], stacked: Mapping[str, np.ndarray
         if name in acc:
             total[span] = acc[name].reshape(-1)
     w = np.asarray(weights, dtype=np.float64)[:, None]
-    step = rows_per_block(end, block_bytes)
+    step = max(1, block_bytes // (8 * max(end, 1)))
     for first in range(0, k, step):
         last = min(k, first + step)
         terms = np.empty((last - first, end))
@@ -166,15 +160,28 @@ class StackRow(Mapping):
         return len(self.stack)
 
 
+def stack_runs(uploads: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
+    """``uploads`` cut into maximal runs [i, j) of consecutive rows of one stack
+    (:class:`StackRow`); any other upload is a run of its own."""
+    runs, i = [], 0
+    while i < len(uploads):
+        j, first = i + 1, uploads[i]
+        if isinstance(first, StackRow):
+            while j < len(uploads) and isinstance(uploads[j], StackRow) and \
+                    uploads[j].stack is first.stack and uploads[j].row == first.row + j - i:
+                j += 1
+        runs.append((i, j))
+        i = j
+    return runs
+
+
 def stack_slice(uploads: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray] | None:
     """The uploads as one stack without copying, where they are consecutive rows of one
     stack (:class:`StackRow`): that stack's slice, a view. None otherwise."""
-    first = uploads[0] if uploads else None
-    if not isinstance(first, StackRow):
+    if not uploads or not isinstance(uploads[0], StackRow) or \
+            stack_runs(uploads) != [(0, len(uploads))]:
         return None
-    for i, u in enumerate(uploads):
-        if not isinstance(u, StackRow) or u.stack is not first.stack or u.row != first.row + i:
-            return None
+    first = uploads[0]
     return {k: v[first.row:first.row + len(uploads)] for k, v in first.stack.items()}
 
 

@@ -35,7 +35,6 @@ from fedray.methods.base import (
     accumulate,
     accumulate_rows,
     finite,
-    finite_rows,
     stack_slice,
 )
 from fedray.runtime.jobs import (
@@ -252,8 +251,7 @@ class ClientExecutor:
         client whose weight raises fails alone; stacked rows share their shapes, so a stack
         that cannot be added fails each of its clients. Returns the results."""
         samples = {r.client_id: r.num_samples for r in results if r.ok}
-        tensors = uploads.payload.decode()
-        clean = finite_rows(tensors, len(uploads.clients))
+        tensors, clean = uploads.checked()
         failed, rows, weights = {}, [], []
         for i in np.flatnonzero(clean):
             cid = uploads.clients[i]

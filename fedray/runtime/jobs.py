@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+import numpy as np
+
 from fedray.methods.base import (
     ClientResult,
     EvalResult,
@@ -113,13 +115,18 @@ class StackedUploads:
     clients: list[int]
     payload: Any
 
-    def unstacked(self) -> dict[int, tuple[State, bool]]:
-        """Decoded once: each client's upload (a :class:`~fedray.methods.base.StackRow`
-        of the stack) and whether it is free of NaN and Inf
-        (:func:`~fedray.methods.base.finite_rows`, on the stack)."""
+    def checked(self) -> tuple[State, np.ndarray]:
+        """Decoded once: the stacked tensors, and for each row whether it is free of NaN
+        and Inf (:func:`~fedray.methods.base.finite_rows`, on the stack)."""
         tensors = self.payload.decode()
-        clean = finite_rows(tensors, len(self.clients)).tolist()
-        return {c: (StackRow(tensors, i), clean[i]) for i, c in enumerate(self.clients)}
+        return tensors, finite_rows(tensors, len(self.clients))
+
+    def unstacked(self) -> dict[int, tuple[State, bool]]:
+        """:meth:`checked` per client: its upload (a :class:`~fedray.methods.base.StackRow`
+        of the stack) and whether it is clean."""
+        tensors, clean = self.checked()
+        return {c: (StackRow(tensors, i), ok)
+                for i, (c, ok) in enumerate(zip(self.clients, clean.tolist(), strict=True))}
 
 
 @dataclass

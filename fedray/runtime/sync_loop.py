@@ -265,11 +265,11 @@ def time_round(p: RoundParts, sampled: list[int], final: dict[int, ClientResult]
             f"needed {total[i]:.1f} s, the deadline is {fl.deadline_s:g} s")
     reporting = np.flatnonzero(ok & ~dropped & ~late)
     reporting = reporting[np.lexsort((ids[reporting], total[reporting]))]
+    lost = ~ran | dropped | late
     for i in reporting[k:]:
         res[i].status, res[i].error = Status.SURPLUS, "the round closed on K reports"
-    for i in np.flatnonzero(~ran | dropped | late):
-        res[i].upload_bytes = 0
-    for i in reporting[k:]:
+        lost[i] = True
+    for i in np.flatnonzero(lost):
         res[i].upload_bytes = 0
     if len(reporting) >= k:
         duration = float(total[reporting[k - 1]]) if len(reporting) else 0.0

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from fedray.methods.base import AggregationPolicy, StackRow, State, accumulate_rows
+from fedray.methods.base import AggregationPolicy, State, accumulate_rows, stack_runs
 from fedray.services.server_opt import SGD, ServerOptimizer, norm
 
 RUN = 4  # from this many consecutive rows of one stack on, they are added as its slice
@@ -19,24 +19,17 @@ SMALL = 1 << 14  # ... for uploads of at most this many numbers (above: memory-b
 
 def _runs(deltas: list[Any], slices: bool) -> list[tuple[int, int, bool]]:
     """``deltas`` cut into runs [i, j): True for at least :data:`RUN` consecutive rows of
-    one stack (added as its slice; with ``slices`` only), False for the uploads between
-    them (one by one)."""
+    one stack (:func:`~fedray.methods.base.stack_runs`; added as its slice, with ``slices``
+    only), False for the uploads between them, merged (added one by one)."""
     if not slices:
         return [(0, len(deltas), False)]
     out: list[tuple[int, int, bool]] = []
-    i = 0
-    while i < len(deltas):
-        j, first = i + 1, deltas[i]
-        if isinstance(first, StackRow):
-            while j < len(deltas) and isinstance(deltas[j], StackRow) and \
-                    deltas[j].stack is first.stack and deltas[j].row == first.row + j - i:
-                j += 1
+    for i, j in stack_runs(deltas):
         sliced = j - i >= RUN
         if not sliced and out and not out[-1][2]:
             out[-1] = (out[-1][0], j, False)
         else:
             out.append((i, j, sliced))
-        i = j
     return out
 
 
