@@ -108,13 +108,19 @@ def test_partials_are_added_in_group_order_whatever_order_they_came_in():
     assert a["w"].dtype == np.float64 and a["w"][0] == 5.0
 
 
+@pytest.mark.parametrize("side_by_side", [True, False])
 @pytest.mark.parametrize("block_bytes", [1, 200, 1 << 23])
-def test_stacked_rows_add_as_one_client_after_another(block_bytes):
+def test_stacked_rows_add_as_one_client_after_another(block_bytes, side_by_side,
+                                                       monkeypatch):
     """accumulate_rows gives the bits of accumulate called row by row: a sum that holds
     some tensors already and not others (a missing one starts at its first term, so a
     -0.0 term stays -0.0), a scalar and an integer tensor, weights far apart, rows taken
-    one at a time or in blocks; a shape that differs from the sum's raises before anything
-    is added."""
+    one at a time or in blocks, or row by row (uploads above SIDE_BY_SIDE numbers); a
+    shape that differs from the sum's raises before anything is added."""
+    from fedray.methods import base
+
+    if not side_by_side:
+        monkeypatch.setattr(base, "SIDE_BY_SIDE", 0)
     gen = np.random.default_rng(3)
     k = 7
     stacked = {"w": (gen.standard_normal((k, 4, 3)) * 10.0 ** gen.integers(-6, 6, (k, 1, 1))
@@ -156,8 +162,10 @@ def loop_mean(updates, weighted=True):
     return out
 
 
+@pytest.mark.parametrize("side_by_side", [True, False])
 @pytest.mark.parametrize("weighted", [True, False])
-def test_the_mean_of_stacked_rows_is_the_client_by_client_mean(weighted, monkeypatch):
+def test_the_mean_of_stacked_rows_is_the_client_by_client_mean(weighted, side_by_side,
+                                                               monkeypatch):
     """weighted_mean over cohorts' rows (StackRow: long runs added as the stack's slice,
     runs cut by a left-out client, a run too short to slice, a second stack, plain
     uploads between them) gives the bits of the loop over clients and tensors."""
@@ -172,7 +180,11 @@ def test_the_mean_of_stacked_rows_is_the_client_by_client_mean(weighted, monkeyp
         [StackRow(stacks[1], r) for r in range(2, 12)]
     updates = [(c, int(gen.integers(1, 50)), d) for c, d in enumerate(rows)]
     want = loop_mean(updates, weighted)
+    from fedray.methods import base
     from fedray.methods.fedavg import policy
+
+    if not side_by_side:  # a large model's rows: added with accumulate, row by row
+        monkeypatch.setattr(base, "SIDE_BY_SIDE", 0)
 
     sliced = []
     monkeypatch.setattr(policy, "accumulate_rows", lambda acc, stacked, w: (

@@ -40,11 +40,12 @@ BASE_HELP = ("the pretrained starting point: a `fedray pretrain` output of the c
              "causal LM hub id or directory (FAVoR)")
 WEIGHTED_HELP = "weight clients by their sample count (else uniformly)"
 
-__all__ = ["BASE_HELP", "ROW_BLOCK_BYTES", "WEIGHTED_HELP", "AggregationPolicy", "Algorithm",
-           "AsyncUpdate", "ClientContext", "ClientData", "ClientOutput", "ClientResult",
-           "ClientSampler", "CohortFit", "Draw", "EvalResult", "ReportSection", "StackRow",
-           "State", "Status", "accumulate", "accumulate_rows", "check_reduce",
-           "cohort_size", "finite", "finite_rows", "require", "stack_runs", "stack_slice"]
+__all__ = ["BASE_HELP", "ROW_BLOCK_BYTES", "SIDE_BY_SIDE", "WEIGHTED_HELP",
+           "AggregationPolicy", "Algorithm", "AsyncUpdate", "ClientContext", "ClientData",
+           "ClientOutput", "ClientResult", "ClientSampler", "CohortFit", "Draw", "EvalResult",
+           "ReportSection", "StackRow", "State", "Status", "accumulate", "accumulate_rows",
+           "check_reduce", "cohort_size", "finite", "finite_rows", "require", "stack_runs",
+           "stack_slice"]
 
 
 def finite(tensors: Mapping[str, np.ndarray]) -> bool:
@@ -87,6 +88,7 @@ def accumulate(acc: dict[str, np.ndarray], tensors: Mapping[str, np.ndarray],
 
 
 ROW_BLOCK_BYTES = 1 << 18  # float64 terms formed at once by accumulate_rows
+SIDE_BY_SIDE = 1 << 14  # ... for uploads of at most this many numbers (above: memory-bound)
 
 
 def accumulate_rows(acc: dict[str, np.ndarray], stacked: Mapping[str, np.ndarray],
@@ -98,7 +100,9 @@ def accumulate_rows(acc: dict[str, np.ndarray], stacked: Mapping[str, np.ndarray
     tensors are laid side by side, so that a row costs one addition over all of them
     instead of a few small operations per tensor, which is what a cohort of small models
     spends its reduction on; the terms are formed in blocks of at most ``block_bytes``.
-    All or nothing, as :func:`accumulate`."""
+    Uploads of more than :data:`SIDE_BY_SIDE` numbers are memory-bound either way, and
+    laying them side by side did not pay: they are added row by row with
+    :func:`accumulate`. All or nothing, as :func:`accumulate`."""
     k = len(weights)
     for name, v in stacked.items():
         if len(v) != k:
@@ -112,6 +116,10 @@ def accumulate_rows(acc: dict[str, np.ndarray], stacked: Mapping[str, np.ndarray
     for name, v in stacked.items():
         spans[name] = slice(end, end + math.prod(v.shape[1:]))
         end = spans[name].stop
+    if end > SIDE_BY_SIDE:
+        for i, w in enumerate(weights):
+            accumulate(acc, {name: v[i] for name, v in stacked.items()}, w)
+        return
     fresh = {n for n in stacked if n not in acc}
     total = np.zeros(end)
     for name, span in spans.items():

@@ -14,15 +14,12 @@ from fedray.methods.base import AggregationPolicy, State, accumulate_rows, stack
 from fedray.services.server_opt import SGD, ServerOptimizer, norm
 
 RUN = 4  # from this many consecutive rows of one stack on, they are added as its slice
-SMALL = 1 << 14  # ... for uploads of at most this many numbers (above: memory-bound anyway)
 
 
-def _runs(deltas: list[Any], slices: bool) -> list[tuple[int, int, bool]]:
+def _runs(deltas: list[Any]) -> list[tuple[int, int, bool]]:
     """``deltas`` cut into runs [i, j): True for at least :data:`RUN` consecutive rows of
-    one stack (:func:`~fedray.methods.base.stack_runs`; added as its slice, with ``slices``
-    only), False for the uploads between them, merged (added one by one)."""
-    if not slices:
-        return [(0, len(deltas), False)]
+    one stack (:func:`~fedray.methods.base.stack_runs`; added as its slice), False for the
+    uploads between them, merged (added one by one)."""
     out: list[tuple[int, int, bool]] = []
     for i, j in stack_runs(deltas):
         sliced = j - i >= RUN
@@ -36,15 +33,15 @@ def _runs(deltas: list[Any], slices: bool) -> list[tuple[int, int, bool]]:
 def weighted_mean(updates: list[tuple[int, int, State]], weighted: bool = True) -> State:
     """Σ_i w_i Δ_i in the given (client-id) order, accumulated in float64 from zero: each
     term w_i·Δ_i a float64 product, added one client after another. Consecutive rows of
-    one cohort's stack (:class:`~fedray.methods.base.StackRow`) of a small model are added
-    as the stack's slice (:func:`~fedray.methods.base.accumulate_rows`: the same bits, one
-    addition per client over all tensors instead of two operations per tensor)."""
+    one cohort's stack (:class:`~fedray.methods.base.StackRow`) are added as the stack's
+    slice (:func:`~fedray.methods.base.accumulate_rows`: the same bits; for a small model
+    one addition per client over all tensors instead of two operations per tensor)."""
     counts = np.array([n for _, n, _ in updates], dtype=np.float64)
     w = counts / counts.sum() if weighted and counts.sum() > 0 else np.full(
         len(updates), 1.0 / len(updates))
     out = {name: np.zeros(np.shape(v), dtype=np.float64) for name, v in updates[0][2].items()}
     deltas = [delta for _, _, delta in updates]
-    for i, j, sliced in _runs(deltas, sum(v.size for v in out.values()) <= SMALL):
+    for i, j, sliced in _runs(deltas):
         if sliced:
             first = deltas[i]
             accumulate_rows(out, {k: first.stack[k][first.row:first.row + j - i]
