@@ -36,7 +36,7 @@ import numpy as np
 
 from fedray.core.config import DataConfig, ExperimentConfig
 from fedray.core.outputs import resolves_inside
-from fedray.core.seeding import rng, rngs
+from fedray.core.seeding import bounded_integers, rng, rngs
 from fedray.core.spec import ConfigError, redact, short_repr
 from fedray.data.federated import local_test_count
 
@@ -234,21 +234,23 @@ class SyntheticPopulation:
                    ) -> tuple[np.ndarray, np.ndarray]:
         """``n`` samples from each generator, stacked ((K, n, ...) inputs, (K, n) labels).
         Each generator is read in the same order (labels, clusters, latent noise, input
-        noise); the arithmetic after it runs on the stack at once, elementwise, and the
-        projection is one matmul per generator's slice (a stacked ``@``), so a client's
-        samples are the same bits whichever clients are drawn beside it."""
+        noise; without a Dirichlet skew the labels and clusters of all generators are drawn
+        together by :func:`~fedray.core.seeding.bounded_integers`, the same numbers); the
+        arithmetic after it runs on the stack at once, elementwise, and the projection is
+        one matmul per generator's slice (a stacked ``@``), so a client's samples are the
+        same bits whichever clients are drawn beside it."""
         k, f, latent = len(gens), self.input_shape[0], self.centres.shape[2]
-        y = np.empty((k, n), np.int64)
-        cluster = np.empty((k, n), np.int64)
+        if alpha is None:
+            y, cluster = bounded_integers(gens, (self.num_classes, 2), n)
+        else:
+            y, cluster = np.empty((k, n), np.int64), np.empty((k, n), np.int64)
         noise = np.empty((k, n, latent))
         x = np.empty((k, n, f), np.float32)
         for i, gen in enumerate(gens):
-            if alpha is None:
-                y[i] = gen.integers(0, self.num_classes, n)
-            else:
+            if alpha is not None:
                 y[i] = gen.choice(self.num_classes, n,
                                   p=gen.dirichlet(np.full(self.num_classes, alpha)))
-            cluster[i] = gen.integers(0, 2, n)
+                cluster[i] = gen.integers(0, 2, n)
             gen.standard_normal(out=noise[i])
             gen.standard_normal(dtype=np.float32, out=x[i])
         z = self.centres[y, cluster] + 0.6 * noise

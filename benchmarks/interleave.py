@@ -1,0 +1,151 @@
+"""Two fedray trees on the same workload, run alternately: the measurement of a change.
+
+This machine's speed drifts by up to 1.5× over an hour, more than most changes move a
+round, so a before/after pair measured minutes apart says little. Here each repeat runs
+tree A, then tree B, each in a fresh process with its own local Ray, stepping an
+``Experiment`` and timing every ``exp.step()``; a run's number is the median step of
+rounds 3 and later, and the report gives every run's number and the median of each side.
+The workload's overrides come from *this* tree's ``benchmarks/scale.py`` (``--workload
+scale``: N clients, K a round, cohorts of ``--cohort`` with ``vectorize=on``, or sequential
+with ``--cohort 0``) or ``benchmarks/sim_overhead.py`` (``--workload sim_overhead``: the
+784-256-10 MLP, every one of ``--per-round`` clients every round), so both sides run the
+same configuration. A side is a directory holding a fedray tree or a git revision of this
+repository (checked out in a temporary worktree, removed afterwards)::
+
+    .venv/bin/python benchmarks/interleave.py --a HEAD~1 --b . --per-round 10000 \\
+        --rounds 12 --repeats 3 --reduce executors
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+CHILD = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from fedray.core.config import load_config
+from fedray.runtime.experiment import Experiment
+exp = Experiment(load_config(None, json.loads(sys.argv[2])), sys.argv[3], overwrite=True)
+exp.start()
+steps = []
+try:
+    while not exp.done:
+        t = time.perf_counter()
+        exp.step()
+        steps.append(time.perf_counter() - t)
+finally:
+    exp.close()
+    exp.release()
+print(json.dumps(steps))
+"""
+
+
+def overrides(args: argparse.Namespace) -> list[str]:
+    """The workload's fedray overrides, from this tree's benchmark scripts."""
+    if args.workload == "sim_overhead":
+        from sim_overhead import workload
+
+        ov = workload(args.per_round, args.rounds, args.seed)
+        return ov + [f"runtime.reduce={args.reduce}"]
+    from scale import fedray_overrides
+
+    return fedray_overrides(args.population, args.per_round, args.rounds, args.seed,
+                            args.executors, True, args.reduce, args.cohort or None)
+
+
+def checkout(side: str, keep: list[str]) -> str:
+    """A fedray tree for ``side``: the directory itself, or a temporary worktree of the git
+    revision it names (appended to ``keep`` for removal)."""
+    if os.path.isdir(os.path.join(side, "fedray")):
+        return os.path.abspath(side)
+    where = tempfile.mkdtemp(prefix="fedray-interleave-")
+    subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", "-f", where, side],
+                   check=True, capture_output=True, text=True)
+    keep.append(where)
+    return where
+
+
+def run_side(tree: str, ov: list[str], timeout: float) -> list[float]:
+    """One run of the workload on ``tree`` in a fresh process: every step's seconds."""
+    with tempfile.TemporaryDirectory(prefix="fedray-interleave-run-") as tmp:
+        env = dict(os.environ, PYTHONPATH=tree)
+        out = subprocess.run([sys.executable, "-c", CHILD, tree, json.dumps(ov),
+                              os.path.join(tmp, "run")], cwd=tree, env=env,
+                             capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"the run on {tree} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def steady(steps: list[float]) -> float:
+    """The median step of rounds 3 and later (the first two pay for warm-up)."""
+    return statistics.median(steps[2:] if len(steps) > 2 else steps)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--a", required=True, help="before: a fedray tree or a git revision")
+    p.add_argument("--b", required=True, help="after: a fedray tree or a git revision")
+    p.add_argument("--workload", choices=["scale", "sim_overhead"], default="scale")
+    p.add_argument("--population", type=int, default=100_000,
+                   help="clients in the population (scale workload)")
+    p.add_argument("--per-round", type=int, default=10_000, help="clients a round")
+    p.add_argument("--rounds", type=int, default=12)
+    p.add_argument("--repeats", type=int, default=3, help="runs of each side")
+    p.add_argument("--reduce", choices=["driver", "executors"], default="executors")
+    p.add_argument("--cohort", type=int, default=256,
+                   help="cohort size with vectorize=on; 0: sequential (scale workload)")
+    p.add_argument("--executors", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
+    p.add_argument("--out", default=None, help="write the runs' JSON here")
+    args = p.parse_args(argv)
+    for name in ("per_round", "rounds", "repeats", "population", "executors"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got "
+                    f"{getattr(args, name)}")
+    if args.cohort < 0:
+        p.error(f"--cohort must be 0 or more, got {args.cohort}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    ov, keep = overrides(args), []
+    try:
+        trees = {"A": checkout(args.a, keep), "B": checkout(args.b, keep)}
+        runs: dict[str, list[float]] = {"A": [], "B": []}
+        for i in range(args.repeats):
+            for side in ("A", "B"):
+                runs[side].append(steady(run_side(trees[side], ov, args.timeout)))
+                print(f"repeat {i + 1} {side}: {runs[side][-1]:.4f} s/step", flush=True)
+    finally:
+        for where in keep:
+            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", where],
+                           capture_output=True)
+            shutil.rmtree(where, ignore_errors=True)
+    med = {side: statistics.median(v) for side, v in runs.items()}
+    report = {"a": args.a, "b": args.b, "overrides": ov, "runs": runs, "median": med,
+              "b_over_a": med["B"] / med["A"]}
+    print(f"A {args.a}: {' / '.join(f'{v:.3f}' for v in runs['A'])} s (median "
+          f"{med['A']:.3f})\nB {args.b}: {' / '.join(f'{v:.3f}' for v in runs['B'])} s "
+          f"(median {med['B']:.3f})\nB / A = {report['b_over_a']:.3f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
