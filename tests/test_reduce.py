@@ -22,7 +22,7 @@ from fedray.methods.base import StackRow, accumulate, accumulate_rows, stack_run
 from fedray.methods.fedavg.method import FedAvg
 from fedray.methods.fedavg.policy import weighted_mean
 from fedray.runtime import run_experiment
-from fedray.runtime.dispatch import combine, even_groups
+from fedray.runtime.dispatch import combine, even_groups, summation_groups
 from fedray.runtime.jobs import Partial
 
 ray_cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -88,6 +88,18 @@ def test_groups_are_near_equal_runs_in_client_order():
     assert even_groups([3, 5], 8) == [[3], [5]]
     sizes = [len(g) for g in even_groups(list(range(1001)), 8)]
     assert sum(sizes) == 1001 and max(sizes) - min(sizes) == 1
+
+
+def test_summation_groups_hold_full_cohorts_where_the_sample_allows():
+    """8 groups by default; with cohorts no group smaller than a cohort while fewer groups
+    can hold them (min(8, ⌈n / cohort⌉)); chunk_size, when set, decides alone."""
+    ids = list(range(1000))
+    assert summation_groups(ids, None) == even_groups(ids, 8)
+    assert [len(g) for g in summation_groups(ids, None, 256)] == [250] * 4
+    assert [len(g) for g in summation_groups(ids, None, 100)] == [125] * 8
+    assert [len(g) for g in summation_groups(ids[:40], None, 256)] == [40]
+    assert summation_groups(ids, 300, 256) == even_groups(ids, 4)
+    assert sum(summation_groups(ids, None, 256), []) == ids
 
 
 def test_partials_are_added_in_group_order_whatever_order_they_came_in():

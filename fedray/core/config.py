@@ -291,7 +291,11 @@ class RuntimeConfig:
     chunk_size: int | None = spec(None, ge=1, help="clients per executor call (default: two "
                                                    "calls per executor; with reduce=executors "
                                                    "8 near-equal calls per tier, so a tier "
-                                                   "with more executors needs this set)")
+                                                   "with more executors needs this set, and "
+                                                   "with cohorts no fewer than cohort_size "
+                                                   "clients a call where the sample allows; "
+                                                   "with cohorts and reduce=driver one "
+                                                   "cohort a call)")
     reduce: Literal["driver", "executors"] = spec(
         "driver", help="where a linear rule's (FedAvg, FedProx, FedAvgM, FAVoR) uploads are "
                        "summed. driver: every upload goes to the driver, which sums them in "

@@ -47,11 +47,17 @@ def even_groups(items: list, groups: int) -> list[list]:
     return [items[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
 
 
-def summation_groups(items: list, chunk_size: int | None) -> list[list]:
+def summation_groups(items: list, chunk_size: int | None, cohort: int | None = None
+                     ) -> list[list]:
     """``runtime.reduce=executors``'s groups of one tier's sorted clients: 8 near-equal runs
     (so that 1, 2, 4 or 8 executors get equal shares), or runs of ``chunk_size``; never a
-    function of the executor count."""
-    return even_groups(items, math.ceil(len(items) / chunk_size) if chunk_size else 8)
+    function of the executor count. With cohorts (``cohort`` clients each) and no
+    ``chunk_size``, fewer runs where 8 would hold less than a cohort each:
+    ``min(8, ⌈n / cohort⌉)``, so that a group's cohorts are full (a cohort never spans
+    two groups, and a half-empty cohort pays a whole batched step)."""
+    if chunk_size:
+        return even_groups(items, math.ceil(len(items) / chunk_size))
+    return even_groups(items, min(8, math.ceil(len(items) / cohort)) if cohort else 8)
 
 
 def combine(partials: list[tuple[GroupKey, Partial]]) -> tuple[State, float]:
@@ -162,7 +168,8 @@ class Dispatcher:
                  ) -> Iterator[tuple[str, list[int]]]:
         """(tier, clients) batches of ``runtime.chunk_size`` or two per executor — with
         cohorts, one cohort each: runs of the cohort size of the tier's sorted clients, a
-        rule on the sample alone; the clients in ``alone`` (whose batch killed its
+        rule on the sample alone (one cohort a call keeps the driver decoding uploads while
+        the other cohorts train); the clients in ``alone`` (whose batch killed its
         executor) one per batch."""
         for tier, cids in self.tiers.group(clients).items():
             batched = [c for c in cids if c not in alone]
@@ -189,7 +196,8 @@ class Dispatcher:
             rest = [c for c in sorted(left) if c not in alone]
             if rest:
                 groups += [((passes, g[0]), g)
-                           for g in summation_groups(rest, self.cfg.runtime.chunk_size)]
+                           for g in summation_groups(rest, self.cfg.runtime.chunk_size,
+                                                     self.cohort)]
             groups += [((passes, c), [c]) for c in single]
             for key, members in groups:
                 yield tier, key, members
