@@ -207,6 +207,9 @@ class Status(str, enum.Enum):
         return self.value
 
 
+_OK = Status.OK  # a module constant: an Enum member's lookup costs 0.1 µs, per client
+
+
 @runtime_checkable
 class ClientData(Protocol):
     """The federated data an executor holds: one client's arrays on demand.
@@ -280,7 +283,7 @@ class ClientResult:
 
     @property
     def ok(self) -> bool:
-        return self.status is Status.OK
+        return self.status is _OK
 
 
 @dataclass

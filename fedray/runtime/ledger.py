@@ -10,6 +10,7 @@ only moves forward, by what the fleet model says a round or a dispatch took.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from fedray.methods.base import ClientResult, Status
@@ -37,14 +38,19 @@ class Ledger:
     def charge_downloads(self, sampled: list[int], attempts: dict[int, int],
                          broadcast_bytes: dict[int, int]) -> dict[int, int]:
         """Each sampled client's broadcast once per attempt (and its base): {client: bytes}."""
-        return {c: self.charge(c, broadcast_bytes[c] * attempts[c]) for c in sampled}
+        if self.base_bytes:
+            return {c: self.charge(c, broadcast_bytes[c] * attempts[c]) for c in sampled}
+        got = {c: broadcast_bytes[c] * attempts[c] for c in sampled}
+        self.totals["download_bytes"] += sum(got.values())
+        return got
 
     def charge_uploads(self, clients: list[int], final: dict[int, ClientResult]) -> None:
         """Every completed upload's exact bytes; failures and rejections counted."""
-        for c in clients:
-            self.totals["upload_bytes"] += final[c].upload_bytes
-            self.totals["failures"] += final[c].status is Status.ERROR
-            self.totals["rejected"] += final[c].status is Status.REJECTED
+        res = [final[c] for c in clients]
+        status = Counter(r.status for r in res)
+        self.totals["upload_bytes"] += sum(r.upload_bytes for r in res)
+        self.totals["failures"] += status[Status.ERROR]
+        self.totals["rejected"] += status[Status.REJECTED]
 
     def charge_protocol(self, up: dict[int, int], down: dict[int, int]) -> None:
         """Secure aggregation's messages besides the masked input (which is the upload)."""

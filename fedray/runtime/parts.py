@@ -131,12 +131,14 @@ class RoundParts:
         extra.update(metrics)
         return accepted
 
-    def samples_seen(self, num_samples: int) -> int:
-        """Samples a client's local training processes: epochs over its data, capped by
-        ``local.max_steps`` batches."""
+    def samples_seen(self, num_samples: Any) -> Any:
+        """Samples a client's local training processes (an int, or an int64 array of
+        clients'): epochs over its data, capped by ``local.max_steps`` batches."""
         loc = self.cfg.local
         seen = num_samples * loc.epochs
-        return min(seen, loc.max_steps * loc.batch_size) if loc.max_steps else seen
+        if not loc.max_steps:
+            return seen
+        return np.minimum(seen, loc.max_steps * loc.batch_size)
 
     def next_online(self, r: int) -> float:
         """When the clock jumps to while no client is online: the next session start (not

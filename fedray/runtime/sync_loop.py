@@ -26,6 +26,7 @@ from fedray.runtime.parts import RoundParts
 from fedray.runtime.rows import Evaluation, RoundRecord
 
 LOST = (Status.DROPPED, Status.LATE, Status.SURPLUS)
+OK, DROPPED = Status.OK, Status.DROPPED
 
 
 class SyncLoop:
@@ -71,7 +72,7 @@ class SyncLoop:
         download = p.ledger.charge_downloads(sampled, attempts,
                                              {c: bcast[t].nbytes for c, t in
                                               zip(sampled, tiers, strict=True)})
-        times, duration = time_round(p, sampled, final, download, draw.reports)
+        times, duration = time_round(p, sampled, tiers, final, download, draw.reports)
         accepted = accept(p, trained)
         p.ledger.charge_uploads(sampled, final)
         restarts = p.dispatcher.restarts - restarts_before
@@ -237,8 +238,9 @@ def secure_aggregate(p: RoundParts, r: int, sampled: list[int], accepted: list, 
     return out, False
 
 
-def time_round(p: RoundParts, sampled: list[int], final: dict[int, ClientResult],
-               download: dict[int, int], k: int) -> tuple[dict[int, float], float]:
+def time_round(p: RoundParts, sampled: list[int], tiers: list[str],
+               final: dict[int, ClientResult], download: dict[int, int], k: int
+               ) -> tuple[dict[int, float], float]:
     """Simulated seconds of each sampled client, and of the round; marks clients that go
     offline before finishing (dropped), miss the deadline (late) or finish after the first
     ``k`` reports (surplus; the reports ordered by time, then client id). Their uploads
@@ -246,12 +248,12 @@ def time_round(p: RoundParts, sampled: list[int], final: dict[int, ClientResult]
     fl = p.cfg.fleet
     ids = np.array(sampled, dtype=np.int64)
     res = [final[c] for c in sampled]
-    ok = np.array([r.status is Status.OK for r in res], dtype=bool)
-    ran = np.array([r.status is not Status.DROPPED for r in res], dtype=bool)
-    up = np.array([r.upload_bytes if r.status is Status.OK else 0 for r in res])
-    seen = np.array([p.samples_seen(r.num_samples) for r in res])
-    parts = p.fleet.seconds(ids, p.tiers.many(sampled),
-                            np.array([download[c] for c in sampled]), up, seen)
+    status = [r.status for r in res]
+    ok = np.array([s is OK for s in status], dtype=bool)
+    ran = np.array([s is not DROPPED for s in status], dtype=bool)
+    up = np.where(ok, np.array([r.upload_bytes for r in res], dtype=np.int64), 0)
+    seen = p.samples_seen(np.array([r.num_samples for r in res], dtype=np.int64))
+    parts = p.fleet.seconds(ids, tiers, np.array([download[c] for c in sampled]), up, seen)
     total = np.where(ran, parts["total"], parts["down"])
     offline = p.fleet.online_until(ids, p.ledger.sim_time) - p.ledger.sim_time
     dropped = ok & (total > offline)
