@@ -75,6 +75,17 @@ def checkout(side: str, keep: list[str]) -> str:
     return where
 
 
+def describe(tree: str) -> str:
+    """The commit a tree is at, with ``+changes`` when it differs from it (a working tree)."""
+    head = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True)
+    if head.returncode != 0:
+        return "not a git tree"
+    dirty = subprocess.run(["git", "-C", tree, "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    return head.stdout.strip() + (" +changes" if dirty else "")
+
+
 def run_side(tree: str, ov: list[str], timeout: float) -> list[float]:
     """One run of the workload on ``tree`` in a fresh process: every step's seconds."""
     with tempfile.TemporaryDirectory(prefix="fedray-interleave-run-") as tmp:
@@ -125,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     ov, keep = overrides(args), []
     try:
         trees = {"A": checkout(args.a, keep), "B": checkout(args.b, keep)}
+        commits = {side: describe(tree) for side, tree in trees.items()}
         runs: dict[str, list[float]] = {"A": [], "B": []}
         for i in range(args.repeats):
             for side in ("A", "B"):
@@ -136,11 +148,12 @@ def main(argv: list[str] | None = None) -> int:
                            capture_output=True)
             shutil.rmtree(where, ignore_errors=True)
     med = {side: statistics.median(v) for side, v in runs.items()}
-    report = {"a": args.a, "b": args.b, "overrides": ov, "runs": runs, "median": med,
-              "b_over_a": med["B"] / med["A"]}
-    print(f"A {args.a}: {' / '.join(f'{v:.3f}' for v in runs['A'])} s (median "
-          f"{med['A']:.3f})\nB {args.b}: {' / '.join(f'{v:.3f}' for v in runs['B'])} s "
-          f"(median {med['B']:.3f})\nB / A = {report['b_over_a']:.3f}")
+    report = {"a": args.a, "b": args.b, "a_tree": commits["A"], "b_tree": commits["B"],
+              "overrides": ov, "runs": runs, "median": med, "b_over_a": med["B"] / med["A"]}
+    for side, name in (("A", args.a), ("B", args.b)):
+        print(f"{side} {name} ({commits[side]}): "
+              f"{' / '.join(f'{v:.3f}' for v in runs[side])} s (median {med[side]:.3f})")
+    print(f"B / A = {report['b_over_a']:.3f}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
