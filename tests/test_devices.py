@@ -121,3 +121,21 @@ def test_which_errors_poison_a_cuda_context():
     assert not is_fatal_device_error(RuntimeError("CUDA out of memory. Tried to allocate"))
     assert not is_fatal_device_error(RuntimeError("mat1 and mat2 must have the same dtype"))
     assert not is_fatal_device_error(ValueError("CUDA error"))
+
+
+def test_settle_heap_freezes_and_raises_the_young_threshold_and_release_unfreezes():
+    """An actor's heap after set-up is frozen and the young generation collected every
+    GC_YOUNG allocations; free_device_memory (a warm actor's release) unfreezes."""
+    import gc
+
+    from fedray.runtime.devices import GC_YOUNG, free_device_memory, settle_heap
+
+    before = gc.get_threshold()
+    try:
+        settle_heap()
+        assert gc.get_threshold()[0] == GC_YOUNG and gc.get_freeze_count() > 0
+        free_device_memory()
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

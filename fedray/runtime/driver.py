@@ -32,6 +32,7 @@ from fedray.core.storage import Storage
 from fedray.methods.robust.adversary import adversary_of
 from fedray.observe.metrics import MetricsWriter
 from fedray.runtime.async_loop import AsyncLoop
+from fedray.runtime.devices import settle_heap
 from fedray.runtime.dispatch import Dispatcher
 from fedray.runtime.jobs import RoundFailedError
 from fedray.runtime.ledger import Ledger
@@ -110,6 +111,7 @@ class Driver:
             server.params = {k: np.array(v) for k, v in params.items()}
         if resume:  # rounds logged after the checkpoint were not committed: re-run them
             self.parts.metrics.truncate_after(server.round)
+        settle_heap()
         return {"round": server.round, "executors": self.pool.info,
                 "parameters": int(sum(v.size for v in server.params.values()))}
 

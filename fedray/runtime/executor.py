@@ -87,7 +87,7 @@ class ClientExecutor:
         from fedray.core.state_store import ClientStateStore
         from fedray.core.storage import Storage
         from fedray.methods.robust.adversary import adversary_of
-        from fedray.runtime.devices import configure_process, worker_device
+        from fedray.runtime.devices import configure_process, settle_heap, worker_device
 
         self.cfg, self.tier, self.index = cfg, tier, index
         self.name = f"{tier}/{index}"
@@ -105,6 +105,7 @@ class ClientExecutor:
         self._broadcast_key: Any = None
         self._broadcast: dict | None = None
         self._policy: Any = None
+        settle_heap()
 
     def reset(self, cfg: Any, algorithm_cls: type, data: Any, run_uri: str, tier: str,
               index: int) -> dict:
