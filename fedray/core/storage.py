@@ -391,7 +391,11 @@ class Storage:
         if not isinstance(table, pa.Table):
             table = pa.Table.from_pylist(table)
         buf = io.BytesIO()
-        pq.write_table(table, buf)
+        # dictionary pages for text only: numeric columns (ids, bytes, losses) are mostly
+        # distinct, and encoding them through a dictionary costs time and bytes
+        text = [f.name for f in table.schema if pa.types.is_string(f.type)
+                or pa.types.is_large_string(f.type)]
+        pq.write_table(table, buf, use_dictionary=text)
         self.write_bytes(rel, buf.getvalue())
 
     def read_parquet(self, rel: str) -> Any:
