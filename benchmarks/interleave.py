@@ -2,9 +2,10 @@
 
 This machine's speed drifts by up to 1.5× over an hour, more than most changes move a
 round, so a before/after pair measured minutes apart says little. Here each repeat runs
-tree A, then tree B, each in a fresh process with its own local Ray, stepping an
-``Experiment`` and timing every ``exp.step()``; a run's number is the median step of
-rounds 3 and later, and the report gives every run's number and the median of each side.
+tree A and tree B (A first in odd repeats, B first in even ones), each in a fresh process
+with its own local Ray, stepping an ``Experiment`` and timing every ``exp.step()``; a
+run's number is the median step of rounds 3 and later, and the report gives every run's
+number and the median of each side.
 The workload's overrides come from *this* tree's ``benchmarks/scale.py`` (``--workload
 scale``: N clients, K a round, cohorts of ``--cohort`` with ``vectorize=on``, or sequential
 with ``--cohort 0``) or ``benchmarks/sim_overhead.py`` (``--workload sim_overhead``: the
@@ -22,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -69,8 +71,12 @@ def checkout(side: str, keep: list[str]) -> str:
     if os.path.isdir(os.path.join(side, "fedray")):
         return os.path.abspath(side)
     where = tempfile.mkdtemp(prefix="fedray-interleave-")
-    subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", "-f", where, side],
-                   check=True, capture_output=True, text=True)
+    out = subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", "-f", where, side],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        shutil.rmtree(where, ignore_errors=True)
+        raise SystemExit(f"interleave: {side!r} is neither a fedray tree nor a revision of "
+                         f"this repository: {out.stderr.strip()}")
     keep.append(where)
     return where
 
@@ -87,15 +93,26 @@ def describe(tree: str) -> str:
 
 
 def run_side(tree: str, ov: list[str], timeout: float) -> list[float]:
-    """One run of the workload on ``tree`` in a fresh process: every step's seconds."""
+    """One run of the workload on ``tree`` in a fresh process with its own local Ray (never
+    a cluster named by ``RAY_ADDRESS``, whose workers would import another tree), in its
+    own session, so that a run past ``timeout`` is killed with its Ray processes: every
+    step's seconds."""
     with tempfile.TemporaryDirectory(prefix="fedray-interleave-run-") as tmp:
         env = dict(os.environ, PYTHONPATH=tree)
-        out = subprocess.run([sys.executable, "-c", CHILD, tree, json.dumps(ov),
-                              os.path.join(tmp, "run")], cwd=tree, env=env,
-                             capture_output=True, text=True, timeout=timeout)
-    if out.returncode != 0:
-        raise RuntimeError(f"the run on {tree} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+        env.pop("RAY_ADDRESS", None)
+        proc = subprocess.Popen([sys.executable, "-c", CHILD, tree, json.dumps(ov),
+                                 os.path.join(tmp, "run")], cwd=tree, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise RuntimeError(f"the run on {tree} ran past {timeout:g} s") from None
+    if proc.returncode != 0:
+        raise RuntimeError(f"the run on {tree} failed:\n{stderr[-3000:]}")
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def steady(steps: list[float]) -> float:
@@ -138,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         trees = {"A": checkout(args.a, keep), "B": checkout(args.b, keep)}
         commits = {side: describe(tree) for side, tree in trees.items()}
         runs: dict[str, list[float]] = {"A": [], "B": []}
-        for i in range(args.repeats):
-            for side in ("A", "B"):
+        for i in range(args.repeats):  # A B, then B A: drift favours neither side
+            for side in ("A", "B") if i % 2 == 0 else ("B", "A"):
                 runs[side].append(steady(run_side(trees[side], ov, args.timeout)))
                 print(f"repeat {i + 1} {side}: {runs[side][-1]:.4f} s/step", flush=True)
     finally:

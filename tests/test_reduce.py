@@ -91,8 +91,8 @@ def test_groups_are_near_equal_runs_in_client_order():
 
 
 def test_summation_groups_hold_full_cohorts_where_the_sample_allows():
-    """8 groups by default; with cohorts no group smaller than a cohort while fewer groups
-    can hold them (min(8, ⌈n / cohort⌉)); chunk_size, when set, decides alone."""
+    """8 groups by default; with cohorts min(8, ⌈n / cohort⌉) groups, each about a cohort
+    or more; chunk_size, when set, decides alone; an empty sample has no group."""
     ids = list(range(1000))
     assert summation_groups(ids, None) == even_groups(ids, 8)
     assert [len(g) for g in summation_groups(ids, None, 256)] == [250] * 4
@@ -100,6 +100,7 @@ def test_summation_groups_hold_full_cohorts_where_the_sample_allows():
     assert [len(g) for g in summation_groups(ids[:40], None, 256)] == [40]
     assert summation_groups(ids, 300, 256) == even_groups(ids, 4)
     assert sum(summation_groups(ids, None, 256), []) == ids
+    assert summation_groups([], None, 256) == summation_groups([], None) == []
 
 
 def test_partials_are_added_in_group_order_whatever_order_they_came_in():

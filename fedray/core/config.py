@@ -292,8 +292,9 @@ class RuntimeConfig:
                                                    "calls per executor; with reduce=executors "
                                                    "8 near-equal calls per tier, so a tier "
                                                    "with more executors needs this set, and "
-                                                   "with cohorts no fewer than cohort_size "
-                                                   "clients a call where the sample allows; "
+                                                   "with cohorts min(8, ceil(K / "
+                                                   "cohort_size)) calls, each about a cohort "
+                                                   "or more; "
                                                    "with cohorts and reduce=driver one "
                                                    "cohort a call)")
     reduce: Literal["driver", "executors"] = spec(

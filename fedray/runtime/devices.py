@@ -187,5 +187,6 @@ def run_on_device(fn: Callable[..., Any], *args: Any, num_gpus: float = 0.0,
     return ray.get(remote.remote(*args, **kwargs))
 
 
-__all__ = ["configure_process", "device_for", "device_info", "is_fatal_device_error",
-           "run_on_device", "settle_heap", "settle_runtime", "worker_device"]
+__all__ = ["GC_YOUNG", "configure_process", "device_for", "device_info",
+           "is_fatal_device_error", "run_on_device", "settle_heap", "settle_runtime",
+           "worker_device"]

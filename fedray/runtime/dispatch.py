@@ -52,12 +52,13 @@ def summation_groups(items: list, chunk_size: int | None, cohort: int | None = N
     """``runtime.reduce=executors``'s groups of one tier's sorted clients: 8 near-equal runs
     (so that 1, 2, 4 or 8 executors get equal shares), or runs of ``chunk_size``; never a
     function of the executor count. With cohorts (``cohort`` clients each) and no
-    ``chunk_size``, fewer runs where 8 would hold less than a cohort each:
-    ``min(8, ⌈n / cohort⌉)``, so that a group's cohorts are full (a cohort never spans
-    two groups, and a half-empty cohort pays a whole batched step)."""
+    ``chunk_size``, fewer runs where 8 would hold much less than a cohort each:
+    ``min(8, ⌈n / cohort⌉)`` runs, each about a cohort or more (a cohort never spans two
+    groups, and a half-empty cohort pays a whole batched step)."""
     if chunk_size:
         return even_groups(items, math.ceil(len(items) / chunk_size))
-    return even_groups(items, min(8, math.ceil(len(items) / cohort)) if cohort else 8)
+    return even_groups(items, max(1, min(8, math.ceil(len(items) / cohort))) if cohort
+                       else 8)
 
 
 def combine(partials: list[tuple[GroupKey, Partial]]) -> tuple[State, float]:

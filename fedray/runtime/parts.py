@@ -131,14 +131,15 @@ class RoundParts:
         extra.update(metrics)
         return accepted
 
-    def samples_seen(self, num_samples: Any) -> Any:
+    def samples_seen(self, num_samples: int | np.ndarray) -> int | np.ndarray:
         """Samples a client's local training processes (an int, or an int64 array of
         clients'): epochs over its data, capped by ``local.max_steps`` batches."""
         loc = self.cfg.local
         seen = num_samples * loc.epochs
         if not loc.max_steps:
             return seen
-        return np.minimum(seen, loc.max_steps * loc.batch_size)
+        cap = loc.max_steps * loc.batch_size
+        return np.minimum(seen, cap) if isinstance(seen, np.ndarray) else min(seen, cap)
 
     def next_online(self, r: int) -> float:
         """When the clock jumps to while no client is online: the next session start (not
