@@ -462,3 +462,21 @@ def test_fedasync_runs_and_applies_every_upload(ray_session, tmp_path):
     rows = _rows(tmp_path / "run")
     assert [r["ok"] for r in rows] == [1] * 5
     assert all(0 < r["policy/mixing"] <= 0.6 for r in rows)
+
+
+@pytest.mark.parametrize("base", [0, 700])
+def test_charge_downloads_is_charging_each_client_in_turn(base):
+    """The round's downloads charged at once equal Ledger.charge client by client: each
+    attempt's broadcast, the base the first time only (a client met in an earlier round,
+    or with no attempt, included), the same totals."""
+    from fedray.runtime.ledger import Ledger
+
+    sampled = [3, 8, 1, 5, 9]
+    attempts = {3: 1, 8: 2, 1: 0, 5: 1, 9: 3}
+    nbytes = {3: 100, 8: 100, 1: 40, 5: 40, 9: 100}
+    fast, slow = Ledger(base), Ledger(base)
+    fast.has_base, slow.has_base = {8}, {8}
+    got = fast.charge_downloads(sampled, attempts, nbytes)
+    want = {c: slow.charge(c, nbytes[c] * attempts[c]) for c in sampled}
+    assert got == want and list(got) == sampled
+    assert fast.totals == slow.totals and fast.has_base == slow.has_base

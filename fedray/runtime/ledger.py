@@ -38,9 +38,11 @@ class Ledger:
     def charge_downloads(self, sampled: list[int], attempts: dict[int, int],
                          broadcast_bytes: dict[int, int]) -> dict[int, int]:
         """Each sampled client's broadcast once per attempt (and its base): {client: bytes}."""
-        if self.base_bytes:
-            return {c: self.charge(c, broadcast_bytes[c] * attempts[c]) for c in sampled}
         got = {c: broadcast_bytes[c] * attempts[c] for c in sampled}
+        if self.base_bytes:
+            for c in got.keys() - self.has_base:
+                got[c] += self.base_bytes
+            self.has_base.update(got)
         self.totals["download_bytes"] += sum(got.values())
         return got
 

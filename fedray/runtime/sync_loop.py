@@ -26,7 +26,7 @@ from fedray.runtime.parts import RoundParts
 from fedray.runtime.rows import Evaluation, RoundRecord
 
 LOST = (Status.DROPPED, Status.LATE, Status.SURPLUS)
-OK, DROPPED = Status.OK, Status.DROPPED
+DROPPED = Status.DROPPED  # a module constant: looked up once per client
 
 
 class SyncLoop:
@@ -248,9 +248,8 @@ def time_round(p: RoundParts, sampled: list[int], tiers: list[str],
     fl = p.cfg.fleet
     ids = np.array(sampled, dtype=np.int64)
     res = [final[c] for c in sampled]
-    status = [r.status for r in res]
-    ok = np.array([s is OK for s in status], dtype=bool)
-    ran = np.array([s is not DROPPED for s in status], dtype=bool)
+    ok = np.array([r.ok for r in res], dtype=bool)
+    ran = np.array([r.status is not DROPPED for r in res], dtype=bool)
     up = np.where(ok, np.array([r.upload_bytes for r in res], dtype=np.int64), 0)
     seen = p.samples_seen(np.array([r.num_samples for r in res], dtype=np.int64))
     parts = p.fleet.seconds(ids, tiers, np.array([download[c] for c in sampled]), up, seen)
