@@ -59,7 +59,8 @@ class Broadcast:
 
 class ClientSlot(NamedTuple):
     """A client to run and the client-state version it must start from (None: none). A
-    named tuple: a round builds one per client, and a frozen dataclass costs 3× to make."""
+    named tuple: a round builds one per client, and it is cheaper to make than a frozen
+    dataclass (0.24 against 0.33 µs)."""
 
     client: int
     version: int | None = None
