@@ -7,9 +7,10 @@ with its own local Ray, stepping an ``Experiment`` and timing every ``exp.step()
 run's number is the median step of rounds 3 and later, and the report gives every run's
 number and the median of each side.
 The workload's overrides come from *this* tree's ``benchmarks/scale.py`` (``--workload
-scale``: N clients, K a round, cohorts of ``--cohort`` with ``vectorize=on``, or sequential
-with ``--cohort 0``) or ``benchmarks/sim_overhead.py`` (``--workload sim_overhead``: the
-784-256-10 MLP, every one of ``--per-round`` clients every round), so both sides run the
+scale``: N clients, K a round, cohorts of ``--cohort`` with ``vectorize=on``, sequential
+with ``--cohort 0``, each tree's default cohort size with ``--cohort default``) or
+``benchmarks/sim_overhead.py`` (``--workload sim_overhead``: the 784-256-10 MLP, every one
+of ``--per-round`` clients every round), so both sides run the
 same configuration. A side is a directory holding a fedray tree or a git revision of this
 repository (checked out in a temporary worktree, removed afterwards)::
 
@@ -61,8 +62,11 @@ def overrides(args: argparse.Namespace) -> list[str]:
         return ov + [f"runtime.reduce={args.reduce}"]
     from scale import fedray_overrides
 
+    if args.cohort == "default":  # vectorize=on, each tree its own default cohort size
+        return fedray_overrides(args.population, args.per_round, args.rounds, args.seed,
+                                args.executors, True, args.reduce, vectorize=True)
     return fedray_overrides(args.population, args.per_round, args.rounds, args.seed,
-                            args.executors, True, args.reduce, args.cohort or None)
+                            args.executors, True, args.reduce, int(args.cohort) or None)
 
 
 def checkout(side: str, keep: list[str]) -> str:
@@ -132,8 +136,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--repeats", type=int, default=3, help="runs of each side")
     p.add_argument("--reduce", choices=["driver", "executors"], default="executors")
-    p.add_argument("--cohort", type=int, default=256,
-                   help="cohort size with vectorize=on; 0: sequential (scale workload)")
+    p.add_argument("--cohort", default="256",
+                   help="cohort size with vectorize=on; 0: sequential; default: vectorize=on "
+                        "with runtime.cohort_size unset, each tree's own default (scale "
+                        "workload)")
     p.add_argument("--executors", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
@@ -143,8 +149,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got "
                     f"{getattr(args, name)}")
-    if args.cohort < 0:
-        p.error(f"--cohort must be 0 or more, got {args.cohort}")
+    if args.cohort != "default" and not (args.cohort.isdigit()):
+        p.error(f"--cohort must be 0 or more, or 'default', got {args.cohort!r}")
     return args
 
 

@@ -341,7 +341,9 @@ def log_tail_reason(log_path: str, limit: int = 300) -> str:
 
 def fedray_overrides(n: int, k: int, rounds: int, seed: int, executors: int,
                      per_client_key: bool, reduce: str = "driver",
-                     cohort: int | None = None) -> list[str]:
+                     cohort: int | None = None, vectorize: bool = False) -> list[str]:
+    """fedray's config of the workload; ``vectorize``: ``runtime.vectorize=on``, in cohorts
+    of ``cohort`` (``runtime.cohort_size``; None: fedray's own rule)."""
     data = ([f"data.synthetic_per_client={SAMPLES_PER_CLIENT}"] if per_client_key
             else [f"data.synthetic_samples={SAMPLES_PER_CLIENT * n}"])
     return [
@@ -354,7 +356,8 @@ def fedray_overrides(n: int, k: int, rounds: int, seed: int, executors: int,
         "eval.clients=none", "eval.every=0", "eval.global_test=false",
         f"runtime.tiers=[{{name: default, executors: {executors}, num_cpus: 1}}]",
         "runtime.include_dashboard=false", f"runtime.reduce={reduce}",
-        *(["runtime.vectorize=on", f"runtime.cohort_size={cohort}"] if cohort else []),
+        *(["runtime.vectorize=on"] if vectorize or cohort else []),
+        *([f"runtime.cohort_size={cohort}"] if cohort else []),
     ]
 
 
@@ -500,8 +503,9 @@ def child_bound(spec: dict) -> None:
 def child_vbound(spec: dict) -> None:
     """The vectorized single-process bound: the same K clients and data as
     :func:`child_bound`, their local SGD batched with ``torch.func`` (``vmap`` over
-    ``grad`` of a ``functional_call``, parameters stacked along a client axis) in cohorts
-    of ``cohort`` clients, one thread; writes ``spec["result"]``."""
+    ``grad`` of a ``functional_call``, parameters stacked along a client axis) in
+    ``⌈K / cohort⌉`` near-equal cohorts (as fedray cuts a call), one thread; writes
+    ``spec["result"]``."""
     t0 = time.perf_counter()
     import numpy as np
     import torch
@@ -527,8 +531,11 @@ def child_vbound(spec: dict) -> None:
         t = time.perf_counter()
         acc = {n: torch.zeros_like(w) for n, w in global_w.items()}
         total_loss = 0.0
-        for first in range(0, k, size):
-            m = min(size, k - first)
+        runs = -(-k // size)
+        q, rem = divmod(k, runs)
+        cuts = [i * q + min(i, rem) for i in range(runs + 1)]
+        for first, last in zip(cuts[:-1], cuts[1:], strict=True):
+            m = last - first
             xs = torch.empty(m, s, FEATURES)
             ys = torch.empty(m, s, dtype=torch.int64)
             perms = torch.empty(m, s, dtype=torch.int64)
@@ -597,14 +604,29 @@ def failure_note(meas: dict, result: dict, log_path: str, done: int, rounds: int
     return None
 
 
+def fedray_cohort(n: int, k: int, args: argparse.Namespace, per_client_key: bool) -> int:
+    """The cohort size of the vectorized rows: ``--cohort-size``, or what fedray's rule
+    gives a round of ``k`` clients with ``runtime.cohort_size`` unset."""
+    if args.cohort_size:
+        return args.cohort_size
+    from fedray.core.config import load_config
+    from fedray.methods.base import cohort_size
+    from fedray.methods.fedavg.method import FedAvg
+
+    cfg = load_config(None, fedray_overrides(n, k, args.rounds, args.seed, args.executors,
+                                             per_client_key, args.reduce, vectorize=True))
+    return cohort_size(cfg, FedAvg, (FEATURES,), CLASSES).of(k)
+
+
 def run_fedray(n: int, k: int, args: argparse.Namespace, per_client_key: bool,
                cohort: int | None = None) -> dict:
     system = "fedray vectorized" if cohort else "fedray"
     tag = f"fedray-N{n}-K{k}" + (f"-C{cohort}" if cohort else "")
     run_dir = os.path.join(args.out, "runs", tag)
     spec = {"overrides": fedray_overrides(n, k, args.rounds, args.seed, args.executors,
-                                          per_client_key, args.reduce, cohort),
-            "run_dir": run_dir}
+                                          per_client_key, args.reduce, args.cohort_size,
+                                          vectorize=cohort is not None),
+            "run_dir": run_dir, "cohort": cohort}
     result, meas = run_child("fedray", spec, os.path.join(args.out, "work"), tag,
                              args.fedray_timeout, args)
     if not args.keep_runs:
@@ -751,9 +773,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vectorize", action="store_true",
                    help="also run fedray with runtime.vectorize=on and the vectorized "
                         "single-process bound, side by side")
-    p.add_argument("--cohort-size", type=int, default=256,
+    p.add_argument("--cohort-size", type=int, default=None,
                    help="runtime.cohort_size of the vectorized rows (and the vectorized "
-                        "bound's cohorts)")
+                        "bound's cohorts); default: unset, fedray's own rule "
+                        "(max(256, ceil(K / 16)) here), which the bound then uses too")
     p.add_argument("--no-flower", action="store_true")
     p.add_argument("--flower-max-population", type=int, default=100_000)
     p.add_argument("--timeout", type=float, default=600.0,
@@ -868,12 +891,13 @@ def main(argv: list[str] | None = None) -> int:
             if fed:
                 fed["bound_key"] = bkey
             if args.vectorize and fed is not None:
-                vkey = f"K{k}-S{samples}-C{args.cohort_size}"
-                vec = run_fedray(n, k, args, per_client_key, args.cohort_size)
+                size = fedray_cohort(n, k, args, per_client_key)
+                vkey = f"K{k}-S{samples}-C{size}"
+                vec = run_fedray(n, k, args, per_client_key, size)
                 rows.append(vec)
                 say(vec)
                 if vkey not in bounds:
-                    bounds[vkey] = run_bound(k, samples, args, args.cohort_size)
+                    bounds[vkey] = run_bound(k, samples, args, size)
                     say({**bounds[vkey], "population": "-"})
                 fed["vbound_key"] = vec["vbound_key"] = vkey
                 vec["bound_key"] = bkey

@@ -227,7 +227,7 @@ def test_auto_never_takes_the_convolutional_sliceable_resnet():
     alg = build_method(cfg)
     assert cohort_size(cfg, type(alg), (1, 8, 8), 10) is None
     on = drod_cfg(**{"continual.method": "none", "runtime.vectorize": "on"})
-    assert cohort_size(on, type(alg), (1, 8, 8), 10) == on.runtime.cohort_size
+    assert cohort_size(on, type(alg), (1, 8, 8), 10).size == on.runtime.cohort_size
 
 
 @pytest.mark.ray

@@ -102,7 +102,7 @@ def test_on_takes_flite_and_auto_follows_the_measured_rule(setting):
     base, data, _, _ = setting  # noqa: F811
     flite, shape = registry.method("flite"), (data.input_shape, data.num_classes)
     on = config(base, "runtime.vectorize=on", "runtime.cohort_size=3")
-    assert cohort_size(on, flite, *shape) == 3
+    assert cohort_size(on, flite, *shape).size == 3
     fit = flite.cohort_fit(on, *shape)
     assert fit.problems == [] and fit.client_bytes > 0 and fit.pays is False
     assert cohort_size(config(base, "runtime.vectorize=auto"), flite, *shape) is None
@@ -110,7 +110,7 @@ def test_on_takes_flite_and_auto_follows_the_measured_rule(setting):
                                "model.name=resnet18", "model.width=8", "algorithm.d=64",
                                "algorithm.r=32", "local.batch_size=16", "data.dataset=digits",
                                "runtime.vectorize=auto", "runtime.cohort_size=8"])
-    assert cohort_size(study, flite, (1, 8, 8), 10) == 8
+    assert cohort_size(study, flite, (1, 8, 8), 10).size == 8
     assert cohort_size(study, flite, (3, 32, 32), 10) is None
 
 
@@ -132,7 +132,7 @@ def test_vectorized_runs_are_bitwise_across_executor_counts(ray_session, tiny_cf
            "runtime.cohort_size": 2}
     cfg = tiny_cfg(**run)
     flite = registry.method("flite")
-    assert cohort_size(cfg, flite, *flite.input_of(cfg)) == 2
+    assert cohort_size(cfg, flite, *flite.input_of(cfg)).size == 2
     states, _ = runs_across_executors(tiny_cfg, tmp_path, [1, 2], **run)
     from fedray.runtime import run_experiment
 

@@ -26,7 +26,15 @@ from fedray.core import registry
 from fedray.core.config import load_config
 from fedray.core.registry import make_method
 from fedray.core.spec import ConfigError
-from fedray.methods.base import AUTO_WORK, ClientContext, ClientResult, Status, cohort_size
+from fedray.methods.base import (
+    AUTO_WORK,
+    COHORT_BYTES,
+    COHORT_FLOOR,
+    ClientContext,
+    ClientResult,
+    Status,
+    cohort_size,
+)
 from fedray.methods.fedavg.method import FedAvg
 from fedray.models import build_model
 from fedray.models.cohort import cohort_problems, train_cohort
@@ -234,7 +242,7 @@ def test_auto_follows_the_documented_rule(tiny_cfg):
     """auto: on for a small step (the tiny MLP), off above AUTO_WORK multiply-adds per
     client step, off for a method without the capability; the rule reads the config only."""
     small = tiny_cfg(**{"runtime.vectorize": "auto", "runtime.cohort_size": 5})
-    assert cohort_size(small, FedAvg, (64,), 10) == 5
+    assert cohort_size(small, FedAvg, (64,), 10).size == 5
     hidden = AUTO_WORK // (64 * 16) + 1  # 64 inputs, batch 16: just above the rule
     big = tiny_cfg(**{"runtime.vectorize": "auto", "model.hidden": f"[{hidden}]"})
     assert cohort_size(big, FedAvg, (64,), 10) is None
@@ -243,6 +251,55 @@ def test_auto_follows_the_documented_rule(tiny_cfg):
     assert cohort_size(drod, registry.method("drod"), (3, 32, 32), 10) is None
     assert cohort_size(tiny_cfg(), FedAvg, (64,), 10) is None  # the default: off
 
+
+
+def test_cohorts_are_sized_by_the_round_unless_set(tiny_cfg):
+    """runtime.cohort_size unset: max(256, ⌈n / 16⌉) clients for a tier's n, at most what
+    COHORT_BYTES holds of the method's per-client bytes (below the floor for a big model);
+    set: that size whatever n. A call's clients are cut into near-equal cohorts: no short
+    tail (2,100 clients in 8 summation groups of 262-263 were 256 + 6 each)."""
+    from fedray.runtime.dispatch import summation_groups
+    from fedray.runtime.jobs import cohort_runs
+
+    cfg = tiny_cfg(**{"runtime.vectorize": "auto"})
+    assert cfg.runtime.cohort_size is None
+    rule = cohort_size(cfg, FedAvg, (64,), 10)
+    fit = FedAvg.cohort_fit(cfg, (64,), 10)
+    assert rule.size is None and rule.cap == COHORT_BYTES // fit.client_bytes > 625
+    assert [rule.of(n) for n in (1, 1000, 4096, 4097, 10_000)] == [256, 256, 256, 257, 625]
+    assert rule.of(10**9) == rule.cap == rule.largest
+    big = cohort_size(tiny_cfg(**{"runtime.vectorize": "on", "model.hidden": "[4096]"}),
+                      FedAvg, (64,), 10)
+    assert big.of(10_000) == big.cap == big.largest < COHORT_FLOOR
+    set_ = cohort_size(tiny_cfg(**{"runtime.vectorize": "on", "runtime.cohort_size": 7}),
+                       FedAvg, (64,), 10)
+    assert set_.of(1) == set_.of(10_000) == set_.largest == 7
+    ids = list(range(2100))
+    groups = summation_groups(ids, None, rule.of(len(ids)))
+    assert [len(g) for g in groups] == [263] * 4 + [262] * 4
+    assert [[len(c) for c in cohort_runs(g, rule.of(len(ids)))] for g in groups[3:5]] == \
+        [[132, 131], [131, 131]]
+    assert [len(c) for c in cohort_runs(ids[:7], 3)] == [3, 2, 2]
+    assert sum(cohort_runs(ids, 256), []) == ids and cohort_runs([], 3) == []
+
+
+def test_the_dispatcher_gives_each_call_the_rounds_cohort_size(tiny_cfg):
+    """Both reduce modes: the cohort size comes from the tier's clients in the pass, every
+    call holds at most one cohort (reduce=driver) or whole near-equal cohorts (reduce=
+    executors), and the calls cover the sample in client order."""
+    from fedray.runtime.dispatch import Dispatcher
+    from fedray.runtime.roster import Tiers
+
+    ids = list(range(0, 20_000, 2))
+    for reduce in ("driver", "executors"):
+        cfg = tiny_cfg(**{"runtime.vectorize": "on", "runtime.reduce": reduce})
+        d = Dispatcher(cfg, None, Tiers(cfg), None, cohort_size(cfg, FedAvg, (64,), 10))
+        calls = ([(m, c) for _, m, c in d._batches(ids, train=True)] if reduce == "driver"
+                 else [(m, c) for _, _, m, c in d._groups(ids, 1, {}, set())])
+        assert {c for _, c in calls} == {625}
+        assert sum((m for m, _ in calls), []) == ids
+        assert [len(m) for m, _ in calls] == ([625] * 16 if reduce == "driver"
+                                              else [1250] * 8)
 
 
 @pytest.fixture

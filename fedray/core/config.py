@@ -292,9 +292,10 @@ class RuntimeConfig:
                                                    "calls per executor; with reduce=executors "
                                                    "8 near-equal calls per tier, so a tier "
                                                    "with more executors needs this set, and "
-                                                   "with cohorts min(8, ceil(K / "
-                                                   "cohort_size)) calls, each about a cohort "
-                                                   "or more; "
+                                                   "with cohorts min(8, ceil(K / C)) "
+                                                   "calls for cohorts of C "
+                                                   "(runtime.cohort_size), each about a "
+                                                   "cohort or more; "
                                                    "with cohorts and reduce=driver one "
                                                    "cohort a call)")
     reduce: Literal["driver", "executors"] = spec(
@@ -308,8 +309,8 @@ class RuntimeConfig:
                        "asynchronous rule or fleet participation rules (availability, "
                        "deadline, over-commitment)")
     vectorize: Literal["auto", "on", "off"] = spec(
-        "off", help="train each executor call's clients of one tier in cohorts of "
-                    "runtime.cohort_size as one batched computation (torch.func vmap over "
+        "off", help="train each executor call's clients of one tier in cohorts (see "
+                    "runtime.cohort_size), each one batched computation (torch.func vmap over "
                     "stacked parameters) instead of one after another; each client's update "
                     "equals the sequential one up to float32 rounding, and a run is bitwise "
                     "the same for any executor count and across --resume. on: always (an "
@@ -324,11 +325,13 @@ class RuntimeConfig:
                     "through one mapped base) and DROD and its sub-model baselines (one "
                     "tier's clients, grouped per step by the sub-model drawn; not with "
                     "continual.method er, derpp, bic)")
-    cohort_size: int = spec(256, ge=1, help="clients per cohort with runtime.vectorize: each "
-                                            "tier's sorted clients of a round are cut into "
-                                            "runs of this many, one executor call each "
-                                            "(with reduce=executors: within each summation "
-                                            "group)")
+    cohort_size: int | None = spec(
+        None, ge=1, help="most clients per cohort with runtime.vectorize (default: sized by "
+                         "the round, max(256, ceil(K / 16)) for a tier's K clients, at most "
+                         "what 256 MB of the cohort's stacked training state holds). A "
+                         "tier's sorted clients of a round are cut into near-equal cohorts, "
+                         "one executor call each (with reduce=executors: near-equal cohorts "
+                         "within each summation group)")
     ray_address: str | None = spec(None, help="Ray cluster; default RAY_ADDRESS or local")
     keep_warm: bool = spec(
         False, help="keep Ray, the driver and the executors up after the run, emptied, for "

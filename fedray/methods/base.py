@@ -42,7 +42,8 @@ WEIGHTED_HELP = "weight clients by their sample count (else uniformly)"
 
 __all__ = ["BASE_HELP", "ROW_BLOCK_BYTES", "SIDE_BY_SIDE", "WEIGHTED_HELP",
            "AggregationPolicy", "Algorithm", "AsyncUpdate", "ClientContext", "ClientData",
-           "ClientOutput", "ClientResult", "ClientSampler", "CohortFit", "Draw", "EvalResult",
+           "ClientOutput", "ClientResult", "ClientSampler", "CohortFit", "CohortRule", "Draw",
+           "EvalResult",
            "ReportSection", "StackRow", "State", "Status", "accumulate", "accumulate_rows",
            "check_reduce", "cohort_size", "finite", "finite_rows", "require", "stack_runs",
            "stack_slice"]
@@ -439,6 +440,43 @@ def check_reduce(cfg: Any, method: Any) -> None:
 
 
 AUTO_WORK = 1_000_000  # runtime.vectorize=auto: most multiply-adds in one client's local step
+COHORT_FLOOR = 256  # runtime.cohort_size unset: at least this many clients a cohort ...
+COHORT_SPLIT = 16  # ... and a tier's round in at most this many cohorts ...
+COHORT_BYTES = 256 * 2**20  # ... whose clients' stacked training state stays within this
+
+
+@dataclass(frozen=True)
+class CohortRule:
+    """How a run cuts a tier's ``n`` clients of a round (one pass of it) into cohorts:
+    :meth:`of` gives the most clients a cohort holds, and an executor call's clients are
+    cut into ``⌈m / of(n)⌉`` near-equal runs (:func:`fedray.runtime.jobs.cohort_runs`),
+    so no cohort is a short tail that pays a whole batched step for a few clients.
+
+    ``size`` is ``runtime.cohort_size`` as set. Unset (None), the size follows the round:
+    ``max(COHORT_FLOOR, ⌈n / COHORT_SPLIT⌉)`` clients, at most ``cap`` — what
+    :data:`COHORT_BYTES` holds of the method's per-client bytes (:attr:`CohortFit.
+    client_bytes`; :data:`COHORT_FLOOR` where the method cannot say before it trains, as
+    FAVoR). Why: a batched step costs about 1.2 ms whatever its width plus about 16 µs a
+    client of the scale workload (MLP 32-32-10, ``train_cohort_stacked``, one thread), so
+    10,000 clients a round in cohorts of 256 pay 40 fixed costs where 16 cohorts of 625
+    pay 16 (``benchmarks/RESULTS.md``, "Cohorts sized by the round"); 16 keeps up to 16
+    executor calls a round for ``runtime.reduce=driver``. A rule on the round's sample and
+    the config alone, never on the executor count: results stay bitwise across executor
+    counts and ``--resume``."""
+
+    size: int | None
+    cap: int = COHORT_FLOOR
+
+    def of(self, n: int) -> int:
+        """The most clients in a cohort when a tier has ``n`` clients in the pass."""
+        if self.size is not None:
+            return self.size
+        return max(1, min(self.cap, max(COHORT_FLOOR, math.ceil(n / COHORT_SPLIT))))
+
+    @property
+    def largest(self) -> int:
+        """The most clients any cohort of the run can hold (what memory must fit)."""
+        return self.size if self.size is not None else self.cap
 
 
 @dataclass(frozen=True)
@@ -477,11 +515,12 @@ def _cohort_refusal(cfg: Any, method: Any) -> str | None:
 
 
 def cohort_size(cfg: Any, method: Any, input_shape: tuple[int, ...] | None,
-                num_classes: int | None) -> int | None:
-    """The run's cohort size (``runtime.cohort_size``), or None: its clients train one at a
-    time. ``runtime.vectorize``: ``off`` never; ``on`` always, and a :class:`ConfigError`
-    naming the reason where the method, the config or the model cannot (or where
-    ``cohort_size`` clients per executor do not fit this machine's memory); ``auto`` where
+                num_classes: int | None) -> CohortRule | None:
+    """The run's cohorts (:class:`CohortRule`: ``runtime.cohort_size``, or sized by the
+    round where it is unset), or None: its clients train one at a time.
+    ``runtime.vectorize``: ``off`` never; ``on`` always, and a :class:`ConfigError` naming
+    the reason where the method, the config or the model cannot (or where the largest
+    cohort in every executor does not fit this machine's memory); ``auto`` where
     they can, the model is dense (linear layers and activations: batched convolutions and
     LSTM cells measured slower) and one client's local step is small — at most
     :data:`AUTO_WORK` multiply-adds (trainable parameters × ``local.batch_size``), the size
@@ -505,19 +544,22 @@ def cohort_size(cfg: Any, method: Any, input_shape: tuple[int, ...] | None,
     why = _cohort_refusal(cfg, method)
     shape = None if input_shape is None else tuple(input_shape)
     fit = CohortFit([why]) if why else method.cohort_fit(cfg, shape, num_classes)
+    rule = CohortRule(size, max(1, COHORT_BYTES // fit.client_bytes) if fit.client_bytes
+                      else COHORT_FLOOR)
     if mode == "auto":
         pays = fit.work <= AUTO_WORK if fit.pays is None else fit.pays
-        return size if not fit.problems and pays else None
+        return rule if not fit.problems and pays else None
     if fit.problems:
         raise ConfigError("runtime.vectorize", "on",
                           f"off for {cfg.algorithm['name']}: {fit.problems[0]}")
-    _check_cohort_memory(cfg, fit)
-    return size
+    _check_cohort_memory(cfg, fit, rule.largest)
+    return rule
 
 
-def _check_cohort_memory(cfg: Any, fit: CohortFit) -> None:
-    """On a local Ray, ``cohort_size`` clients in every CPU executor at once must fit this
-    machine's available memory (GPU memory is the device's, checked when it trains)."""
+def _check_cohort_memory(cfg: Any, fit: CohortFit, size: int) -> None:
+    """On a local Ray, a cohort of ``size`` clients in every CPU executor at once must fit
+    this machine's available memory (GPU memory is the device's, checked when it
+    trains)."""
     from fedray.core.spec import ConfigError
     from fedray.data.memory import machine_memory, remote_ray
 
@@ -528,11 +570,11 @@ def _check_cohort_memory(cfg: Any, fit: CohortFit) -> None:
     # executors that may train on the CPU: GPU tiers too unless the run insists on CUDA
     # (runtime.device=auto on a machine without a GPU runs them on the CPU)
     executors = sum(t.executors for t in rt.tiers if t.num_gpus == 0 or rt.device != "cuda")
-    need = fit.client_bytes * rt.cohort_size * executors
+    need = fit.client_bytes * size * executors
     if need > have[0]:
         raise ConfigError("runtime.cohort_size", rt.cohort_size,
                           f"at most {max(1, have[0] // max(fit.client_bytes * executors, 1))}"
-                          f": {executors} executor(s) × {rt.cohort_size} clients × "
+                          f": {executors} executor(s) × {size} clients × "
                           f"{fit.client_bytes / 1e6:.1f} MB each need {need / 1e9:.1f} GB, "
                           f"this machine has {have[0] / 1e9:.1f} GB available")
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import ray
 
-from fedray.methods.base import ClientResult, State, Status, accumulate, finite
+from fedray.methods.base import ClientResult, CohortRule, State, Status, accumulate, finite
 from fedray.runtime.jobs import (
     Broadcast,
     ClientSlot,
@@ -29,6 +29,8 @@ from fedray.runtime.jobs import (
     Partial,
     RootJob,
     TrainJob,
+    cohort_runs,
+    even_groups,
 )
 from fedray.runtime.rows import Evaluation
 from fedray.wire.payload import Payload
@@ -40,18 +42,11 @@ def chunks(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def even_groups(items: list, groups: int) -> list[list]:
-    """``items`` in order, cut into ``groups`` runs whose sizes differ by at most one."""
-    q, r = divmod(len(items), groups)
-    bounds = [i * q + min(i, r) for i in range(groups + 1)]
-    return [items[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
-
-
 def summation_groups(items: list, chunk_size: int | None, cohort: int | None = None
                      ) -> list[list]:
     """``runtime.reduce=executors``'s groups of one tier's sorted clients: 8 near-equal runs
     (so that 1, 2, 4 or 8 executors get equal shares), or runs of ``chunk_size``; never a
-    function of the executor count. With cohorts (``cohort`` clients each) and no
+    function of the executor count. With cohorts (at most ``cohort`` clients each) and no
     ``chunk_size``, fewer runs where 8 would hold much less than a cohort each:
     ``min(8, ⌈n / cohort⌉)`` runs, each about a cohort or more (a cohort never spans two
     groups, and a half-empty cohort pays a whole batched step)."""
@@ -129,10 +124,10 @@ class Dispatcher:
     """Jobs for one run's executor pool (:class:`~fedray.runtime.pool.ExecutorPool`)."""
 
     def __init__(self, cfg: Any, pool: Any, tiers: Any, chain: Any,
-                 cohort: int | None = None):
+                 cohort: CohortRule | None = None):
         self.cfg, self.pool, self.tiers = cfg, pool, tiers
         self.decode = Decoder(chain)
-        self.cohort = cohort  # clients per batched computation (None: one at a time)
+        self.cohort = cohort  # how clients are cut into cohorts (None: one at a time)
 
     @property
     def restarts(self) -> int:
@@ -165,43 +160,48 @@ class Dispatcher:
             out[tier] = seen[id(tensors)]
         return out
 
-    def _batches(self, clients: list[int], alone: set[int] = frozenset()
-                 ) -> Iterator[tuple[str, list[int]]]:
-        """(tier, clients) batches of ``runtime.chunk_size`` or two per executor — with
-        cohorts, one cohort each: runs of the cohort size of the tier's sorted clients, a
-        rule on the sample alone (one cohort a call keeps the driver decoding uploads while
-        the other cohorts train); the clients in ``alone`` (whose batch killed its
-        executor) one per batch."""
+    def _batches(self, clients: list[int], alone: set[int] = frozenset(),
+                 train: bool = False) -> Iterator[tuple[str, list[int], int | None]]:
+        """(tier, clients, cohort size) batches of ``runtime.chunk_size`` or two per
+        executor — for training with cohorts, one cohort each: the tier's sorted clients cut
+        into near-equal runs of at most the cohort size (:func:`cohort_runs`), a rule on
+        the sample alone (one cohort a call keeps the driver decoding uploads while the
+        other cohorts train); the clients in ``alone`` (whose batch killed its executor)
+        one per batch."""
         for tier, cids in self.tiers.group(clients).items():
             batched = [c for c in cids if c not in alone]
-            size = self.cohort or self.cfg.runtime.chunk_size or max(1, math.ceil(
-                len(batched) / (2 * len(self.pool.executors[tier]))))
-            for part in chunks(batched, size) + [[c] for c in cids if c in alone]:
-                yield tier, part
+            cohort = self.cohort.of(len(batched)) if self.cohort and train else None
+            parts = cohort_runs(batched, cohort) if cohort else chunks(
+                batched, self.cfg.runtime.chunk_size or max(1, math.ceil(
+                    len(batched) / (2 * len(self.pool.executors[tier])))))
+            for part in parts + [[c] for c in cids if c in alone]:
+                yield tier, part, cohort
 
     def _groups(self, clients: list[int], passes: int, again: dict[tuple[int, ...], GroupKey],
-                alone: set[int]) -> Iterator[tuple[str, GroupKey, list[int]]]:
+                alone: set[int]) -> Iterator[tuple[str, GroupKey, list[int], int | None]]:
         """``runtime.reduce=executors``: the summation groups of one pass over ``clients``
-        (sorted), each with its key. A group is 8 near-equal runs of a tier's clients
-        (``runtime.chunk_size`` each if set), whatever the executor count; a group whose
-        executor died is re-run once whole under its old key (``again``); after a second
-        death its clients run alone (``alone``)."""
+        (sorted), each with its key and cohort size. A group is 8 near-equal runs of a
+        tier's clients (``runtime.chunk_size`` each if set), whatever the executor count; a
+        group whose executor died is re-run once whole under its old key and cohort size
+        (``again``); after a second death its clients run alone (``alone``)."""
         for tier, cids in self.tiers.group(clients).items():
             left = set(cids)
             groups = []
-            for members, key in again.items():
+            for members, (key, cohort) in again.items():
                 if left.issuperset(members):
-                    groups.append((key, list(members)))
+                    groups.append((key, list(members), cohort))
                     left -= set(members)
             single = [c for c in sorted(left) if c in alone]
             rest = [c for c in sorted(left) if c not in alone]
             if rest:
-                groups += [((passes, g[0]), g)
+                cohort = self.cohort.of(len(rest)) if self.cohort else None
+                groups += [((passes, g[0]), g, cohort)
                            for g in summation_groups(rest, self.cfg.runtime.chunk_size,
-                                                     self.cohort)]
-            groups += [((passes, c), [c]) for c in single]
-            for key, members in groups:
-                yield tier, key, members
+                                                     cohort)]
+            groups += [((passes, c), [c], self.cohort.of(1) if self.cohort else None)
+                       for c in single]
+            for key, members, cohort in groups:
+                yield tier, key, members, cohort
 
     def train(self, clients: list[int], bcast: dict[str, Broadcast], round: int,
               version: Callable[[int], int | None], shapes: dict[str, tuple]) -> Trained:
@@ -211,7 +211,7 @@ class Dispatcher:
         reduce = self.cfg.runtime.reduce == "executors"
         out = Trained(attempts=dict.fromkeys(clients, 0))
         alone: set[int] = set()
-        again: dict[tuple[int, ...], GroupKey] = {}
+        again: dict[tuple[int, ...], tuple[GroupKey, int | None]] = {}
         todo, passes = list(clients), 0
         while todo:
             passes += 1
@@ -219,24 +219,25 @@ class Dispatcher:
                 out.attempts[c] += 1
             jobs, keys = [], {}
             if reduce:
-                for tier, key, members in self._groups(sorted(todo), passes, again, alone):
+                for tier, key, members, cohort in self._groups(sorted(todo), passes, again,
+                                                               alone):
                     keys[members[0]] = key
                     jobs.append(TrainJob(tier, bcast[tier], round,
                                          [ClientSlot(c, version(c)) for c in members], True,
-                                         self.cohort))
+                                         cohort))
                 again = {}
             else:
                 jobs = [TrainJob(tier, bcast[tier], round,
-                                 [ClientSlot(c, version(c)) for c in part],
-                                 cohort=self.cohort)
-                        for tier, part in self._batches(todo, alone)]
+                                 [ClientSlot(c, version(c)) for c in part], cohort=cohort)
+                        for tier, part, cohort in self._batches(todo, alone, train=True)]
             todo = []
             for batch in self.pool.run(jobs, requeue_dead=False):
                 if isinstance(batch, DeadJob):
                     cids = batch.job.client_ids
                     if reduce and not alone & set(cids) and keys[cids[0]][0] == passes:
-                        # re-run whole once, under its key: the same sum as without the death
-                        again[tuple(cids)] = keys[cids[0]]
+                        # re-run whole once, under its key and in its cohorts: the same sum
+                        # as without the death
+                        again[tuple(cids)] = (keys[cids[0]], batch.job.cohort)
                     else:
                         alone.update(cids)
                     results = dead_results(batch, f" (with {len(cids)} client(s) in the "
@@ -279,7 +280,7 @@ class Dispatcher:
         ``global_tiers``, its broadcast on the global test set (once per distinct
         broadcast)."""
         jobs: list[Any] = [EvalJob(tier, bcast[tier], round, part)
-                           for tier, part in self._batches(clients)]
+                           for tier, part, _ in self._batches(clients)]
         scored: dict[str, str] = {}  # broadcast key -> tier whose executor scores it
         for tier in global_tiers:
             if bcast[tier].key not in scored:

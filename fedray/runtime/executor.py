@@ -50,6 +50,7 @@ from fedray.runtime.jobs import (
     StackedUploads,
     TrainBatch,
     TrainJob,
+    cohort_runs,
 )
 from fedray.wire.payload import Payload
 
@@ -150,8 +151,9 @@ class ClientExecutor:
 
     def run_clients(self, job: TrainJob) -> TrainBatch:
         """Run the job's clients, each from the client-state version it names, for the
-        job's round: one after another, or (``job.cohort``) in cohorts of that many, each
-        cohort's local training one batched computation
+        job's round: one after another, or (``job.cohort``) in near-equal cohorts of at most
+        that many (:func:`~fedray.runtime.jobs.cohort_runs`), each cohort's local
+        training one batched computation
         (:meth:`~fedray.methods.base.Algorithm.cohort_update`).
 
         A reduced job (``runtime.reduce=executors``, a linear rule) keeps the uploads here:
@@ -169,10 +171,8 @@ class ClientExecutor:
     def _run(self, job: TrainJob, tensors: State) -> TrainBatch:
         partial = Partial({}, 0.0) if job.reduce else None
         policy = self._linear_policy() if job.reduce else None
-        size = job.cohort or 1
         batch = TrainBatch([], partial)
-        for start in range(0, len(job.clients), size):
-            slots = job.clients[start:start + size]
+        for slots in cohort_runs(job.clients, job.cohort or 1):
             outputs = self._cohort(slots, job.round, tensors) if job.cohort else \
                 [self._one(slot, job.round, tensors) for slot in slots]
             if self.adversary is not None:

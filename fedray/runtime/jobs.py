@@ -13,6 +13,7 @@ of the transport of a 10,000-client round.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, NamedTuple
 
@@ -45,6 +46,20 @@ def _results(cols: dict[str, list]) -> list[ClientResult]:
     cols = dict(cols, status=[_STATUS[v] for v in cols["status"]])
     return [ClientResult(*row) for row in zip(*(cols[n] for n in _RESULT_FIELDS),
                                               strict=True)]
+
+
+def even_groups(items: list, groups: int) -> list[list]:
+    """``items`` in order, cut into ``groups`` runs whose sizes differ by at most one."""
+    q, r = divmod(len(items), groups)
+    bounds = [i * q + min(i, r) for i in range(groups + 1)]
+    return [items[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+
+
+def cohort_runs(items: list, cohort: int) -> list[list]:
+    """An executor call's clients (in order) as its cohorts: ``⌈n / cohort⌉`` near-equal
+    runs of at most ``cohort`` each, so the last is never a short tail that pays a whole
+    batched step for a few clients."""
+    return even_groups(items, math.ceil(len(items) / cohort)) if items else []
 
 
 @dataclass(frozen=True)
