@@ -41,7 +41,8 @@ def test_rngs_are_the_one_by_one_generators_bit_for_bit():
                     assert gen.bit_generator.state == one.bit_generator.state
                     assert np.array_equal(gen.standard_normal(3), one.standard_normal(3))
     seq = rngs(3, 2, [41], "x")[0].bit_generator.seed_seq
-    for n, dtype in ((2, np.uint32), (5, np.uint32), (4, np.uint64), (3, np.uint64)):
+    for n, dtype in ((2, np.uint32), (5, np.uint32), (4, np.uint64), (4, np.dtype("u8")),
+                     (3, np.uint64)):
         assert np.array_equal(seq.generate_state(n, dtype),
                               seed_sequence(3, 2, 41, "x").generate_state(n, dtype))
     assert rngs(0, 0, []) == []

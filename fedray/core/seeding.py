@@ -108,6 +108,8 @@ class _Pooled(np.random.bit_generator.ISeedSequence):
         self.pool, self.pcg64 = pool, pcg64
 
     def generate_state(self, n_words: int, dtype: type = np.uint32) -> np.ndarray:
+        if n_words == 4 and dtype is np.uint64:  # what PCG64 asks: 0.1 µs, not 0.7 µs
+            return self.pcg64.copy()
         kind = np.dtype(dtype)
         if kind not in (np.dtype(np.uint32), np.dtype(np.uint64)):
             raise ValueError("only support uint32 or uint64")
