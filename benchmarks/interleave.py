@@ -137,9 +137,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="runs of each side")
     p.add_argument("--reduce", choices=["driver", "executors"], default="executors")
     p.add_argument("--cohort", default="256",
-                   help="cohort size with vectorize=on; 0: sequential; default: vectorize=on "
-                        "with runtime.cohort_size unset, each tree's own default (scale "
-                        "workload)")
+                   help="cohort size with vectorize=on (scale workload; 256 if not given); "
+                        "0: sequential; 'default': vectorize=on with runtime.cohort_size "
+                        "unset, each tree's own default")
     p.add_argument("--executors", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
@@ -149,7 +149,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got "
                     f"{getattr(args, name)}")
-    if args.cohort != "default" and not (args.cohort.isdigit()):
+    if args.cohort != "default" and not args.cohort.isdigit():
         p.error(f"--cohort must be 0 or more, or 'default', got {args.cohort!r}")
     return args
 

@@ -504,8 +504,9 @@ def child_vbound(spec: dict) -> None:
     """The vectorized single-process bound: the same K clients and data as
     :func:`child_bound`, their local SGD batched with ``torch.func`` (``vmap`` over
     ``grad`` of a ``functional_call``, parameters stacked along a client axis) in
-    ``⌈K / cohort⌉`` near-equal cohorts (as fedray cuts a call), one thread; writes
-    ``spec["result"]``."""
+    ``⌈K / cohort⌉`` near-equal cohorts (as fedray cuts a ``reduce=driver`` round; with
+    ``reduce=executors`` fedray cuts each of its summation groups, the same cohorts at
+    K = 1,000 and 10,000), one thread; writes ``spec["result"]``."""
     t0 = time.perf_counter()
     import numpy as np
     import torch

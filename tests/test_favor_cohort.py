@@ -132,7 +132,7 @@ def test_unbatched_variants_are_refused_under_on(base_dir):  # noqa: F811
     unset = load_config(None, ["algorithm.name=favor", f"algorithm.base={base_dir}",
                                "runtime.vectorize=on"])
     rule = cohort_size(unset, Favor, None, None)  # no bytes to size by: at most the floor
-    assert rule.size is None and rule.of(12) == rule.of(10_000) == rule.largest == 256
+    assert rule.size is None and rule.of(12) == rule.of(10_000) == 256
 
 
 def test_a_base_that_drops_out_elsewhere_is_refused():

@@ -254,10 +254,11 @@ def test_auto_follows_the_documented_rule(tiny_cfg):
 
 
 def test_cohorts_are_sized_by_the_round_unless_set(tiny_cfg):
-    """runtime.cohort_size unset: max(256, ⌈n / 16⌉) clients for a tier's n, at most what
-    COHORT_BYTES holds of the method's per-client bytes (below the floor for a big model);
-    set: that size whatever n. A call's clients are cut into near-equal cohorts: no short
-    tail (2,100 clients in 8 summation groups of 262-263 were 256 + 6 each)."""
+    """runtime.cohort_size unset: max(256, ⌈n / 16⌉) clients for a tier's n, growing past
+    256 only as far as COHORT_BYTES holds of the method's per-client bytes (a big model
+    keeps 256); set: that size whatever n. A call's clients are cut into near-equal
+    cohorts: no short tail (2,100 clients in 8 summation groups of 262-263 were 256 + 6
+    each)."""
     from fedray.runtime.dispatch import summation_groups
     from fedray.runtime.jobs import cohort_runs
 
@@ -267,13 +268,13 @@ def test_cohorts_are_sized_by_the_round_unless_set(tiny_cfg):
     fit = FedAvg.cohort_fit(cfg, (64,), 10)
     assert rule.size is None and rule.cap == COHORT_BYTES // fit.client_bytes > 625
     assert [rule.of(n) for n in (1, 1000, 4096, 4097, 10_000)] == [256, 256, 256, 257, 625]
-    assert rule.of(10**9) == rule.cap == rule.largest
+    assert rule.of(10**9) == rule.cap
     big = cohort_size(tiny_cfg(**{"runtime.vectorize": "on", "model.hidden": "[4096]"}),
                       FedAvg, (64,), 10)
-    assert big.of(10_000) == big.cap == big.largest < COHORT_FLOOR
+    assert big.cap < COHORT_FLOOR and big.of(10_000) == big.of(10**9) == COHORT_FLOOR
     set_ = cohort_size(tiny_cfg(**{"runtime.vectorize": "on", "runtime.cohort_size": 7}),
                        FedAvg, (64,), 10)
-    assert set_.of(1) == set_.of(10_000) == set_.largest == 7
+    assert set_.of(1) == set_.of(10_000) == 7
     ids = list(range(2100))
     groups = summation_groups(ids, None, rule.of(len(ids)))
     assert [len(g) for g in groups] == [263] * 4 + [262] * 4
@@ -286,13 +287,14 @@ def test_cohorts_are_sized_by_the_round_unless_set(tiny_cfg):
 def test_the_dispatcher_gives_each_call_the_rounds_cohort_size(tiny_cfg):
     """Both reduce modes: the cohort size comes from the tier's clients in the pass, every
     call holds at most one cohort (reduce=driver) or whole near-equal cohorts (reduce=
-    executors), and the calls cover the sample in client order."""
+    executors), and the calls cover the sample in client order. A group re-run after its
+    executor died keeps its key and its cohort size, whatever the pass holds besides."""
     from fedray.runtime.dispatch import Dispatcher
     from fedray.runtime.roster import Tiers
 
     ids = list(range(0, 20_000, 2))
     for reduce in ("driver", "executors"):
-        cfg = tiny_cfg(**{"runtime.vectorize": "on", "runtime.reduce": reduce})
+        cfg = tiny_cfg(**{"runtime.vectorize": "auto", "runtime.reduce": reduce})
         d = Dispatcher(cfg, None, Tiers(cfg), None, cohort_size(cfg, FedAvg, (64,), 10))
         calls = ([(m, c) for _, m, c in d._batches(ids, train=True)] if reduce == "driver"
                  else [(m, c) for _, _, m, c in d._groups(ids, 1, {}, set())])
@@ -300,6 +302,11 @@ def test_the_dispatcher_gives_each_call_the_rounds_cohort_size(tiny_cfg):
         assert sum((m for m, _ in calls), []) == ids
         assert [len(m) for m, _ in calls] == ([625] * 16 if reduce == "driver"
                                               else [1250] * 8)
+    died = calls[2][0]
+    again = list(d._groups(sorted(died + [1, 3, 5]), 2, {tuple(died): ((1, died[0]), 625)},
+                           set()))
+    assert [(key, members, c) for _, key, members, c in again] == \
+        [((1, died[0]), died, 625), ((2, 1), [1, 3, 5], 256)]
 
 
 @pytest.fixture

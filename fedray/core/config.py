@@ -327,8 +327,9 @@ class RuntimeConfig:
                     "continual.method er, derpp, bic)")
     cohort_size: int | None = spec(
         None, ge=1, help="most clients per cohort with runtime.vectorize (default: sized by "
-                         "the round, max(256, ceil(K / 16)) for a tier's K clients, at most "
-                         "what 256 MB of the cohort's stacked training state holds). A "
+                         "the round, max(256, ceil(K / 16)) for a tier's K clients, past 256 "
+                         "only as far as 256 MB of the cohort's stacked training state "
+                         "holds). A "
                          "tier's sorted clients of a round are cut into near-equal cohorts, "
                          "one executor call each (with reduce=executors: near-equal cohorts "
                          "within each summation group)")

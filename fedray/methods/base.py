@@ -441,8 +441,8 @@ def check_reduce(cfg: Any, method: Any) -> None:
 
 AUTO_WORK = 1_000_000  # runtime.vectorize=auto: most multiply-adds in one client's local step
 COHORT_FLOOR = 256  # runtime.cohort_size unset: at least this many clients a cohort ...
-COHORT_SPLIT = 16  # ... and a tier's round in at most this many cohorts ...
-COHORT_BYTES = 256 * 2**20  # ... whose clients' stacked training state stays within this
+COHORT_SPLIT = 16  # ... and a tier's round in at most this many cohorts, where ...
+COHORT_BYTES = 256 * 2**20  # ... a cohort past the floor holds at most this much state
 
 
 @dataclass(frozen=True)
@@ -453,16 +453,18 @@ class CohortRule:
     so no cohort is a short tail that pays a whole batched step for a few clients.
 
     ``size`` is ``runtime.cohort_size`` as set. Unset (None), the size follows the round:
-    ``max(COHORT_FLOOR, ⌈n / COHORT_SPLIT⌉)`` clients, at most ``cap`` — what
-    :data:`COHORT_BYTES` holds of the method's per-client bytes (:attr:`CohortFit.
-    client_bytes`; :data:`COHORT_FLOOR` where the method cannot say before it trains, as
-    FAVoR). Why: a batched step costs about 1.2 ms whatever its width plus about 16 µs a
-    client of the scale workload (MLP 32-32-10, ``train_cohort_stacked``, one thread), so
-    10,000 clients a round in cohorts of 256 pay 40 fixed costs where 16 cohorts of 625
-    pay 16 (``benchmarks/RESULTS.md``, "Cohorts sized by the round"); 16 keeps up to 16
+    ``max(COHORT_FLOOR, ⌈n / COHORT_SPLIT⌉)`` clients, and past the floor only as far as
+    ``cap`` allows (what :data:`COHORT_BYTES` holds of the method's per-client bytes,
+    :attr:`CohortFit.client_bytes`; the floor where the method cannot say before it trains,
+    as FAVoR): a big model keeps cohorts of 256, as before the rule. Why: a batched step
+    has a fixed cost whatever its width (``train_cohort_stacked`` on the scale workload's
+    MLP 32-32-10, one thread: 5.6 ms for 256 clients, 16.3 ms for 1,024), so 10,000
+    clients a round in cohorts of 256 pay 40 fixed costs where 16 cohorts of 625 pay 16
+    (``benchmarks/RESULTS.md``, "Cohorts sized by the round"); 16, not 8, keeps up to 16
     executor calls a round for ``runtime.reduce=driver``. A rule on the round's sample and
     the config alone, never on the executor count: results stay bitwise across executor
-    counts and ``--resume``."""
+    counts and ``--resume``. Past the floor the size depends on the method's byte
+    estimate, so a version that changes that estimate may cut such rounds differently."""
 
     size: int | None
     cap: int = COHORT_FLOOR
@@ -471,12 +473,8 @@ class CohortRule:
         """The most clients in a cohort when a tier has ``n`` clients in the pass."""
         if self.size is not None:
             return self.size
-        return max(1, min(self.cap, max(COHORT_FLOOR, math.ceil(n / COHORT_SPLIT))))
-
-    @property
-    def largest(self) -> int:
-        """The most clients any cohort of the run can hold (what memory must fit)."""
-        return self.size if self.size is not None else self.cap
+        return min(max(COHORT_FLOOR, math.ceil(n / COHORT_SPLIT)),
+                   max(COHORT_FLOOR, self.cap))
 
 
 @dataclass(frozen=True)
@@ -552,16 +550,18 @@ def cohort_size(cfg: Any, method: Any, input_shape: tuple[int, ...] | None,
     if fit.problems:
         raise ConfigError("runtime.vectorize", "on",
                           f"off for {cfg.algorithm['name']}: {fit.problems[0]}")
-    _check_cohort_memory(cfg, fit, rule.largest)
+    _check_cohort_memory(cfg, fit, rule)
     return rule
 
 
-def _check_cohort_memory(cfg: Any, fit: CohortFit, size: int) -> None:
-    """On a local Ray, a cohort of ``size`` clients in every CPU executor at once must fit
-    this machine's available memory (GPU memory is the device's, checked when it
+def _check_cohort_memory(cfg: Any, fit: CohortFit, rule: CohortRule) -> None:
+    """On a local Ray, the largest cohort a round can hold (:meth:`CohortRule.of` the
+    clients a round samples, all in one tier at worst) in every CPU executor at once must
+    fit this machine's available memory (GPU memory is the device's, checked when it
     trains)."""
     from fedray.core.spec import ConfigError
     from fedray.data.memory import machine_memory, remote_ray
+    from fedray.services.fleet import sampled_per_round
 
     rt = cfg.runtime
     have = machine_memory()
@@ -570,9 +570,11 @@ def _check_cohort_memory(cfg: Any, fit: CohortFit, size: int) -> None:
     # executors that may train on the CPU: GPU tiers too unless the run insists on CUDA
     # (runtime.device=auto on a machine without a GPU runs them on the CPU)
     executors = sum(t.executors for t in rt.tiers if t.num_gpus == 0 or rt.device != "cuda")
+    size = rule.of(sampled_per_round(cfg))
     need = fit.client_bytes * size * executors
     if need > have[0]:
-        raise ConfigError("runtime.cohort_size", rt.cohort_size,
+        raise ConfigError("runtime.cohort_size", rt.cohort_size if rt.cohort_size is not None
+                          else f"unset (cohorts of {size})",
                           f"at most {max(1, have[0] // max(fit.client_bytes * executors, 1))}"
                           f": {executors} executor(s) × {size} clients × "
                           f"{fit.client_bytes / 1e6:.1f} MB each need {need / 1e9:.1f} GB, "

@@ -177,8 +177,9 @@ class Dispatcher:
             for part in parts + [[c] for c in cids if c in alone]:
                 yield tier, part, cohort
 
-    def _groups(self, clients: list[int], passes: int, again: dict[tuple[int, ...], GroupKey],
-                alone: set[int]) -> Iterator[tuple[str, GroupKey, list[int], int | None]]:
+    def _groups(self, clients: list[int], passes: int,
+                again: dict[tuple[int, ...], tuple[GroupKey, int | None]], alone: set[int]
+                ) -> Iterator[tuple[str, GroupKey, list[int], int | None]]:
         """``runtime.reduce=executors``: the summation groups of one pass over ``clients``
         (sorted), each with its key and cohort size. A group is 8 near-equal runs of a
         tier's clients (``runtime.chunk_size`` each if set), whatever the executor count; a
@@ -229,7 +230,8 @@ class Dispatcher:
             else:
                 jobs = [TrainJob(tier, bcast[tier], round,
                                  [ClientSlot(c, version(c)) for c in part], cohort=cohort)
-                        for tier, part, cohort in self._batches(todo, alone, train=True)]
+                        for tier, part, cohort in self._batches(sorted(todo), alone,
+                                                                train=True)]
             todo = []
             for batch in self.pool.run(jobs, requeue_dead=False):
                 if isinstance(batch, DeadJob):

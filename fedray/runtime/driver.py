@@ -29,6 +29,7 @@ import ray
 from fedray.core import checkpoint
 from fedray.core.registry import make_method
 from fedray.core.storage import Storage
+from fedray.methods.base import CohortRule
 from fedray.methods.robust.adversary import adversary_of
 from fedray.observe.metrics import MetricsWriter
 from fedray.runtime.async_loop import AsyncLoop
@@ -50,7 +51,7 @@ __all__ = ["Driver", "RoundFailedError"]
 
 class Driver:
     def __init__(self, cfg: Any, algorithm_cls: type, pool: ExecutorPool, run_uri: str,
-                 cohort: int | None = None):
+                 cohort: CohortRule | None = None):
         self.cfg, self.pool, self.run_uri = cfg, pool, run_uri
         self.storage = Storage(run_uri)
         algorithm = make_method(algorithm_cls, cfg)
@@ -85,7 +86,7 @@ class Driver:
         return out
 
     def reset(self, cfg: Any, algorithm_cls: type, pool: ExecutorPool, run_uri: str,
-              cohort: int | None = None) -> None:
+              cohort: CohortRule | None = None) -> None:
         """Become the driver of a new run (``runtime.keep_warm``): every attribute is rebuilt
         from these arguments as ``__init__`` builds it."""
         self.release()

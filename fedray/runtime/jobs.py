@@ -87,8 +87,8 @@ class TrainJob:
     asynchronous dispatch uses its dispatch number as the round). ``reduce``
     (``runtime.reduce=executors``): the uploads are summed on the executor and come back
     as a :class:`Partial` instead of payloads. ``cohort`` (``runtime.vectorize``): the
-    clients train in runs of this many, in the job's order, each run as one batched
-    computation (None: one after another)."""
+    clients train in near-equal runs of at most this many (:func:`cohort_runs`), in the
+    job's order, each run as one batched computation (None: one after another)."""
 
     method: ClassVar[str] = "run_clients"
     tier: str
