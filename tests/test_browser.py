@@ -44,6 +44,13 @@ def browser():
         b.close()
 
 
+def _cancelled(request) -> bool:
+    """A request the browser itself gave up because the page navigated away (a favicon
+    still loading when a test clicks a link): not a broken asset. A missing file is a 404
+    response, and any other network failure still counts."""
+    return "ERR_ABORTED" in (request.failure or "")
+
+
 @contextlib.contextmanager
 def opened(browser, url: str):
     """A page at ``url`` with its console errors and failed requests collected."""
@@ -51,7 +58,8 @@ def opened(browser, url: str):
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("requestfailed", lambda r: errors.append(f"failed: {r.url}"))
+    page.on("requestfailed", lambda r: None if _cancelled(r) else
+            errors.append(f"failed: {r.url} ({r.failure})"))
     page.goto(url, wait_until="load")
     try:
         yield page, errors
