@@ -466,9 +466,9 @@ def test_fedasync_runs_and_applies_every_upload(ray_session, tmp_path):
 
 @pytest.mark.parametrize("base", [0, 700])
 def test_charge_downloads_is_charging_each_client_in_turn(base):
-    """The round's downloads charged at once equal Ledger.charge client by client: each
-    attempt's broadcast, the base the first time only (a client met in an earlier round,
-    or with no attempt, included), the same totals."""
+    """The round's downloads charged at once equal Ledger.charge client by client, and both
+    the written-out rule: each attempt's broadcast, the base the first time only (a client
+    met in an earlier round, or with no attempt, included), the same totals."""
     from fedray.runtime.ledger import Ledger
 
     sampled = [3, 8, 1, 5, 9]
@@ -480,3 +480,6 @@ def test_charge_downloads_is_charging_each_client_in_turn(base):
     want = {c: slow.charge(c, nbytes[c] * attempts[c]) for c in sampled}
     assert got == want and list(got) == sampled
     assert fast.totals == slow.totals and fast.has_base == slow.has_base
+    assert got == {3: 100 + base, 8: 200, 1: base, 5: 40 + base, 9: 300 + base}
+    assert fast.totals["download_bytes"] == 640 + 4 * base
+    assert fast.has_base == ({1, 3, 5, 8, 9} if base else {8})

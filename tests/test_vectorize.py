@@ -296,7 +296,7 @@ def test_the_dispatcher_gives_each_call_the_rounds_cohort_size(tiny_cfg):
     for reduce in ("driver", "executors"):
         cfg = tiny_cfg(**{"runtime.vectorize": "auto", "runtime.reduce": reduce})
         d = Dispatcher(cfg, None, Tiers(cfg), None, cohort_size(cfg, FedAvg, (64,), 10))
-        calls = ([(m, c) for _, m, c in d._batches(ids, train=True)] if reduce == "driver"
+        calls = ([(m, c) for _, m, c in d._batches(ids, rule=d.cohort)] if reduce == "driver"
                  else [(m, c) for _, _, m, c in d._groups(ids, 1, {}, set())])
         assert {c for _, c in calls} == {625}
         assert sum((m for m, _ in calls), []) == ids

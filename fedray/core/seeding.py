@@ -114,8 +114,6 @@ class _Pooled(np.random.bit_generator.ISeedSequence):
         if kind not in (np.dtype(np.uint32), np.dtype(np.uint64)):
             raise ValueError("only support uint32 or uint64")
         wide = kind == np.dtype(np.uint64)
-        if wide and n_words == 4:
-            return self.pcg64.copy()
         if n_words == 0:
             return np.zeros(0, kind)
         with np.errstate(over="ignore"):

@@ -106,7 +106,7 @@ class AsyncLoop:
             f = self.inflight[d]
             t = p.fleet.seconds(np.array([f.client]), [p.tiers.of(f.client)],
                                 np.array([f.download]), np.zeros(1),
-                                np.array([p.samples_seen(self._size(p, f.client))]))
+                                p.samples_seen(np.array([self._size(p, f.client)])))
             bound = self.bounds[d] = f.start + float(t["down"][0] + t["compute"][0])
         return bound
 
@@ -136,7 +136,7 @@ class AsyncLoop:
             up = res.upload_bytes if res.ok else 0
             t = p.fleet.seconds(np.array([res.client_id]), [p.tiers.of(res.client_id)],
                                 np.array([f.download]), np.array([up]),
-                                np.array([p.samples_seen(res.num_samples)]))
+                                p.samples_seen(np.array([res.num_samples])))
             finish = f.start + float(t["total"][0])
             if res.ok and finish > float(p.fleet.online_until(np.array([res.client_id]),
                                                               f.start)[0]):

@@ -161,16 +161,17 @@ class Dispatcher:
         return out
 
     def _batches(self, clients: list[int], alone: set[int] = frozenset(),
-                 train: bool = False) -> Iterator[tuple[str, list[int], int | None]]:
+                 rule: CohortRule | None = None
+                 ) -> Iterator[tuple[str, list[int], int | None]]:
         """(tier, clients, cohort size) batches of ``runtime.chunk_size`` or two per
-        executor — for training with cohorts, one cohort each: the tier's sorted clients cut
-        into near-equal runs of at most the cohort size (:func:`cohort_runs`), a rule on
-        the sample alone (one cohort a call keeps the driver decoding uploads while the
-        other cohorts train); the clients in ``alone`` (whose batch killed its executor)
-        one per batch."""
+        executor — with a cohort ``rule`` (training), one cohort each: the tier's sorted
+        clients cut into near-equal runs of at most the rule's size (:func:`cohort_runs`),
+        a rule on the sample alone (one cohort a call keeps the driver decoding uploads
+        while the other cohorts train); the clients in ``alone`` (whose batch killed its
+        executor) one per batch."""
         for tier, cids in self.tiers.group(clients).items():
             batched = [c for c in cids if c not in alone]
-            cohort = self.cohort.of(len(batched)) if self.cohort and train else None
+            cohort = rule.of(len(batched)) if rule else None
             parts = cohort_runs(batched, cohort) if cohort else chunks(
                 batched, self.cfg.runtime.chunk_size or max(1, math.ceil(
                     len(batched) / (2 * len(self.pool.executors[tier])))))
@@ -231,7 +232,7 @@ class Dispatcher:
                 jobs = [TrainJob(tier, bcast[tier], round,
                                  [ClientSlot(c, version(c)) for c in part], cohort=cohort)
                         for tier, part, cohort in self._batches(sorted(todo), alone,
-                                                                train=True)]
+                                                                self.cohort)]
             todo = []
             for batch in self.pool.run(jobs, requeue_dead=False):
                 if isinstance(batch, DeadJob):

@@ -28,12 +28,7 @@ class Ledger:
     def charge(self, client: int, broadcast_bytes: int) -> int:
         """One client's download: the broadcast bytes, plus the pretrained base the first
         time the client downloads anything. Returns what it downloaded."""
-        nbytes = broadcast_bytes
-        if self.base_bytes and client not in self.has_base:
-            nbytes += self.base_bytes
-            self.has_base.add(client)
-        self.totals["download_bytes"] += nbytes
-        return nbytes
+        return self.charge_downloads([client], {client: 1}, {client: broadcast_bytes})[client]
 
     def charge_downloads(self, sampled: list[int], attempts: dict[int, int],
                          broadcast_bytes: dict[int, int]) -> dict[int, int]:

@@ -131,15 +131,13 @@ class RoundParts:
         extra.update(metrics)
         return accepted
 
-    def samples_seen(self, num_samples: int | np.ndarray) -> int | np.ndarray:
-        """Samples a client's local training processes (an int, or an int64 array of
-        clients'): epochs over its data, capped by ``local.max_steps`` batches."""
+    def samples_seen(self, num_samples: np.ndarray) -> np.ndarray:
+        """Samples each client's local training processes (from an int64 array of the
+        clients' sample counts): epochs over its data, capped by ``local.max_steps``
+        batches."""
         loc = self.cfg.local
         seen = num_samples * loc.epochs
-        if not loc.max_steps:
-            return seen
-        cap = loc.max_steps * loc.batch_size
-        return np.minimum(seen, cap) if isinstance(seen, np.ndarray) else min(seen, cap)
+        return np.minimum(seen, loc.max_steps * loc.batch_size) if loc.max_steps else seen
 
     def next_online(self, r: int) -> float:
         """When the clock jumps to while no client is online: the next session start (not
