@@ -62,11 +62,10 @@ def overrides(args: argparse.Namespace) -> list[str]:
         return ov + [f"runtime.reduce={args.reduce}"]
     from scale import fedray_overrides
 
-    if args.cohort == "default":  # vectorize=on, each tree its own default cohort size
-        return fedray_overrides(args.population, args.per_round, args.rounds, args.seed,
-                                args.executors, True, args.reduce, vectorize=True)
+    default = args.cohort == "default"  # vectorize=on, each tree its own default size
     return fedray_overrides(args.population, args.per_round, args.rounds, args.seed,
-                            args.executors, True, args.reduce, int(args.cohort) or None)
+                            args.executors, True, args.reduce,
+                            None if default else int(args.cohort) or None, vectorize=default)
 
 
 def checkout(side: str, keep: list[str]) -> str:
@@ -87,13 +86,13 @@ def checkout(side: str, keep: list[str]) -> str:
 
 def describe(tree: str) -> str:
     """The commit a tree is at, with ``+changes`` when it differs from it (a working tree)."""
-    head = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True)
-    if head.returncode != 0:
+    from provenance import git
+
+    head = git("-C", tree, "rev-parse", "--short", "HEAD")
+    if not head:
         return "not a git tree"
-    dirty = subprocess.run(["git", "-C", tree, "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
-    return head.stdout.strip() + (" +changes" if dirty else "")
+    dirty = git("-C", tree, "status", "--porcelain", "--untracked-files=no")
+    return head + (" +changes" if dirty else "")
 
 
 def run_side(tree: str, ov: list[str], timeout: float) -> list[float]:
