@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+import yaml
 
 from fedray.core.config import ConfigError, load_config
 from fedray.core.storage import StateFileError, Storage
@@ -171,15 +172,63 @@ def test_new_run_into_a_dir_without_checkpoint_is_refused_too(tmp_path):
     assert snapshot(d) == before
 
 
-def test_overwrite_replaces_only_when_asked(tmp_path):
+def old_run(d) -> None:
+    (d / "metrics" / "rounds").mkdir(parents=True)
+    (d / "checkpoints").mkdir()
+    (d / "config.yaml").write_text("name: earlier\n")
+    (d / "summary.json").write_text("{}")
+    (d / "metrics" / "rounds" / "000001.parquet").write_text("x")
+    (d / "checkpoints" / "LATEST").write_text("1 " + "0" * 64)
+
+
+@pytest.mark.ray
+def test_overwrite_replaces_the_old_run_once_the_new_one_started(ray_session, tmp_path):
     d = tmp_path / "old"
-    d.mkdir()
-    (d / "stale.txt").write_text("x")
+    old_run(d)
+    before = snapshot(d)
     exp = Experiment(load_config(None, TINY), str(d), overwrite=True)
-    assert sorted(os.listdir(d)) == [".lock", "config.yaml", "data.json",
-                                     "partition.parquet"] and exp.round == 0
-    exp.release()
+    try:
+        assert {k: v for k, v in snapshot(d).items() if not k.endswith(".lock")} == before
+        exp.start()
+        assert sorted(os.listdir(d)) == [".lock", "config.yaml", "data.json",
+                                         "partition.parquet"] and exp.round == 0
+        assert yaml.safe_load((d / "config.yaml").read_text())["runtime"]["device"] == "auto"
+    finally:
+        exp.release()
     assert sorted(os.listdir(d)) == ["config.yaml", "data.json", "partition.parquet"]
+
+
+def test_an_overwrite_that_cannot_start_leaves_the_old_run(tmp_path):
+    """Ray unreachable: the one-line error, and the old run as it was (nothing deleted)."""
+    d = tmp_path / "old"
+    old_run(d)
+    before = snapshot(d)
+    cfg = os.path.join(ROOT, "configs", "fedavg_digits.yaml")
+    res = cli("run", cfg, "-s", "rounds=1", "-s", "runtime.ray_address=127.0.0.1:9", "-o",
+              str(d), "--overwrite", "--json", "--no-progress")
+    assert res.returncode == 2 and "runtime.ray_address" in json.loads(res.stdout)["error"]
+    assert snapshot(d) == before
+
+
+def test_overwrite_never_empties_a_directory_that_is_not_a_run(tmp_path):
+    """A mistyped --overwrite path: a directory without a run's config.yaml, or a run
+    directory holding a file no run writes, is refused before anything is deleted."""
+    home = tmp_path / "thesis"
+    (home / "src").mkdir(parents=True)
+    (home / "thesis.tex").write_text("mine")
+    (home / "src" / "main.py").write_text("print()")
+    before = snapshot(home)
+    with pytest.raises(ConfigError, match="holding config.yaml") as err:
+        Experiment(load_config(None, TINY), str(home), overwrite=True)
+    assert err.value.path == "--overwrite" and snapshot(home) == before
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("name: earlier\n")
+    (run / "notes.txt").write_text("mine")
+    before = snapshot(run)
+    with pytest.raises(ConfigError, match="'notes.txt' is not one"):
+        Experiment(load_config(None, TINY), str(run), overwrite=True)
+    assert snapshot(run) == before
 
 
 def test_two_runs_never_write_one_directory(tmp_path):
@@ -215,6 +264,9 @@ def test_resume_of_a_missing_dir_is_refused_and_creates_nothing(tmp_path):
 
 def test_resume_may_change_rounds_only(run_dir):
     assert resume_config(str(run_dir), ["rounds=5"]).rounds == 5
+    assert resume_config(str(run_dir), ["rounds=2"]).rounds == 2
+    with pytest.raises(ConfigError, match="at least the 2 rounds the run was started with"):
+        resume_config(str(run_dir), ["rounds=1"])
     with pytest.raises(ConfigError, match="only rounds=N may change"):
         resume_config(str(run_dir), ["local.lr=0.5"])
 
@@ -315,6 +367,9 @@ def test_cli_json_errors_are_one_object_and_no_traceback(tmp_path, run_dir):
         (["run", "--resume", str(tmp_path / "typo")], "--resume"),
         (["run", cfg, "-o", str(run_dir)], "run_dir"),
         (["run", "--resume", str(run_dir), "-s", "seed=3"], "only rounds=N"),
+        (["run", "--resume", str(run_dir), "-s", "rounds=1"], "at least the 2 rounds"),
+        (["run", cfg, "--resume", str(run_dir)], "not both"),
+        (["run", "--resume", str(run_dir), "-o", str(tmp_path / "x")], "for a new run"),
     ]:
         res = cli(*args, "--no-progress", "--json")
         assert res.returncode == 2, (args, res.stderr[-1500:])
@@ -323,7 +378,7 @@ def test_cli_json_errors_are_one_object_and_no_traceback(tmp_path, run_dir):
         assert "Traceback" not in res.stderr
         plain = cli(*args, "--no-progress")
         assert plain.returncode == 2 and plain.stdout == ""
-        assert plain.stderr.startswith("error: config error at") and "Traceback" not in \
+        assert plain.stderr.startswith("error: ") and "Traceback" not in \
             plain.stderr
     assert snapshot(run_dir) == before
     assert not (tmp_path / "typo").exists()
@@ -341,6 +396,19 @@ def test_credentials_in_uris_are_never_echoed(tmp_path):
     cfg = load_config(None, [*TINY, f"run_dir={uri}"])
     assert cfg.to_dict()["run_dir"] == "s3://***@bucket/runs/x"  # what config.yaml stores
     assert cfg.run_dir == uri  # the run itself still writes there
+    assert redact("s3://AKIA:se@cret@bucket/x") == "s3://***@bucket/x"  # "@" in a password
+    assert redact("postgresql://h/db?user=u&password=SECRET&x=1 and https://b/o?"
+                  "X-Amz-Credential=AKIA&X-Amz-Signature=abc#f") == (
+        "postgresql://h/db?user=u&password=***&x=1 and https://b/o?X-Amz-Credential=***&"
+        "X-Amz-Signature=***#f")
+    assert redact("see https://x.org/a, or mail a@b.org") == "see https://x.org/a, or mail " \
+                                                              "a@b.org"
+    for bad in ("https://user:pa ss@host", "https://h/?token=SECRET", "https://u:p@h"):
+        from fedray.observe.tracking import check_config
+
+        with pytest.raises(ConfigError, match="tracking.mlflow") as err:
+            check_config(load_config(None, [*TINY, f"tracking.mlflow={bad}"]))
+        assert "SECRET" not in str(err.value) and "pa ss" not in str(err.value)
 
 
 def test_a_dead_ray_address_fails_in_seconds():

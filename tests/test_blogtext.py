@@ -50,8 +50,21 @@ def test_loader_filters_by_tokens_and_splits_80_10_10(corpus):
         n = len(raw[a.id]["posts"])
         assert len(a.val) == max(1, round(0.1 * n)) and len(a.test) == max(1, round(0.1 * n))
         assert sorted(a.train + a.val + a.test) == sorted(raw[a.id]["posts"])
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(ValueError, match=r"data.root.*/nonexistent/blogtext.csv.*no such "
+                                         r"file"):
         read_blogtext("/nonexistent/blogtext.csv")
+
+
+def test_a_bad_csv_is_named_without_echoing_its_lines(tmp_path):
+    """pyarrow's message quotes the offending row; for a path linked to another file that
+    would print that file's line: only counts and positions are kept."""
+    p = tmp_path / "x.csv"
+    p.write_text("id,text,topic,gender,age,sign,date\n1,hello,a,b,1,c,d\n"
+                 "alice:x:1000:1000:SECRET:/home/alice:/bin/bash,2\n")
+    with pytest.raises(ValueError, match=r"data.root.*reading it failed: a row has 2 "
+                                         r"columns where the header has 7") as err:
+        read_blogtext(p)
+    assert "SECRET" not in str(err.value)
 
 
 def test_loader_rejects_a_csv_without_the_schema(tmp_path):

@@ -261,3 +261,17 @@ def test_prepared_embedded_default_is_cached_per_arguments(tmp_path):
     prep(1)
     assert open(first["csv"]).read() != corpus  # another seed: another corpus
     assert open(f"{first['asce']}/asce.json").read() != asce  # and a retrained ASCE
+
+
+def test_prepare_never_replaces_files_it_did_not_write(tmp_path):
+    """A --cache directory holding an authors.csv without fedray's prepared.json is the
+    user's: refused before anything is removed or generated."""
+    from fedray.core.spec import ConfigError
+    from fedray.methods.favor.prepare import prepare_embedded
+
+    (tmp_path / "authors.csv").write_text("mine\n")
+    with pytest.raises(ConfigError, match=r"'--cache'.*holds authors.csv but no "
+                                          r"prepared.json"):
+        prepare_embedded(str(tmp_path), 3, 0)
+    assert sorted(os.listdir(tmp_path)) == ["authors.csv"]
+    assert (tmp_path / "authors.csv").read_text() == "mine\n"

@@ -193,6 +193,38 @@ def test_markdown_html_escapes_and_never_links_out(tmp_path):
     assert "<title>r &lt;b&gt;</title>" in page
 
 
+def test_only_the_reports_own_pngs_are_inlined(tmp_path):
+    """An image line naming a PNG outside the report folder (absolute, '..', or through a
+    link) is named, not inlined: a page never carries another file's bytes."""
+    from fedray.observe.plots import markdown_html
+
+    png = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
+    private = tmp_path / "private.png"
+    private.write_bytes(png + b"SECRET")
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "ok.png").write_bytes(png)
+    os.symlink(private, out / "linked.png")
+    page = markdown_html(f"# r\n\n![a]({private})\n![b](../private.png)\n"
+                         f"![c](linked.png)\n![d](ok.png)\n", str(out))
+    uris = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    assert [base64.b64decode(u) for u in uris] == [png]
+
+
+def test_a_stored_run_name_stays_one_printable_line(tmp_path):
+    from fedray.front.report import _load
+
+    run = tmp_path / "run"
+    (run / "metrics" / "rounds").mkdir(parents=True)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"round": [1]}), run / "rounds.parquet")
+    (run / "summary.json").write_text('{"name": "x\\n![a](/home/u/private.png)\\n"}')
+    label = _load(str(run))["label"]
+    assert "\n" not in label and label.startswith("x\\n")
+
+
 def test_favor_style_plot_has_chance_and_seed_error_bars(tmp_path):
     """FAVoR's style_retention.png from a results table with two seeds per method: the
     author-attribution chance is 1/authors, the AUC panels' 0.5, SemSim has none, and each

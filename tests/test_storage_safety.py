@@ -164,3 +164,76 @@ def test_asce_weights_load_without_unpickling_code(tmp_path):
         load_asce(str(tmp_path))
     assert not (tmp_path / "PWNED").exists()
     assert os.path.exists(tmp_path / "asce.pt")
+
+
+def test_a_link_planted_at_a_temp_name_is_never_written_through(tmp_path):
+    """Every temp file is created by fedray (O_EXCL | O_NOFOLLOW): a symbolic link planted
+    at the name a run dir, an --out folder or a cache writes its temp file to is replaced,
+    and the file it points to stays as it was."""
+    from fedray.core.outputs import OutputFiles
+    from fedray.core.storage import open_new
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    run = tmp_path / "run"
+    run.mkdir()
+    os.symlink(victim, run / f"config.yaml.tmp-{os.getpid()}")
+    Storage(str(run)).write_bytes("config.yaml", b"name: x\n")
+    assert (run / "config.yaml").read_bytes() == b"name: x\n"
+    assert not (run / "config.yaml").is_symlink() and victim.read_text() == "precious"
+
+    out = tmp_path / "out"
+    out.mkdir()
+    os.symlink(victim, out / f"index.md.tmp-{os.getpid()}")
+    with OutputFiles(str(out), ["index.md", "ids.csv"]) as files:
+        files.write_text("index.md", "# report\n")
+        with files.open("ids.csv", "w", newline="") as f:
+            f.write("a,b\r\n")
+    assert (out / "index.md").read_text() == "# report\n" and victim.read_text() == "precious"
+    assert (out / "ids.csv").read_bytes() == b"a,b\r\n"
+
+    stale = tmp_path / "stale.tmp"  # a dead process's temp file is replaced, not appended
+    stale.write_bytes(b"old bytes")
+    with open_new(str(stale)) as f:
+        f.write(b"new")
+    assert stale.read_bytes() == b"new"
+
+
+@pytest.mark.parametrize("bad", [b'{"$np": 1e999}', b'{"$np": Infinity}', b'{"$np": "x"}'])
+def test_a_damaged_skeleton_is_a_state_file_error(bad):
+    import io
+    import zipfile
+
+    good = pack_state({"w": np.arange(3.0)})
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(good)) as src, zipfile.ZipFile(out, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename == "__tree__.npy":
+                tree = np.frombuffer(bad, np.uint8)
+                buf = io.BytesIO()
+                np.save(buf, tree)
+                data = buf.getvalue()
+            dst.writestr(info, data)
+    with pytest.raises(StateFileError, match="damaged.state"):
+        unpack_state(out.getvalue(), "damaged.state")
+
+
+def test_planted_names_in_metric_and_state_folders_do_not_stop_a_run(tmp_path):
+    from fedray.core.state_store import ClientStateStore
+    from fedray.observe.metrics import MetricsWriter
+
+    storage = Storage(str(tmp_path))
+    writer = MetricsWriter(storage)
+    for r in (1, 2, 3):
+        writer.write_round(r, {"round": r}, {})
+    storage.write_bytes("metrics/rounds/abc.parquet", b"x")
+    writer.truncate_after(2)
+    assert storage.listdir("metrics/rounds") == ["000001.parquet", "000002.parquet",
+                                                 "abc.parquet"]
+    store = ClientStateStore(storage)
+    store.save(5, 1, {"w": np.ones(2)})
+    store.save(5, 2, {"w": np.ones(2)})
+    storage.write_bytes(f"{store.folder(5)}/abc.npz", b"x")
+    store.prune([5], {5: 2})
+    assert storage.listdir(store.folder(5)) == ["000002.npz"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -20,6 +21,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "fedray", "configs", "fedavg_digits.yaml")
 SMALL = ["rounds=4", "clients.num_clients=6", "model.hidden=[16]", "eval.clients=none",
          "runtime.tiers=[{name: default, executors: 1, num_cpus: 0.5}]"]
+
+
+class Planted:
+    """Unpickling it creates a file: the test that a sweep's resume reads no pickle."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
 
 
 WARM_RUNS = False  # conftest.warm_runs: Tune's trials need the session's CPUs
@@ -72,6 +83,64 @@ def test_sweep_block_in_the_config_file_and_presets(tmp_path):
                      {"local.lr": {"choice": [0.1]}})[0]
     assert trial_bundles(cfg) == [{"CPU": 1.0}] + [{"CPU": 0.5, "GPU": 0.25,
                                                      "tier_a": 1}] * 2
+
+
+def test_the_trial_list_is_a_rule_on_the_space_and_the_seed():
+    from fedray.front.tune import SweepSpec, trial_params
+
+    spec = SweepSpec({"local.lr": {"loguniform": [1e-3, 0.1]}, "algorithm.mu": {"grid": [0, 1]},
+                      "local.epochs": {"randint": [1, 4]}, "local.momentum": {"choice":
+                                                                               [0.0, 0.9]},
+                      "local.batch_size": {"grid": [8, 16, 32]}}, num_samples=3)
+    trials = trial_params(spec, seed=7)
+    assert len(trials) == 18 and trials == trial_params(spec, seed=7)
+    assert trials != trial_params(spec, seed=8)
+    # num_samples times the grid, the first grid key slowest
+    assert [(t["algorithm.mu"], t["local.batch_size"]) for t in trials[:6]] == [
+        (0, 8), (0, 16), (0, 32), (1, 8), (1, 16), (1, 32)]
+    assert trials[6:12] != trials[:6] and trials[6]["algorithm.mu"] == 0
+    for t in trials:
+        assert 1e-3 <= t["local.lr"] < 0.1 and isinstance(t["local.lr"], float)
+        assert t["local.epochs"] in (1, 2, 3) and type(t["local.epochs"]) is int
+        assert t["local.momentum"] in (0.0, 0.9)
+    assert len({t["local.lr"] for t in trials}) == 18  # drawn per trial
+    assert {t["local.epochs"] for t in trials} == {1, 2, 3}
+    assert {t["local.momentum"] for t in trials} == {0.0, 0.9}
+    # one trial's values do not depend on how many trials follow it
+    assert trial_params(SweepSpec(spec.space, num_samples=1), seed=7) == trials[:6]
+
+
+def test_a_sweeps_state_is_data_checked_before_ray(tmp_path):
+    """sweep.json is written at a new sweep's start, read back as data on --resume and
+    checked; trial runs are never reused without --resume, or resumed without it."""
+    from fedray.core.storage import Storage
+    from fedray.front.tune import SweepSpec, begin_state, trial_params
+
+    trials = trial_params(SweepSpec({"local.lr": {"grid": [0.1, 0.05]}}), seed=0)
+    store = Storage(str(tmp_path / "s"))
+    assert begin_state(store, trials, resume=False, name="s") == set()
+    state = json.loads((tmp_path / "s" / "sweep.json").read_text())
+    assert state == {"trials": [{"local.lr": 0.1}, {"local.lr": 0.05}], "ended": []}
+    assert begin_state(store, trials, resume=False, name="s") == set()  # no trial ran yet
+    (tmp_path / "s" / "runs" / "trial-00000").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="--resume to continue") as err:
+        begin_state(store, trials, resume=False, name="s")
+    assert err.value.path == "--name" and "\n" not in str(err.value)
+    (tmp_path / "s" / "sweep.json").write_text(json.dumps({**state, "ended": [1]}))
+    assert begin_state(store, trials, resume=True, name="s") == {1}
+    with pytest.raises(ConfigError, match="lists other trials"):
+        begin_state(store, trial_params(SweepSpec({"local.lr": {"grid": [0.1, 0.02]}}), 0),
+                    resume=True, name="s")
+    before = (tmp_path / "s" / "sweep.json").read_bytes()
+    for bad in (b"[1]", b'{"trials": [], "ended": [5]}', b'{"trials": [], "ended": [true]}',
+                b"\xff", b'{"trials": 1}'):
+        (tmp_path / "s" / "sweep.json").write_bytes(bad)
+        with pytest.raises(ConfigError, match="sweep's state as fedray writes it"):
+            begin_state(store, trials, resume=True, name="s")
+    (tmp_path / "s" / "sweep.json").unlink()
+    with pytest.raises(ConfigError, match="no sweep.json"):  # an older sweep: Tune's pickle
+        begin_state(store, trials, resume=True, name="s")
+    assert not (tmp_path / "s" / "sweep.json").exists() and before
 
 
 @pytest.mark.ray
@@ -132,9 +201,19 @@ def test_interrupted_sweep_resumes(ray_session, tmp_path):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+    marker = tmp_path / "PLANTED"  # a pickle in Tune's state file must never be loaded
+    planted = pickle.dumps(Planted(str(marker)))
+    for f in [tmp_path / "cut" / "tuner.pkl", *(tmp_path / "cut").glob("experiment_state*")]:
+        f.write_bytes(planted)
     res = sweep(DEMO, space, resume=True, **args)
+    assert not marker.exists()
     assert len(res.table) == 3 and all(r["rounds"] == 5 for r in res.table), [
         (r["rounds"], r["error"][-2000:]) for r in res.table]
+    assert sorted(r["trial"] for r in res.table) == ["trial-00000", "trial-00001",
+                                                     "trial-00002"]
+    state = json.loads((tmp_path / "cut" / "sweep.json").read_text())
+    assert state["ended"] == [0, 1, 2] and [t["local.lr"] for t in state["trials"]] == [
+        0.1, 0.05, 0.02]
     sessions = [json.load(open(os.path.join(r["run_dir"], "summary.json")))
                 for r in res.table]
     assert any(s["rounds_this_session"] < 5 for s in sessions)  # resumed from a checkpoint

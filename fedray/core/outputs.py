@@ -16,9 +16,10 @@ import contextlib
 import os
 from collections.abc import Iterator
 from types import TracebackType
+from typing import IO, Any
 
 from fedray.core.spec import ConfigError
-from fedray.core.storage import first_link
+from fedray.core.storage import first_link, open_new
 
 OVERWRITE_HINT = "a new file (pass --overwrite to replace it)"
 
@@ -47,7 +48,7 @@ def refuse_links(root: str, rel: str, field: str) -> str:
 
 class OutputFiles:
     """``with OutputFiles(out_dir, names, overwrite) as out:`` then ``out.write_bytes(name,
-    data)``/``out.write_text(name, text)`` or ``open(out.temp(name), "w")``; every name is
+    data)``/``out.write_text(name, text)`` or ``out.open(name, "w")``; every name is
     committed on a clean exit, none on an exception. ``names`` are relative (sub-folders
     allowed) and declared up front so the overwrite check comes before any work."""
 
@@ -92,8 +93,13 @@ class OutputFiles:
         self._temps[name] = tmp
         return tmp
 
+    def open(self, name: str, mode: str = "wb", **kwargs: Any) -> IO[Any]:
+        """``name``'s temp file, created by this call (never through a planted link), open
+        for writing in ``mode`` (``kwargs`` as for :func:`open`)."""
+        return open_new(self.temp(name), mode, **kwargs)
+
     def write_bytes(self, name: str, data: bytes) -> str:
-        with open(self.temp(name), "wb") as f:
+        with self.open(name) as f:
             f.write(data)
         return self.targets[name]
 

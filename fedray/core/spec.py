@@ -44,13 +44,19 @@ def shown(text: Any) -> str:
     return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
-_CREDENTIALS = re.compile(r"(?<=://)[^/@\s'\"]+@")
+# a URI's user info: everything up to the authority's last "@" (a password may hold "@")
+_CREDENTIALS = re.compile(r"(?<=://)[^/?#\s'\"]*@")
+# a query value whose key names a secret (password=, token=, X-Amz-Signature=, api_key=)
+_SECRET_QUERY = re.compile(r"(?i)([?&][^=&#\s'\"]*(?:pass|token|secret|key|sig|credential)"
+                           r"[^=&#\s'\"]*=)[^&#\s'\"]*")
 
 
 def redact(text: str) -> str:
     """``text`` with the user-info part of every URI (``s3://KEY:SECRET@bucket/...``)
-    replaced by ``***@``: credentials never reach a log, a config or a summary."""
-    return _CREDENTIALS.sub("***@", text)
+    replaced by ``***@`` and the value of every query parameter whose name says secret
+    (``?password=``, ``&token=``, a presigned URL's ``X-Amz-Signature=``) by ``***``:
+    credentials never reach a log, a config or a summary."""
+    return _SECRET_QUERY.sub(r"\1***", _CREDENTIALS.sub("***@", text))
 
 
 class ConfigError(ValueError):

@@ -14,6 +14,7 @@ moves to another executor never sees a stale copy.
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from typing import Any
 
@@ -75,5 +76,5 @@ class ClientStateStore:
             keep = {m[cid] for m in manifests if cid in m}
             folder = self.folder(cid)
             for f in self.storage.listdir(folder):
-                if not f.endswith(".npz") or int(f[:-4]) not in keep:
+                if not re.fullmatch(r"\d+\.npz", f) or int(f[:-4]) not in keep:
                     self.storage.delete(f"{folder}/{f}")

@@ -78,6 +78,48 @@ def _decode(node: Any, arrays: Any, name: str) -> Any:
     return {k: _decode(v, arrays, name) for k, v in node.items()}
 
 
+# (what pyarrow's message says, the fact kept from it) for read_error
+_READ_FACTS = [
+    (r"Expected (\d+) columns, got (\d+)",
+     lambda m: f"a row has {m.group(2)} columns where the header has {m.group(1)}"),
+    (r"CSV column #(\d+)", lambda m: f"column {int(m.group(1)) + 1}"),
+    (r"Row #(\d+)", lambda m: f"row {m.group(1)}"),
+    (r"conversion error to (\w+)", lambda m: f"not a valid {m.group(1)}"),
+]
+
+
+def read_error(e: BaseException) -> str:
+    """Why pyarrow could not read a table file (a trace, a CSV), without the file's
+    content: its messages quote the offending row ("Expected 4 columns, got 2: <the
+    row>"), which for a path pointing at another file (a link to /etc/passwd) would print
+    that file. Only counts, numbers and type names are kept."""
+    if isinstance(e, UnicodeDecodeError):
+        return "not UTF-8 text"
+    text = str(e)
+    facts = [say(m) for pattern, say in _READ_FACTS if (m := re.search(pattern, text))]
+    if "magic bytes" in text or "Parquet file size" in text:
+        facts.append("not a Parquet file")
+    if not facts and isinstance(e, OSError) and e.strerror:
+        facts.append(e.strerror)
+    return ", ".join(facts) or f"pyarrow could not parse it: {type(e).__name__}"
+
+
+def open_new(path: str, mode: str = "wb", **kwargs: Any) -> Any:
+    """``path`` opened for writing as a file this call creates (``O_CREAT | O_EXCL |
+    O_NOFOLLOW``): the one way fedray opens a temp file before its rename. A file or a
+    symbolic link planted at that name is removed (the link itself, never its target) and
+    the name created again; one planted again in between fails the write, so nothing is
+    ever written through a link."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | \
+        getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except FileExistsError:
+        os.unlink(path)  # a stale temp file of a dead process, or a planted link
+        fd = os.open(path, flags, 0o666)
+    return os.fdopen(fd, mode, **kwargs)
+
+
 def read_marker(path: str | os.PathLike) -> dict | None:
     """A local JSON marker (cache keys), or None when it is missing or unreadable — a
     truncated marker is a cache miss, not an error that blocks every later run."""
@@ -174,7 +216,7 @@ def unpack_state(data: bytes, name: str = "state") -> Any:
         return _decode(tree, arrays, name)
     except RecursionError:
         raise StateFileError(name, "its skeleton nests too deep") from None
-    except (TypeError, ValueError, AttributeError) as e:
+    except (TypeError, ValueError, AttributeError, OverflowError) as e:
         raise StateFileError(name, f"a damaged skeleton ({type(e).__name__})") from None
 
 
@@ -270,7 +312,7 @@ class Storage:
                                          f"({_reason(e)})") from None
         try:
             if self.is_local:
-                with open(tmp, "wb") as f:
+                with open_new(tmp) as f:
                     f.write(data)
                     if durable:
                         f.flush()

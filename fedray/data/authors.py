@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -168,17 +169,30 @@ def generate_corpus(path: str | os.PathLike, num_authors: int = 120, seed: int =
     """Write authors ``first_author .. first_author + num_authors − 1`` (ids 1000 + index)
     to ``path`` as a BlogText-schema CSV; posts per author are drawn log-uniformly from
     ``posts`` (a long tail). Disjoint ``first_author`` ranges give disjoint authors."""
+    from fedray.core.storage import open_new
+
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["id", "gender", "age", "topic", "sign", "date", "text"])
-        for a in range(first_author, first_author + num_authors):
-            style = draw_style(seed, a)
-            g = rng(seed, -1, a, "author-posts")
-            n = int(np.exp(g.uniform(np.log(posts[0]), np.log(posts[1] + 1))))
-            for p in range(n):
-                _, text = write_post(style, g, int(g.integers(sentences[0], sentences[1] + 1)))
-                day = 1 + (p % 28)
-                w.writerow([1000 + a, style.gender, style.age, style.industry, style.sign,
-                            f"{day:02d},{['May', 'June', 'July'][p // 28 % 3]},2004", text])
+    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
+    try:
+        with open_new(tmp, "w", newline="") as f:
+            _write_authors(csv.writer(f), num_authors, seed, posts, sentences, first_author)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        raise
     return str(path)
+
+
+def _write_authors(w: Any, num_authors: int, seed: int, posts: tuple[int, int],
+                   sentences: tuple[int, int], first_author: int) -> None:
+    w.writerow(["id", "gender", "age", "topic", "sign", "date", "text"])
+    for a in range(first_author, first_author + num_authors):
+        style = draw_style(seed, a)
+        g = rng(seed, -1, a, "author-posts")
+        n = int(np.exp(g.uniform(np.log(posts[0]), np.log(posts[1] + 1))))
+        for p in range(n):
+            _, text = write_post(style, g, int(g.integers(sentences[0], sentences[1] + 1)))
+            day = 1 + (p % 28)
+            w.writerow([1000 + a, style.gender, style.age, style.industry, style.sign,
+                        f"{day:02d},{['May', 'June', 'July'][p // 28 % 3]},2004", text])

@@ -46,18 +46,18 @@ def read_blogtext(path: str | os.PathLike) -> dict[int, dict]:
     import pyarrow.csv as pcsv
 
     from fedray.core.spec import ConfigError
+    from fedray.core.storage import read_error
 
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no BlogText CSV at {path}")
     rule = f"a BlogText CSV (UTF-8, header with {', '.join(COLUMNS)}; integer id)"
+    if not os.path.isfile(path):
+        raise ConfigError("data.root", str(path), f"{rule}; there is no such file")
     try:
         table = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(
             column_types={"id": "int64", "text": "string", "topic": "string"}))
         names = table.column_names
-    except (pa.ArrowInvalid, UnicodeDecodeError) as e:
-        reason = str(e).splitlines()[0][:160].encode("ascii", "backslashreplace").decode()
-        raise ConfigError("data.root", str(path), f"{rule}; reading it failed: {reason}") \
-            from None
+    except (pa.ArrowInvalid, UnicodeDecodeError, OSError) as e:
+        raise ConfigError("data.root", str(path), f"{rule}; reading it failed: "
+                                                  f"{read_error(e)}") from None
     missing = [c for c in COLUMNS if c not in names]
     if missing:
         raise ConfigError("data.root", str(path), f"{rule}; it lacks {missing}")

@@ -37,6 +37,7 @@ from fedray.core.config import DataConfig
 from fedray.core.outputs import resolves_inside
 from fedray.core.seeding import rng
 from fedray.core.spec import ConfigError, redact
+from fedray.core.storage import open_new
 from fedray.data.population import (
     DAMAGED_ENTRY,
     GLOBAL_TEST_RULE,
@@ -245,7 +246,7 @@ class EntryWriter:
         self._xs, self._ys, self._bytes = [], [], 0
         table = rows_table(x, y)
         if self._writer is None:
-            self._sink = pa.OSFile(self.tmp, "wb")
+            self._sink = open_new(self.tmp)
             self._writer = pa.ipc.new_file(self._sink, table.schema)
             self._schema = table.schema
         elif table.schema != self._schema:
@@ -284,7 +285,7 @@ class EntryWriter:
         x_test, y_test = _rows_of(source, pick, shape, tuple(label_shape)) if len(pick) else \
             (np.zeros((0, *shape), np.float32), np.zeros((0, *label_shape), np.int64))
         info = {**info, "rows": int(offsets[-1])}
-        with open(self.tmp_index, "wb") as fh:  # a file object: savez adds no suffix
+        with open_new(self.tmp_index) as fh:  # a file object: savez adds no suffix
             np.savez(fh, offsets=offsets, split=split,
                      natural_ids=np.asarray(self.keep).astype(str),
                      x_test=x_test.reshape(len(x_test), int(np.prod(shape))), y_test=y_test,

@@ -38,6 +38,7 @@ from fedray.core.config import DataConfig, ExperimentConfig
 from fedray.core.outputs import resolves_inside
 from fedray.core.seeding import bounded_integers, rng, rngs
 from fedray.core.spec import ConfigError, redact, short_repr
+from fedray.core.storage import open_new
 from fedray.data.federated import local_test_count
 
 GLOBAL_TEST_MAX = 10_000
@@ -787,9 +788,9 @@ def write_cache_entry(path: str, index_path: str, x: np.ndarray, y: np.ndarray,
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp, tmp_index = _temp_name(path), _temp_name(index_path)
     try:
-        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, out.schema) as writer:
+        with open_new(tmp) as sink, pa.ipc.new_file(sink, out.schema) as writer:
             writer.write_table(out, max_chunksize=max(1, len(y)))
-        with open(tmp_index, "wb") as fh:  # a file object: savez adds no suffix
+        with open_new(tmp_index) as fh:  # a file object: savez adds no suffix
             np.savez(fh, offsets=offsets, split=split, natural_ids=natural_ids,
                      x_test=x_test.reshape(len(x_test), -1), y_test=y_test,
                      info=np.array(json.dumps(info)))

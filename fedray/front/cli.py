@@ -189,6 +189,12 @@ def run(config: Path | None = typer.Argument(
     if resume and smoke:
         fail("--smoke sets the size of a new run; a resumed run keeps its own (give -s "
              "rounds=N to extend it)", as_json)
+    if resume and config is not None:
+        fail(f"give a CONFIG file or --resume RUN_DIR, not both: a resumed run keeps the "
+             f"config stored in {resume}/config.yaml (-s rounds=N extends it)", as_json)
+    if resume and (run_dir is not None or overwrite):
+        fail("--resume continues the run in RUN_DIR itself: -o/--run-dir and --overwrite "
+             "are for a new run", as_json)
     try:
         if resume:
             cfg = resume_config(resume, set_ or [])
@@ -292,7 +298,7 @@ def tune(config: Path = typer.Argument(..., help="Experiment config; may hold a 
                                                          "or URI)."),
          name: str | None = typer.Option(None, help="Sweep name (default sweep-NAME)."),
          resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep "
-                                                            "of this name (Tuner.restore)."),
+                                                            "of this name (from its sweep.json)."),
          progress: bool = typer.Option(True, "--progress/--no-progress",
                                        help="Show the sweep's progress on stderr."),
          as_json: bool = JSON_OPT) -> None:

@@ -37,7 +37,7 @@ import pandas as pd
 from fedray.core import registry
 from fedray.core.config import DataConfig, dataset_shape, parse_text
 from fedray.core.outputs import refuse_links, staged_dir
-from fedray.core.spec import ConfigError, build_dataclass
+from fedray.core.spec import ConfigError, build_dataclass, shown
 from fedray.core.storage import StateFileError, Storage
 from fedray.observe.metrics import read_metrics
 from fedray.observe.plots import (
@@ -74,7 +74,8 @@ def _load(run_dir: str) -> dict[str, Any]:
     if storage.exists("config.yaml"):
         config = parse_text(storage.read_bytes("config.yaml"), "yaml",
                             storage.path("config.yaml"), "run directory")
-    label = str(summary.get("name") or os.path.basename(os.path.normpath(run_dir)))
+    # shown: a stored name is one printable line, never Markdown of its own (an image line)
+    label = shown(summary.get("name") or os.path.basename(os.path.normpath(run_dir)))
     data = config.get("data")
     dataset = data.get("dataset") if isinstance(data, dict) else None
     return {"dir": run_dir, "rounds": rounds, "clients": clients, "summary": summary,

@@ -6,9 +6,17 @@ block). Each trial reserves one placement group holding its driver and all its e
 (one bundle per executor, shaped like its tier), runs the experiment round by round and
 reports every round's metrics, so ASHA can stop weak trials early. Sampled values come
 from the experiment's ``seed``, so a sweep is repeatable. Each trial writes an
-ordinary fedray run directory; an interrupted sweep resumes with ``Tuner.restore`` and every
-unfinished trial continues from its own last round checkpoint. The sweep ends with a table
-(Parquet + Markdown) of every trial's config and final metrics, best first.
+ordinary fedray run directory, ``runs/trial-NNNNN``.
+
+The trials are fedray's own list (:func:`trial_params`: the grid's values in key order,
+``num_samples`` times, each random value drawn from (seed, trial)), stored with the trials
+that ended in ``sweep.json``. An interrupted sweep resumes from that file alone: it is data,
+not Tune's pickled state (``Tuner.restore`` unpickles ``tuner.pkl``, which would run code
+planted in the sweep directory), so ``--resume`` starts a fresh Tuner over the same list.
+A trial that ended (finished or stopped by ASHA) replays its stored rounds to the new
+scheduler; an unfinished or failed one continues from its own last round checkpoint. The
+sweep ends with a table (Parquet + Markdown) of every trial's config and final metrics,
+read from the trials' run directories, best first.
 
 Tracking: with ``tracking.tensorboard`` and/or ``tracking.mlflow`` in the base config, the
 sweep logs through Tune's own callbacks (``TBXLoggerCallback``: event files in each trial's
@@ -19,6 +27,7 @@ trial is logged once, by Tune.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -28,6 +37,7 @@ from typing import Any
 
 from fedray.core import registry
 from fedray.core.config import ExperimentConfig, check_name, load_config, read_file
+from fedray.core.seeding import rng
 from fedray.core.spec import ConfigError, redact
 from fedray.observe.console import library_stdout
 from fedray.observe.progress import Progress
@@ -80,16 +90,54 @@ def check_space(space: dict[str, dict]) -> None:
                 raise ConfigError(f"sweep.space.{key}.{kind}", vals, "positive bounds")
 
 
-def to_tune(spec: dict) -> Any:
+def trial_params(spec: SweepSpec, seed: int) -> list[dict[str, Any]]:
+    """The sweep's trials, in order: ``num_samples`` times every combination of the grid
+    keys' values (the first grid key slowest), each other key drawn from
+    ``rng(seed, -1, trial, "sweep-trial")`` in the space's key order — ``choice`` uniformly
+    among its values, ``uniform`` on [low, high), ``loguniform`` as exp of a uniform draw
+    between the logs, ``randint`` an integer in [low, high) (Tune's conventions). A rule on
+    (space, seed) only, so a resumed sweep recomputes the same list."""
+    grid = [k for k, v in spec.space.items() if "grid" in v]
+    combos = list(itertools.product(*(spec.space[k]["grid"] for k in grid)))
+    trials: list[dict[str, Any]] = []
+    for _ in range(spec.num_samples):
+        for combo in combos:
+            gen = rng(seed, -1, len(trials), "sweep-trial")
+            params: dict[str, Any] = {}
+            for key, kind_vals in spec.space.items():
+                kind, vals = next(iter(kind_vals.items()))
+                if kind == "grid":
+                    params[key] = combo[grid.index(key)]
+                elif kind == "choice":
+                    params[key] = vals[int(gen.integers(len(vals)))]
+                elif kind == "uniform":
+                    params[key] = float(gen.uniform(vals[0], vals[1]))
+                elif kind == "loguniform":
+                    params[key] = float(math.exp(gen.uniform(math.log(vals[0]),
+                                                             math.log(vals[1]))))
+                else:
+                    params[key] = int(gen.integers(vals[0], vals[1]))
+            trials.append(params)
+    return trials
+
+
+def _lookup(trials: list[dict[str, Any]], key: str, spec: Any) -> Any:
+    return trials[spec.config["trial"]][key]
+
+
+def tune_space(trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """Tune's space for fedray's trial list: a grid over the trial indices (``trial``) and
+    each swept key looked up from its trial, so Tune's loggers record the swept values."""
+    from functools import partial
+
     from ray import tune
 
-    kind, vals = next(iter(spec.items()))
-    if kind == "choice":
-        return tune.choice(vals)
-    if kind == "grid":
-        return tune.grid_search(vals)
-    return {"uniform": tune.uniform, "loguniform": tune.loguniform,
-            "randint": tune.randint}[kind](*vals)
+    return {"trial": tune.grid_search(list(range(len(trials)))),
+            **{k: tune.sample_from(partial(_lookup, trials, k)) for k in trials[0]}}
+
+
+def trial_dir(index: int) -> str:
+    return f"trial-{index:05d}"
 
 
 def _representatives(spec: dict) -> list[Any]:
@@ -189,9 +237,31 @@ def _finite(row: dict) -> dict[str, float]:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
-def _trial(params: dict, *, base: dict, overrides: list[str], run_root: str, cwd: str
-           ) -> None:
-    """One Tune trial: one experiment, reporting after every round; resumes its own run.
+def _stored_rows(run_dir: str) -> list[dict[str, float]]:
+    """A trial run's stored rounds, each with the metrics carried forward from the rounds
+    before it (accuracy is measured only on evaluation rounds); none for a run without any."""
+    from fedray.core.storage import Storage
+    from fedray.observe.metrics import read_metrics
+
+    if Storage(run_dir).is_empty():
+        return []
+    try:
+        table = read_metrics(run_dir)
+    except FileNotFoundError:
+        return []
+    rows, last = [], {}
+    for row in table.to_pylist():
+        last = last | _finite(row)
+        rows.append(last)
+    return rows
+
+
+def _trial(config: dict, *, base: dict, overrides: list[str], run_root: str, cwd: str,
+           ended: frozenset[int]) -> None:
+    """One Tune trial: one experiment, reporting after every round. Its run directory is
+    ``run_root/trial-NNNNN`` by its index in the sweep's list. A trial that ended in an
+    earlier session (``ended``) only replays its stored rounds; any other continues its own
+    run, replaying the rounds it already holds first, so the scheduler sees every round.
     Runs in the sweep's working directory (Tune moves trials into their own), so relative
     paths in the config mean what they meant on the command line."""
     from ray import tune
@@ -199,25 +269,28 @@ def _trial(params: dict, *, base: dict, overrides: list[str], run_root: str, cwd
     from fedray.runtime import Experiment, resumable
 
     os.chdir(cwd)
-
+    params = dict(config)
+    index = int(params.pop("trial"))
     cfg = load_config(None, [*overrides, *(override(k, v) for k, v in params.items())],
                       base=base)
-    ctx = tune.get_context()
-    run_dir = os.path.join(run_root, ctx.get_trial_id())
+    run_dir = os.path.join(run_root, trial_dir(index))
+
+    def report(row: dict[str, float]) -> None:
+        tune.report({**row, "rounds_total": cfg.rounds, "run_dir": redact(run_dir)})
+
+    if index in ended:
+        for row in _stored_rows(run_dir):
+            report(row)
+        return
     exp = Experiment(cfg, run_dir, resume=resumable(run_dir, cfg))  # its own run continues
     exp.start()
-    last: dict[str, float] = {}
     try:
-        if exp.done:  # all rounds ran before the sweep was interrupted: report them again
-            from fedray.observe.metrics import read_metrics
-
-            for row in read_metrics(run_dir).to_pylist():
-                last |= _finite(row)
-            tune.report({**last, "rounds_total": cfg.rounds, "run_dir": redact(run_dir)})
+        last: dict[str, float] = {}
+        for last in _stored_rows(run_dir):
+            report(last)
         while not exp.done:
-            row = _finite(exp.step())
-            last |= row  # accuracy carried forward between evaluation rounds
-            tune.report({**last, "rounds_total": cfg.rounds, "run_dir": redact(run_dir)})
+            last = last | _finite(exp.step())
+            report(last)
         exp.close()
     finally:
         exp.release()
@@ -245,6 +318,7 @@ def sweep(config: str | os.PathLike | dict, space: dict[str, dict] | None = None
     counted in rounds over all trials (a trial stopped early counts as finished)."""
     from ray import tune
 
+    from fedray.core.storage import Storage
     from fedray.runtime import init_ray
     from fedray.runtime.experiment import settled
 
@@ -254,6 +328,9 @@ def sweep(config: str | os.PathLike | dict, space: dict[str, dict] | None = None
     path = os.path.join(storage_path, name)
     run_root = os.path.join(path, "runs")
     callbacks = tracking_callbacks(cfg, name)  # a bad tracking.* fails here, before Ray
+    trials = trial_params(spec, cfg.seed)
+    store = Storage(path)
+    ended = begin_state(store, trials, resume, name)  # before Ray: a clash fails here
     started = init_ray(cfg)
     cfg = settled(cfg)  # device and placement timeout decided once, here, for every trial
     overrides = [*overrides, override("runtime.device", cfg.runtime.device),
@@ -263,31 +340,27 @@ def sweep(config: str | os.PathLike | dict, space: dict[str, dict] | None = None
         check_trial_fits(cfg)  # a fixed-size Ray cannot grow: fail now, not pend forever
     trainable = tune.with_resources(
         tune.with_parameters(_trial, base=base, overrides=overrides, run_root=run_root,
-                             cwd=os.getcwd()),
+                             cwd=os.getcwd(), ended=frozenset(ended)),
         tune.PlacementGroupFactory(trial_bundles(cfg), strategy="PACK"))
     prog = progress if isinstance(progress, Progress) else Progress(1, enabled=progress)
     with prog.stage(f"sweep {name}", unit="rounds") as stage:
-        if resume and tune.Tuner.can_restore(path):  # its callbacks are the pickled ones
-            tuner = tune.Tuner.restore(path, trainable, resume_unfinished=True,
-                                       resume_errored=True)
-        else:
-            callbacks.append(rounds_callback(stage, cfg.rounds, trial_count(spec)))
-            scheduler = None
-            if spec.scheduler == "asha":
-                scheduler = tune.schedulers.ASHAScheduler(
-                    time_attr="round", max_t=cfg.rounds, grace_period=spec.grace_period,
-                    reduction_factor=spec.reduction_factor)
-            tuner = tune.Tuner(
-                trainable, param_space={k: to_tune(v) for k, v in spec.space.items()},
-                tune_config=tune.TuneConfig(
-                    metric=spec.metric, mode=spec.mode, num_samples=spec.num_samples,
-                    scheduler=scheduler, max_concurrent_trials=spec.max_concurrent,
-                    search_alg=tune.search.BasicVariantGenerator(random_state=cfg.seed)),
-                run_config=tune.RunConfig(name=name, storage_path=storage_path, verbose=0,
-                                          callbacks=callbacks))
+        callbacks += [rounds_callback(stage, cfg.rounds, len(trials)),
+                      ended_callback(store, trials, ended)]
+        scheduler = None
+        if spec.scheduler == "asha":
+            scheduler = tune.schedulers.ASHAScheduler(
+                time_attr="round", max_t=cfg.rounds, grace_period=spec.grace_period,
+                reduction_factor=spec.reduction_factor)
+        tuner = tune.Tuner(
+            trainable, param_space=tune_space(trials),
+            tune_config=tune.TuneConfig(
+                metric=spec.metric, mode=spec.mode, scheduler=scheduler,
+                max_concurrent_trials=spec.max_concurrent),
+            run_config=tune.RunConfig(name=name, storage_path=storage_path, verbose=0,
+                                      callbacks=callbacks))
         with library_stdout():  # Tune prints its experiment table even at verbose=0
             grid = tuner.fit()
-    return write_table(grid, spec, path)
+    return write_table(grid, spec, trials, cfg.rounds, path)
 
 
 def trial_count(spec: SweepSpec) -> int:
@@ -296,11 +369,74 @@ def trial_count(spec: SweepSpec) -> int:
                                         if "grid" in v)
 
 
+STATE = "sweep.json"
+
+
+def _write_state(store: Any, trials: list[dict[str, Any]], ended: Iterable[int]) -> None:
+    store.write_bytes(STATE, json.dumps({"trials": trials, "ended": sorted(ended)},
+                                        allow_nan=False).encode())
+
+
+def begin_state(store: Any, trials: list[dict[str, Any]], resume: bool, name: str
+                ) -> set[int]:
+    """The sweep's state file at its start, before Ray: for ``resume`` read back (as data)
+    and checked to hold the same trial list, else written new. Returns the indices of the
+    trials that ended in earlier sessions. Trial runs already in the directory are never
+    reused without ``resume``, and never resumed without ``sweep.json`` (a sweep written
+    before it kept its state in Tune's pickle, which is not read)."""
+    where = redact(store.location)
+    if resume and store.exists(STATE):
+        return _read_state(store, trials, name)
+    if store.listdir("runs"):
+        rule = (f"--resume to continue the sweep {where} holds, or a new name"
+                if store.exists(STATE) else
+                f"a new name: {where} holds trial runs but no {STATE} to resume them by "
+                f"(a sweep's pickled Tune state is not read)")
+        raise ConfigError("--name", name, rule)
+    _write_state(store, trials, ())
+    return set()
+
+
+def _read_state(store: Any, trials: list[dict[str, Any]], name: str) -> set[int]:
+    where = redact(store.location)
+    try:
+        state = json.loads(store.read_bytes(STATE).decode("utf-8"))
+        stored, ended = state["trials"], state["ended"]
+        if not isinstance(ended, list) or not all(
+                type(i) is int and 0 <= i < len(trials) for i in ended):
+            raise ValueError("ended")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise ConfigError(STATE, f"{where}/{STATE}", f"the sweep's state as fedray writes "
+                                                     f"it ({type(e).__name__})") from None
+    if stored != json.loads(json.dumps(trials)):
+        raise ConfigError("sweep.space", name, f"the space, seed and num_samples of the "
+                                               f"sweep being resumed: {where}/{STATE} lists "
+                                               f"other trials")
+    return set(ended)
+
+
+def ended_callback(store: Any, trial_list: list[dict[str, Any]], ended: set[int]) -> Any:
+    """A Tune callback (in this process) that adds every trial that ends — all its rounds
+    run, or stopped by the scheduler — to ``sweep.json``; a trial that failed stays
+    unfinished, so a resumed sweep runs it again from its checkpoint."""
+    from ray import tune
+
+    class TrialsEnded(tune.Callback):
+        def __init__(self) -> None:
+            self.ended = set(ended)
+
+        def on_trial_complete(self, iteration: int, trials: list, trial: Any,
+                              **info: Any) -> None:
+            self.ended.add(int(trial.config["trial"]))
+            _write_state(store, trial_list, self.ended)
+
+    return TrialsEnded()
+
+
 def rounds_callback(stage: Any, rounds: int, n_trials: int) -> Any:
     """A Tune callback (it runs in this process) that reports the rounds done over all
     trials to ``stage``: a trial's latest round, all of its rounds once it ended. Tune
-    pickles it with the sweep's state: the stage stays behind (a restored sweep shows the
-    stage's start and end only)."""
+    pickles it with the sweep's state (never read back): the stage stays behind."""
     from ray import tune
 
     class RoundsDone(tune.Callback):
@@ -357,23 +493,27 @@ def tracking_callbacks(cfg: ExperimentConfig, name: str) -> list[Any]:
     return callbacks
 
 
-def write_table(grid: Any, spec: SweepSpec, path: str) -> SweepResult:
-    """Every trial's config and final metrics, best first, as Parquet and Markdown."""
+def write_table(grid: Any, spec: SweepSpec, trials: list[dict[str, Any]], rounds: int,
+                path: str) -> SweepResult:
+    """Every trial's config and final metrics (read from its run directory: what it
+    stored, whichever session ran it), best first, as Parquet and Markdown."""
 
     from fedray.core.storage import Storage
 
     keys = list(spec.space)
     rows = []
     for res in grid:
-        m = res.metrics or {}
-        cfg = res.config or {}
-        rows.append({"trial": os.path.basename(str(res.path)),
-                     **{k: json.dumps(cfg.get(k)) for k in keys},
+        index = int((res.config or {})["trial"])
+        run_dir = os.path.join(path, "runs", trial_dir(index))
+        stored = _stored_rows(run_dir)
+        m = stored[-1] if stored else {}
+        rows.append({"trial": trial_dir(index),
+                     **{k: json.dumps(trials[index][k]) for k in keys},
                      "rounds": int(m.get("round", 0)),
                      spec.metric: float(m.get(spec.metric, math.nan)),
-                     "stopped_early": int(m.get("round", 0)) < int(m.get("rounds_total", 0)),
+                     "stopped_early": int(m.get("round", 0)) < rounds,
                      "error": str(res.error) if res.error else "",
-                     "run_dir": m.get("run_dir", "")})
+                     "run_dir": redact(run_dir)})
     sign = -1 if spec.mode == "max" else 1
     rows.sort(key=lambda r: (math.isnan(r[spec.metric]), sign * r[spec.metric]
                              if not math.isnan(r[spec.metric]) else 0))

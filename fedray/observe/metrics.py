@@ -7,6 +7,7 @@ Readable by pandas, polars and duckdb: ``pandas.read_parquet("RUN/rounds.parquet
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -76,7 +77,7 @@ class MetricsWriter:
         """Drop part files of rounds after ``round`` (a resumed run redoes them)."""
         for kind in KINDS:
             for f in self.storage.listdir(f"metrics/{kind}"):
-                if f.endswith(".parquet") and int(f.split(".")[0]) > round:
+                if re.fullmatch(r"\d+\.parquet", f) and int(f[:-8]) > round:
                     self.storage.delete(f"metrics/{kind}/{f}")
 
     def read(self, kind: str) -> pa.Table | None:

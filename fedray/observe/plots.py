@@ -240,9 +240,15 @@ def _table(rows: list[str]) -> str:
 
 
 def _figure(alt: str, src: str, base_dir: str) -> str:
+    """An image line as a figure: the PNG inlined only when ``src`` is a relative name of a
+    file inside ``base_dir`` (the report's own plots), so a page never carries another
+    file's bytes, whatever a run's stored name put into the Markdown."""
+    from fedray.core.outputs import resolves_inside
+
     path = os.path.join(base_dir, src)
     caption = f"<figcaption>{html.escape(alt)}</figcaption>"
-    if "://" in src or not src.lower().endswith(".png") or not os.path.isfile(path):
+    if "://" in src or os.path.isabs(src) or not src.lower().endswith(".png") or \
+            not resolves_inside(path, base_dir) or not os.path.isfile(path):
         return f"<figure>{caption}</figure>"
     return (f"<figure><img src=\"{png_data_uri(path)}\" alt=\"{html.escape(alt)}\">"
             f"{caption}</figure>")

@@ -58,10 +58,12 @@ def check_config(cfg: Any) -> None:
         if not uri.strip():
             raise ConfigError("tracking.mlflow", uri, "an MLflow tracking URI or a local "
                                                       "directory (file store)")
-        if redact(uri) != uri:
-            raise ConfigError("tracking.mlflow", uri, "a tracking URI without credentials "
-                              "(config.yaml stores it): set MLFLOW_TRACKING_USERNAME and "
-                              "MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN instead")
+        if redact(uri) != uri or any(c.isspace() or c in "'\"" for c in uri):
+            shown_uri = redact(uri) if "@" not in uri else "***@" + redact(uri.rsplit("@")[-1])
+            raise ConfigError("tracking.mlflow", shown_uri, "a tracking URI without "
+                              "credentials, spaces or quotes (config.yaml stores it): set "
+                              "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD or "
+                              "MLFLOW_TRACKING_TOKEN instead")
         scheme = _scheme(uri)
         if scheme in ("", "file"):
             path = _file_store_path(uri)

@@ -154,6 +154,7 @@ class Experiment:
         from fedray.core import registry
 
         self.cfg, self.resume = cfg, resume
+        self.given = cfg  # as given: config.yaml stores it, not the settled one start uses
         self.algorithm_cls = algorithm_cls or registry.method(cfg.algorithm["name"])
         if algorithm_cls is not None:  # the registered one was checked when cfg was loaded
             algorithm_cls.check(cfg)
@@ -169,10 +170,12 @@ class Experiment:
                 raise ConfigError("--resume", self.run_dir, "a run directory holding "
                                                             "config.yaml")
             states = checkpoint.read(self.storage)
-        elif not self.storage.is_empty() and not overwrite:
-            raise ConfigError("run_dir", self.run_dir, "an empty or new directory (this one "
-                              "holds files: --resume continues the run in it, --overwrite "
-                              "replaces it)")
+        elif not self.storage.is_empty():
+            if not overwrite:
+                raise ConfigError("run_dir", self.run_dir, "an empty or new directory (this "
+                                  "one holds files: --resume continues the run in it, "
+                                  "--overwrite replaces it)")
+            check_replaceable(self.storage, self.run_dir)
         check_before_ray(cfg)
         self.tracker = Tracker.of(cfg, self.run_dir)  # tracking.*: checked before any work
         self.data = self.algorithm_cls.build_data(cfg) if data is None else data
@@ -197,24 +200,29 @@ class Experiment:
         self.rows: list[dict] = []
         self.t_start = time.perf_counter()
         self.locked = acquire_lock(self.storage)
-        try:
-            self._write_run_files(resume, overwrite)
-        except BaseException:
-            self.discard()
-            raise
+        # --overwrite replaces the old run only once this one has started (Ray reached,
+        # executors placed): a run that fails to start leaves the old one as it was
+        self.replacing = overwrite and not resume and not self.storage.is_empty()
+        if not resume and not self.replacing:
+            try:
+                self._write_run_files()
+            except BaseException:
+                self.discard()
+                raise
 
-    def _write_run_files(self, resume: bool, overwrite: bool) -> None:
-        cfg = self.cfg
-        if not resume:
-            if overwrite:
-                for name in self.storage.listdir(""):
-                    if name != LOCK:
-                        self.storage.delete(name)
-            self.storage.write_bytes("config.yaml", yaml.safe_dump(
-                cfg.to_dict(), sort_keys=False).encode())
-            self.storage.write_bytes("data.json", json_text(self.data.summary()).encode())
-            if hasattr(self.data, "partition_table"):  # the partition, computed once
-                self.storage.write_parquet("partition.parquet", self.data.partition_table())
+    def _write_run_files(self) -> None:
+        """A new run's files; under ``--overwrite`` the old run's files go first
+        (:func:`check_replaceable`: every name here is one a run writes)."""
+        if self.replacing:
+            for name in self.storage.listdir(""):
+                if name in RUN_NAMES and name != LOCK:
+                    self.storage.delete(name)
+            self.replacing = False
+        self.storage.write_bytes("config.yaml", yaml.safe_dump(
+            self.given.to_dict(), sort_keys=False).encode())
+        self.storage.write_bytes("data.json", json_text(self.data.summary()).encode())
+        if hasattr(self.data, "partition_table"):  # the partition, computed once
+            self.storage.write_parquet("partition.parquet", self.data.partition_table())
 
     def stopped(self, e: BaseException) -> Stopped:
         """The :class:`Stopped` a signal ends this run with: which signal, the last
@@ -297,6 +305,8 @@ class Experiment:
                 raise
         try:
             self.info = ray.get(self.driver.setup.remote(self.resume))
+            if self.replacing:
+                self._write_run_files()
             if self.tracker is not None:
                 self.tracker.start(self.cfg.to_dict(), self.info["round"])
         except Exception:
@@ -566,6 +576,28 @@ def _adversary_summary(cfg: ExperimentConfig, run_dir: str, final_eval: dict
 
 
 LOCK = ".lock"
+# what a run (and the jobs and reports that write beside it) puts in its directory
+RUN_NAMES = frozenset({LOCK, "config.yaml", "data.json", "partition.parquet", "summary.json",
+                       "rounds.parquet", "clients.parquet", "metrics", "checkpoints",
+                       "client_state", "tracking.json", "tensorboard", "report",
+                       "generations.parquet"})
+
+
+def check_replaceable(storage: Storage, run_dir: str) -> None:
+    """``--overwrite`` replaces a fedray run and nothing else: the directory must hold a
+    run's ``config.yaml`` and no name a run does not write (a ``ConfigError`` naming the
+    first other one, before anything is deleted): a mistyped path never empties a
+    directory of someone's own files."""
+    names = storage.listdir("")
+    if "config.yaml" not in names:
+        raise ConfigError("--overwrite", run_dir, "a fedray run directory to replace (one "
+                                                  "holding config.yaml); this one holds "
+                                                  "other files")
+    foreign = [n for n in names if n not in RUN_NAMES]
+    if foreign:
+        raise ConfigError("--overwrite", run_dir, f"a directory holding only a fedray run's "
+                                                  f"files: '{foreign[0]}' is not one (move "
+                                                  f"it away first)")
 
 
 def _alive(pid: Any) -> bool:
@@ -733,7 +765,12 @@ def resume_config(run_dir: str, overrides: list[str] = ()) -> ExperimentConfig:
     for text in overrides:
         if not text.startswith("rounds="):
             raise ConfigError(text.split("=")[0], text, "only rounds=N may change on --resume")
-    return load_config(None, overrides, base=base)
+    cfg = load_config(None, overrides, base=base)
+    stored = load_config(None, [], base=base).rounds
+    if cfg.rounds < stored:
+        raise ConfigError("rounds", cfg.rounds, f"at least the {stored} rounds the run was "
+                                                f"started with (--resume may only raise it)")
+    return cfg
 
 
 __all__ = ["Experiment", "init_ray", "resumable", "resume_config", "run_experiment"]

@@ -41,7 +41,6 @@ import bisect
 import itertools
 import math
 import os
-import re
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +50,7 @@ import numpy as np
 from fedray.core.outputs import OutputFiles
 from fedray.core.seeding import rng, uniform
 from fedray.core.spec import ConfigError, short_repr
+from fedray.core.storage import read_error
 
 TRACE_COLUMNS = ("client_id", "compute_ms_per_sample", "down_kbps", "up_kbps")
 AVAILABILITY_COLUMNS = ("client_id", "start_s", "end_s")
@@ -88,7 +88,7 @@ def read_table(path: str, field: str, columns: tuple[str, ...],
         names = table.column_names  # decoded here: a header that is not UTF-8 fails now
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as e:
         raise ConfigError(field, path, f"a readable CSV or Parquet file "
-                                       f"({_read_error(e)})") from None
+                                       f"({read_error(e)})") from None
     out = {}
     for col in columns + optional:
         if col not in names:
@@ -110,32 +110,6 @@ def read_table(path: str, field: str, columns: tuple[str, ...],
                               values[bad[0]], "a finite number")
         out[col] = values
     return out
-
-
-# (what pyarrow's message says, the fact kept from it) for _read_error
-_READ_FACTS = [
-    (r"Expected (\d+) columns, got (\d+)",
-     lambda m: f"a row has {m.group(2)} columns where the header has {m.group(1)}"),
-    (r"CSV column #(\d+)", lambda m: f"column {int(m.group(1)) + 1}"),
-    (r"Row #(\d+)", lambda m: f"row {m.group(1)}"),
-    (r"conversion error to (\w+)", lambda m: f"not a valid {m.group(1)}"),
-]
-
-
-def _read_error(e: BaseException) -> str:
-    """Why pyarrow could not read a trace, without the file's content: its messages quote
-    the offending row ("Expected 4 columns, got 2: <the row>"), which for a path pointing
-    at another file (a link to /etc/passwd) would print that file. Only counts, numbers
-    and type names are kept."""
-    if isinstance(e, UnicodeDecodeError):
-        return "not UTF-8 text"
-    text = str(e)
-    facts = [say(m) for pattern, say in _READ_FACTS if (m := re.search(pattern, text))]
-    if "magic bytes" in text or "Parquet file size" in text:
-        facts.append("not a Parquet file")
-    if not facts and isinstance(e, OSError) and e.strerror:
-        facts.append(e.strerror)
-    return ", ".join(facts) or f"pyarrow could not parse it: {type(e).__name__}"
 
 
 def _check(field: str, path: str, col: str, values: np.ndarray, ok: np.ndarray,
@@ -534,14 +508,14 @@ def write_example(out_dir: str, num_clients: int = 100, seed: int = 0,
                             [5.0, 50_000.0, 10_000.0, 20.0]])
         kind = gen.choice(3, size=num_clients, p=[0.5, 0.3, 0.2])
         spread = np.exp(0.3 * gen.standard_normal((num_clients, 3)))
-        with open(out.temp("devices.csv"), "w") as f:
+        with out.open("devices.csv", "w") as f:
             f.write("client_id,compute_ms_per_sample,down_kbps,up_kbps,latency_ms\n")
             for c in range(num_clients):
                 ms, down, up, lat = classes[kind[c]]
                 f.write(f"{c},{ms * spread[c, 0]:.3f},{down * spread[c, 1]:.1f},"
                         f"{up * spread[c, 2]:.1f},{lat:.1f}\n")
         day = 86_400.0
-        with open(out.temp("availability.csv"), "w") as f:
+        with out.open("availability.csv", "w") as f:
             f.write("client_id,start_s,end_s\n")
             for c in range(num_clients):
                 t = -gen.uniform(0, 3_600.0)  # a random phase
@@ -668,17 +642,17 @@ def _import_fedscale(capacity_pickle: str, behaviour_pickle: str | None,
         raise ConfigError("behaviour trace", behaviour_pickle, "a pickled dict {client id: "
                                                                "{'active', 'inactive', ...}}")
 
-    with open(out.temp("ids.csv"), "w", newline="") as f:
+    with out.open("ids.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["client_id", "fedscale_id"])
         w.writerows([i, k] for k, i in index.items())
-    with open(out.temp("devices.csv"), "w") as f:
+    with out.open("devices.csv", "w") as f:
         f.write("client_id,compute_ms_per_sample,down_kbps,up_kbps\n")
         f.writelines(rows)
     if beh is None:
         return
     what = "behaviour trace"
-    with open(out.temp("availability.csv"), "w") as f:
+    with out.open("availability.csv", "w") as f:
         f.write("client_id,start_s,end_s\n")
         for k in keys:
             if k not in beh:

@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from fedray.core.spec import ConfigError
 from fedray.core.storage import read_marker, write_marker
 from fedray.methods.favor.lm import TinyLM
 from fedray.observe.progress import Progress
@@ -60,11 +61,20 @@ def prepare_embedded(work_dir: str, roster: int = 50, seed: int = 0,
     csv = os.path.join(work_dir, "authors.csv")
     pre_csv = os.path.join(work_dir, "pretrain_authors.csv")
     holdout = os.path.join(work_dir, "holdout_authors.csv")  # cold-start authors
-    if (read_marker(marker) or {}).get("key") != key:
-        for path in (csv, pre_csv, holdout, marker):  # other corpora (the LM and ASCE
-            if os.path.exists(path):                    # caches are keyed by their texts)
+    stamp = read_marker(marker)
+    if stamp is None:  # only files fedray generated, under its marker, are ever replaced
+        found = [p for p in (csv, pre_csv, holdout) if os.path.lexists(p)]
+        if found:
+            raise ConfigError("--cache", work_dir, f"a directory for fedray's prepared corpus "
+                                                   f"(it holds {os.path.basename(found[0])} "
+                                                   f"but no prepared.json, so fedray did not "
+                                                   f"write it; choose another --cache)")
+    elif stamp.get("key") != key:
+        for path in (csv, pre_csv, holdout):  # other corpora (the LM and ASCE caches are
+            if os.path.lexists(path):          # keyed by their texts)
                 os.remove(path)
     os.makedirs(work_dir, exist_ok=True)
+    write_marker(marker, {"key": key})  # before the corpora: each is written atomically
     with progress.stage("corpus"):
         if not os.path.exists(csv):
             generate_corpus(csv, roster, seed, posts=roster_posts)
@@ -84,7 +94,6 @@ def prepare_embedded(work_dir: str, roster: int = 50, seed: int = 0,
     with progress.stage("ASCE", unit="batches") as stage:
         asce = train_style_encoder(texts, labels, os.path.join(work_dir, "asce"),
                                    epochs=asce_epochs, seed=seed, progress=stage.report)
-    write_marker(marker, {"key": key})
     return {"csv": csv, "base": base, "asce": asce, "holdout": holdout}
 
 
