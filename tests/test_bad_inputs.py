@@ -370,6 +370,7 @@ def test_cli_json_errors_are_one_object_and_no_traceback(tmp_path, run_dir):
         (["run", "--resume", str(run_dir), "-s", "rounds=1"], "at least the 2 rounds"),
         (["run", cfg, "--resume", str(run_dir)], "not both"),
         (["run", "--resume", str(run_dir), "-o", str(tmp_path / "x")], "for a new run"),
+        (["demo", "-o", str(run_dir)], "'--run-dir'"),
     ]:
         res = cli(*args, "--no-progress", "--json")
         assert res.returncode == 2, (args, res.stderr[-1500:])
@@ -382,6 +383,8 @@ def test_cli_json_errors_are_one_object_and_no_traceback(tmp_path, run_dir):
             plain.stderr
     assert snapshot(run_dir) == before
     assert not (tmp_path / "typo").exists()
+    res = cli("drod", "ladder", "--theta", "2", "--json")
+    assert res.returncode == 2 and json.loads(res.stdout)["error"].startswith("--theta: 2.0")
 
 
 def test_credentials_in_uris_are_never_echoed(tmp_path):

@@ -54,6 +54,11 @@ def test_config_json_and_keys():
     assert out["local"]["lr"] == 0.3 and out["runtime"]["tiers"][0]["name"] == "default"
     keys = one_json(runner.invoke(app, ["config", "--keys", "--json"]))["keys"]
     assert any(k["key"] == "data.alpha" and "Dirichlet" in k["help"] for k in keys)
+    assert [k["key"] for k in keys if not k["help"] or not k["type"]] == []  # every knob
+    rows = {(k["key"], tuple(k["applies_to"])): k for k in keys}
+    assert rows[("model.hidden", ("mlp",))]["default"] == [256]
+    assert rows[("model.hidden", ("mlp",))]["type"] == "a list of int"
+    assert "mlp" in rows[("model.name", ())]["type"] and ("model", ()) not in rows
 
 
 def test_methods_lists_capabilities_and_server_optimizers():

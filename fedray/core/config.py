@@ -39,6 +39,7 @@ from fedray.core.spec import (
     check_bounds,
     check_kwargs,
     coerce,
+    keyword_knobs,
     knobs,
     redact,
     short_repr,
@@ -161,15 +162,19 @@ class DataConfig:
     feature_skew: float = spec(0.0, ge=0, help="strength of the per-client input transform")
     drift_round: int | None = spec(None, ge=1, help="round from which drifted labels apply")
     drift_fraction: float = spec(0.5, ge=0, le=1, help="share of clients whose labels drift")
-    synthetic_samples: int = spec(6000, ge=10)
-    synthetic_features: int = spec(784, ge=1)
-    synthetic_classes: int = spec(10, ge=2)
-    synthetic_test_fraction: float = spec(0.2, gt=0, lt=1)
+    synthetic_samples: int = spec(6000, ge=10, help="dataset=synthetic: samples drawn in "
+                                                    "all (train and test)")
+    synthetic_features: int = spec(784, ge=1, help="dataset=synthetic: input features")
+    synthetic_classes: int = spec(10, ge=2, help="dataset=synthetic: label classes")
+    synthetic_test_fraction: float = spec(0.2, gt=0, lt=1, help="dataset=synthetic: share "
+                                                                "held out as the global test "
+                                                                "set")
 
 
 @dataclass
 class ClientsConfig:
-    num_clients: int = spec(10, ge=1)
+    num_clients: int = spec(10, ge=1, help="clients in the population (the data is "
+                                           "partitioned among them)")
     fraction: float = spec(1.0, gt=0, le=1, help="share of clients sampled each round")
     per_round: int | None = spec(None, ge=1, help="clients sampled each round (wins over fraction)")
     tiers: list[str] | None = spec(None, help="tier name per client; default round-robin")
@@ -185,11 +190,14 @@ class ClientsConfig:
 
 @dataclass
 class LocalConfig:
-    epochs: int = spec(1, ge=1)
-    batch_size: int = spec(32, ge=1)
-    lr: float = spec(0.05, gt=0)
-    momentum: float = spec(0.0, ge=0, lt=1)
-    weight_decay: float = spec(0.0, ge=0)
+    epochs: int = spec(1, ge=1, help="passes over a client's training data per round")
+    batch_size: int = spec(32, ge=1, help="a client's minibatch size")
+    lr: float = spec(0.05, gt=0, help="the clients' SGD learning rate")
+    momentum: float = spec(0.0, ge=0, lt=1, help="the clients' SGD momentum (its buffer "
+                                                 "starts at zero each round unless "
+                                                 "keep_optimizer_state)")
+    weight_decay: float = spec(0.0, ge=0, help="the clients' SGD weight decay (L2, added to "
+                                               "the gradient)")
     max_steps: int | None = spec(None, ge=1, help="cap on local steps per round")
     keep_optimizer_state: bool = spec(
         False, help="keep each client's momentum buffer between rounds (client state store)")
@@ -227,7 +235,8 @@ class EvalConfig:
     every: int = spec(1, ge=0, help="evaluate every k rounds (0: only after the last round)")
     clients: Literal["all", "sampled", "none"] = spec(
         "all", help="whose local test split the global model is evaluated on")
-    global_test: bool = True
+    global_test: bool = spec(True, help="evaluate the global model on the global test set "
+                                        "(global_accuracy)")
     global_test_set: Literal["sample", "all"] = spec(
         "sample", help="what the global test set is: sample, a seeded draw held in memory (at "
                        "most 10,000 rows and 512 MB of inputs, e.g. 682 FLAIR images at 256 "
@@ -287,7 +296,8 @@ class RuntimeConfig:
         None, gt=0, help="fail if executors cannot be placed within this many seconds "
                          "(default 60 on a local Ray, 1800 on a cluster whose GPU nodes may "
                          "still be booting)")
-    checkpoint_every: int = spec(1, ge=1)
+    checkpoint_every: int = spec(1, ge=1, help="write a resumable checkpoint every k rounds "
+                                               "(and after the last)")
     chunk_size: int | None = spec(None, ge=1, help="clients per executor call (default: two "
                                                    "calls per executor; with reduce=executors "
                                                    "8 near-equal calls per tier, so a tier "
@@ -469,12 +479,13 @@ class PretrainConfig:
     SGD momentum 0.9, lr 0.05 with a 3-epoch linear warmup then cosine decay, weight decay
     5e-4, batch 128."""
 
-    epochs: int = spec(100, ge=1)
-    lr: float = spec(0.05, gt=0)
-    momentum: float = spec(0.9, ge=0, lt=1)
-    weight_decay: float = spec(5e-4, ge=0)
-    batch_size: int = spec(128, ge=1)
-    warmup_epochs: int = spec(3, ge=0)
+    epochs: int = spec(100, ge=1, help="epochs of central training")
+    lr: float = spec(0.05, gt=0, help="peak SGD learning rate (after the warmup; cosine decay "
+                                      "to 0)")
+    momentum: float = spec(0.9, ge=0, lt=1, help="SGD momentum")
+    weight_decay: float = spec(5e-4, ge=0, help="SGD weight decay")
+    batch_size: int = spec(128, ge=1, help="minibatch size")
+    warmup_epochs: int = spec(3, ge=0, help="epochs of linear learning-rate warmup")
     head: Literal["orthogonal", "kaiming", "trainable"] = spec(
         "orthogonal", help="classifier head: frozen orthogonal (FLITE), frozen Kaiming, trainable")
     classes: list[int] | None = spec(None, help="pretrain on these classes only (default all)")
@@ -493,9 +504,11 @@ class PretrainConfig:
 class ExperimentConfig:
     name: str = spec("experiment", help="the run's name: letters, digits, '.', '_', '-' "
                                         "(the default run directory is runs/NAME-TIMESTAMP)")
-    seed: int = spec(0, ge=0)
-    rounds: int = spec(10, ge=1)
-    run_dir: str | None = spec(None, help="local path or pyarrow.fs URI; default runs/NAME")
+    seed: int = spec(0, ge=0, help="the one seed: data, partition, sampling, initial model "
+                                   "and every client's draws derive from it")
+    rounds: int = spec(10, ge=1, help="federated rounds (server steps); --resume may raise it")
+    run_dir: str | None = spec(None, help="local path or pyarrow.fs URI; default "
+                                          "runs/NAME-TIMESTAMP")
     data: DataConfig = spec(default_factory=DataConfig)
     clients: ClientsConfig = spec(default_factory=ClientsConfig)
     model: dict[str, Any] = spec(default_factory=lambda: {"name": "mlp"})
@@ -1036,7 +1049,8 @@ def keys() -> list[Knob]:
     from fedray.services.server_opt import OPTIMIZERS
     from fedray.wire.payload import codec_names
 
-    rows = [k for k in knobs(ExperimentConfig) if k.key not in ("algorithm", "server")]
+    rows = [k for k in knobs(ExperimentConfig)
+            if k.key not in ("algorithm", "server", "model")]
     plugins = {"data.dataset": list(registry.datasets()), "payload.upload": codec_names(),
                "payload.download": codec_names(broadcast=True)}
     for k in rows:  # the registered names, plugins' included
@@ -1044,6 +1058,13 @@ def keys() -> list[Knob]:
             k.type = "one of " + ", ".join(plugins[k.key])
     for name, cls in registry.sections().items():
         rows += knobs(cls, name + ".")
+    models = registry.models()
+    rows.append(Knob("model.name", "one of " + ", ".join(models), "mlp",
+                     "the model (fedray models lists them; fedray models show NAME gives "
+                     "its layers and size)"))
+    rows += merged([(name, k) for name in models for k in keyword_knobs(
+        registry.model_entry(name), "model.", "a keyword of the model's builder (fedray "
+                                              "models show NAME)")])
     methods = registry.methods()
     rows.append(Knob("algorithm.name", "one of " + ", ".join(methods), DEFAULT_METHOD,
                      "the method (fedray methods lists each one's capabilities)"))

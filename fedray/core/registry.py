@@ -130,6 +130,12 @@ def methods() -> dict[str, type]:
     return dict(sorted(METHODS.items()))
 
 
+def models() -> list[str]:
+    """The registered model names, sorted (plugins' included)."""
+    discover()
+    return sorted(MODELS)
+
+
 def model_entry(name: Any, path: str = "model.name") -> Any:
     """What ``name`` is registered as, not imported: a builder or its ``"module:function"``
     path (its keywords are read from the source: checking a config loads no torch)."""

@@ -308,6 +308,13 @@ def _default(f: dataclasses.Field) -> Any:
     return None
 
 
+def keyword_knobs(target: Any, prefix: str, help: str) -> list[Knob]:
+    """A :class:`Knob` for every keyword of a builder (:func:`keyword_params`: its type
+    and default read from the signature), each with ``help``."""
+    return [Knob(prefix + name, _type_name(tp), _plain(default), help)
+            for name, (tp, default) in keyword_params(target).items()]
+
+
 def knobs(cls: type, prefix: str = "") -> list[Knob]:
     """A :class:`Knob` for every field of ``cls`` (nested sections flattened, a list of
     sections as one row plus each entry's keys)."""

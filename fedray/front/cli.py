@@ -221,7 +221,8 @@ def demo(rounds: str | None = typer.Option(None, help="Rounds (default: the conf
                                                help="Where the run is written."),
          report_: bool = typer.Option(True, "--report/--no-report",
                                       help="Draw the report after the run."),
-         progress: bool = typer.Option(True, "--progress/--no-progress"),
+         progress: bool = typer.Option(True, "--progress/--no-progress",
+                                       help="Show the run's progress on stderr."),
          as_json: bool = JSON_OPT) -> None:
     """Run the embedded default offline: FedAvg, MLP, scikit-learn digits, 20 clients."""
     from fedray.front.report import report as make_report
@@ -231,6 +232,10 @@ def demo(rounds: str | None = typer.Option(None, help="Rounds (default: the conf
     overrides = [f"rounds={rounds}"] if rounds is not None else []
     try:
         cfg = load_config(demo_config_path(), overrides)
+        if run_dir is not None and os.path.isdir(run_dir) and os.listdir(run_dir):
+            raise ConfigError("--run-dir", run_dir, f"an empty or new directory (this one "
+                                                    f"holds files; `fedray run --resume "
+                                                    f"{run_dir}` continues a run in it)")
     except ConfigError as e:
         fail(str(e), as_json)
     summary = run_experiment(cfg, run_dir, progress=progress)
@@ -280,25 +285,29 @@ def tune(config: Path = typer.Argument(..., help="Experiment config; may hold a 
                                    "uniform, loguniform (low,high), randint (low,high); "
                                    "repeatable. E.g. --space algorithm.theta=grid:0,0.5,1"),
          preset: str | None = typer.Option(None, "--preset", help="A method's ready-made "
-                                           "space, by method name (see `fedray tune --help` "
-                                           "of your install: the methods with a "
-                                           "sweep_preset)."),
+                                           "space, by method name: drod (θ), orders (β, γ), "
+                                           "flite (d, r), favor (λ_align), and any plugin "
+                                           "method's with a sweep_preset."),
          set_: list[str] | None = SET_OPT,
          metric: str | None = typer.Option(None, help="Metric to optimise (default "
                                                       "global_accuracy)."),
-         mode: str | None = typer.Option(None, help="max or min."),
+         mode: str | None = typer.Option(None, help="max or min (default max)."),
          num_samples: int | None = typer.Option(None, "--num-samples", help="Samples of the "
-                                                "space (grid values multiply)."),
+                                                "space (grid values multiply; default 1)."),
          max_concurrent: int | None = typer.Option(None, "--max-concurrent",
-                                                   help="Trials running at once."),
-         scheduler: str | None = typer.Option(None, help="asha (early stopping) or none."),
+                                                   help="Trials running at once (default "
+                                                        "1)."),
+         scheduler: str | None = typer.Option(None, help="asha (early stopping, the "
+                                                         "default) or none."),
          grace_period: int | None = typer.Option(None, "--grace-period",
-                                                 help="Rounds before ASHA may stop a trial."),
+                                                 help="Rounds before ASHA may stop a trial "
+                                                      "(default 1)."),
          storage: str = typer.Option("runs/sweeps", help="Where sweeps are written (path "
                                                          "or URI)."),
          name: str | None = typer.Option(None, help="Sweep name (default sweep-NAME)."),
          resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep "
-                                                            "of this name (from its sweep.json)."),
+                                                            "of this name (from its "
+                                                            "sweep.json)."),
          progress: bool = typer.Option(True, "--progress/--no-progress",
                                        help="Show the sweep's progress on stderr."),
          as_json: bool = JSON_OPT) -> None:
@@ -356,7 +365,8 @@ def pretrain(config: Path = typer.Argument(..., help="Experiment config: its dat
                                                                  "per-epoch checkpoint."),
              overwrite: bool = typer.Option(False, "--overwrite", help="Replace the base "
                                             "and checkpoints OUT holds (refused otherwise)."),
-             progress: bool = typer.Option(True, "--progress/--no-progress"),
+             progress: bool = typer.Option(True, "--progress/--no-progress",
+                                           help="Show the epochs' progress on stderr."),
              as_json: bool = JSON_OPT) -> None:
     """Pretrain the shared base centrally (SGD 0.9, lr 0.05, 3-epoch warmup + cosine,
     wd 5e-4, batch 128; frozen orthogonal head) and write OUT/base.npz + base.json, which

@@ -41,6 +41,8 @@ def drod_ladder(model: str = typer.Option("resnet18", help="resnet18 or resnet34
         fail(f"--match: {match!r} is not one of params, flops", as_json)
     if axis not in AXES:
         fail(f"--axis: {axis!r} is not one of {', '.join(AXES)}", as_json)
+    if not 0.0 <= theta <= 1.0:
+        fail(f"--theta: {theta!r} is not in [0, 1]", as_json)
     try:
         rhos = tuple(float(v) for v in budgets.split(","))
         arch, hw = arch_for(parse_shape(input_shape), num_classes, RESNET_BLOCKS[base], width, 8,

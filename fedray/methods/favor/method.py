@@ -54,16 +54,18 @@ class FavorParams:
     base: str | None = spec(None, help=BASE_HELP)
     asce: str = spec("", help="directory of the trained ASCE style encoder")
     variant: Literal["favor", "fedavg", "fedprox", "ditto", "pfedme", "feddpa", "local",
-                     "global_asce"] = "favor"
+                     "global_asce"] = spec("favor", help="favor (the paper's method) or one of "
+                                                         "its baselines (Table 2)")
     lora_rank: int = spec(16, ge=1, help="LoRA rank r")
     lora_alpha: int = spec(32, ge=1, help="LoRA α")
-    dropout: float = spec(0.05, ge=0, lt=1)
-    targets: list[str] = spec(default_factory=lambda: list(TARGETS))
+    dropout: float = spec(0.05, ge=0, lt=1, help="LoRA dropout")
+    targets: list[str] = spec(default_factory=lambda: list(TARGETS),
+                              help="module names the LoRA adapters wrap")
     lora_lr: float = spec(2e-4, gt=0, help="Adam learning rate of the LoRA factors")
-    micro_batch: int = spec(4, ge=1)
-    accumulation: int = spec(8, ge=1)
-    shared_epochs: int = spec(1, ge=1)
-    private_epochs: int = spec(2, ge=1)
+    micro_batch: int = spec(4, ge=1, help="blocks per forward/backward")
+    accumulation: int = spec(8, ge=1, help="micro-batches accumulated per optimizer step")
+    shared_epochs: int = spec(1, ge=1, help="local epochs of the shared (global) stage")
+    private_epochs: int = spec(2, ge=1, help="local epochs of the private (personal) stage")
     max_steps: int | None = spec(None, ge=1, help="cap on optimizer steps per stage")
     lambda_prox: float = spec(0.01, ge=0, help="λ_prox of the shared stage (not given in "
                                                "the paper; μ for fedprox)")
@@ -84,8 +86,8 @@ class FavorParams:
     allocation_fraction: float = spec(0.6, gt=0, le=1, help="share of the roster's train "
                                                             "words allocated")
     block_length: int = spec(256, ge=8, help="tokens per training block")
-    prompt_tokens: int = spec(96, ge=1)
-    new_tokens: int = spec(220, ge=1)
+    prompt_tokens: int = spec(96, ge=1, help="tokens of an evaluation prompt")
+    new_tokens: int = spec(220, ge=1, help="tokens generated per evaluation prompt")
     eval_prompts: int = spec(4, ge=1, help="held-out prompts per author")
     unsampled: Literal["global", "exclude"] = spec(
         "global", help="authors no round trained (never sampled): global = deploy the final "

@@ -52,7 +52,7 @@ class FliteParams:
     mode: Literal["stored", "regenerated"] = spec(
         "stored", help="keep U_l in memory, or regenerate it from the seed in chunks")
     lr: float = spec(1e-2, gt=0, help="Adam learning rate on the latents")
-    weight_decay: float = spec(1e-4, ge=0)
+    weight_decay: float = spec(1e-4, ge=0, help="Adam weight decay on the latents")
     clip: float | None = spec(1.0, gt=0, help="gradient-norm clip on the latents")
     weighted: bool = spec(False, help=WEIGHTED_HELP)  # unweighted: Alg. 1
     quant_scope: Literal["vector", "layer"] = spec(

@@ -93,7 +93,9 @@ class OrdersParams:
     warmup: Literal["ramp", "none"] = spec(
         "ramp", help="ramp: threshold min(threshold, t) in round t; none: literal rule")
     min_norm: float = spec(1e-6, gt=0, help="norm floor")
-    norm: Literal["l2", "l1", "key_layer", "normalized"] = "l2"
+    norm: Literal["l2", "l1", "key_layer", "normalized"] = spec(
+        "l2", help="the update norm ranked: l2, l1, key_layer (L2 over key_layers) or "
+                   "normalized (L2 ÷ the global model's L2)")
     key_layers: list[str] | None = spec(None, help="parameter names for norm=key_layer "
                                                    "(default: the last module's tensors)")
     combine: Literal["difference", "rank_mean"] = spec(
