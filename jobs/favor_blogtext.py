@@ -34,7 +34,6 @@ algorithm.unsampled=...`` sets the same policy as part of the run's config); the
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import time
@@ -194,7 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
                 run_dir = f"{out}/{variant}"
                 storage, resume = Storage(run_dir), resumable(run_dir, cfg, data)
                 if resume and storage.exists("summary.json"):  # finished: only rescored
-                    summary = json.loads(storage.read_bytes("summary.json"))
+                    summary = storage.read_json("summary.json")
                     with progress.stage(cfg.name, unit="rounds") as stage:
                         stage.report(summary["rounds"], cfg.rounds,
                                      note="finished before: evaluated again")
@@ -258,17 +257,15 @@ def run_cold_start(args, out: str, holdout_csv: str | None, csv: str, seed: int)
     """K-shot private residuals for 10 held-out authors from the FAVoR run's final shared
     adapter (fedray.methods.favor.cold_start), on the executors' GPU share; the table lands
     in OUT/COLD_START.md + cold_start.parquet."""
-    import yaml
 
-    from fedray.core.config import load_config
     from fedray.core.storage import Storage
     from fedray.methods.favor.cold_start import cold_start_arms
     from fedray.methods.favor.data import holdout_authors
     from fedray.methods.favor.evaluate import final_adapters
+    from fedray.runtime import resume_config
     from fedray.runtime.devices import run_on_device
 
-    cfg = load_config(None, [], base=yaml.safe_load(
-        Storage(f"{out}/favor").read_bytes("config.yaml").decode()))
+    cfg = resume_config(f"{out}/favor")  # through the config loader's guards and migration
     shared, _ = final_adapters(f"{out}/favor", "fedavg", cfg.clients.num_clients)
     authors = holdout_authors(csv, cfg.clients.num_clients, seed, holdout_csv)
     rows = run_on_device(cold_start_arms, cfg, shared, authors, list(args.ks), seed,
@@ -299,10 +296,9 @@ def write_table(rows: list[dict], out: str, authors: int | None = None) -> None:
     ``authors`` when given, else the roster size of the first stored run's config."""
     import tempfile
 
-    import yaml
-
     from fedray.core.storage import Storage
     from fedray.methods.favor.plots import style_retention_plot
+    from fedray.runtime import resume_config
 
     storage = Storage(out)
     storage.write_parquet("results.parquet", rows)
@@ -322,8 +318,7 @@ def write_table(rows: list[dict], out: str, authors: int | None = None) -> None:
         for method in dict.fromkeys(r["method"] for r in rows):
             run = Storage(f"{out}/{method}")
             if run.exists("config.yaml"):
-                config = yaml.safe_load(run.read_bytes("config.yaml").decode())
-                authors = config["clients"]["num_clients"]
+                authors = resume_config(f"{out}/{method}").clients.num_clients
                 break
     with tempfile.TemporaryDirectory() as tmp:
         path = style_retention_plot(rows, os.path.join(tmp, "style_retention.png"),

@@ -53,7 +53,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
-DEFAULT_METHOD = "fedavg"  # the method of a config that names none
+DEFAULT_METHOD = registry.DEFAULT_METHOD  # the method of a config that names none
 EVAL_ALL_MAX = 100_000  # eval.clients=all beyond this is refused (every client, every round)
 
 # ----------------------------------------------------------------------------- sections

@@ -24,6 +24,7 @@ from fedray.core.spec import ConfigError, build_dataclass
 
 METHODS: dict[str, type] = {}
 MODELS: dict[str, Callable[..., Any]] = {}
+DEFAULT_METHOD = "fedavg"  # the method of a config that names none
 DATASETS: dict[str, Any] = {}
 SECTIONS: dict[str, type] = {}
 COMMANDS: dict[str, Any] = {}
@@ -115,6 +116,12 @@ def discover() -> None:
         except Exception as e:  # noqa: BLE001 — one bad install must not break fedray
             print(f"fedray: plugin {ep.name!r} ({ep.value}) failed to load and is skipped: "
                   f"{type(e).__name__}: {e}", file=sys.stderr)
+
+
+def method_of(cfg: Any) -> type:
+    """The method class a config names (``algorithm.name``, :data:`DEFAULT_METHOD` when it
+    names none: a section validated before the config is completed)."""
+    return method(cfg.algorithm.get("name", DEFAULT_METHOD))
 
 
 def method(name: Any, path: str = "algorithm.name") -> type:

@@ -339,6 +339,18 @@ class Storage:
                     from None
             raise
 
+    def read_json(self, rel: str, what: str = "the JSON object fedray writes") -> dict:
+        """``rel`` as a JSON object, read as data: a missing, damaged or non-object file is
+        a :class:`StateFileError` naming it and ``what`` it should be (the one JSON reader
+        of run directories, bases and caches)."""
+        try:
+            data = json.loads(self.read_bytes(rel).decode("utf-8"))
+        except (OSError, ValueError, RecursionError) as e:
+            raise StateFileError(self.path(rel), f"{what} ({type(e).__name__})") from None
+        if not isinstance(data, dict):
+            raise StateFileError(self.path(rel), f"{what} (a JSON object)")
+        return data
+
     def read_bytes(self, rel: str) -> bytes:
         with self.fs.open_input_stream(self.path(rel)) as f:
             return f.read()

@@ -182,7 +182,7 @@ def _check_flair(cfg: Any) -> None:
                                                       "flair_federated.hdf5) or its directory")
     flair_file(cfg.data.root)
     label_set(cfg.data)
-    registry.require(registry.method(cfg.algorithm.get("name", "fedavg")), "multilabel",
+    registry.require(registry.method_of(cfg), "multilabel",
                      "data.dataset", "flair")
     section = getattr(cfg, "adversary", None)
     attack = section.attack if section is not None and section.active else None

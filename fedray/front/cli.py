@@ -18,6 +18,7 @@ from fedray.core import registry
 from fedray.core.config import DEFAULT_METHOD, load_config
 from fedray.core.config import keys as config_keys
 from fedray.core.spec import ConfigError
+from fedray.core.storage import StateFileError
 from fedray.observe.console import (
     DEFAULT_SHAPES,
     JSON_OPT,
@@ -179,7 +180,6 @@ def run(config: Path | None = typer.Argument(
                                    "configs/benchmarks/ have one that runs on a CPU)."),
         as_json: bool = JSON_OPT) -> None:
     """Run a federated experiment (or resume one) and print its summary."""
-    from fedray.core.storage import StateFileError
     from fedray.runtime import resume_config, run_experiment
     from fedray.runtime.jobs import RoundFailedError
     from fedray.runtime.pool import PlacementError
@@ -236,7 +236,7 @@ def demo(rounds: str | None = typer.Option(None, help="Rounds (default: the conf
             raise ConfigError("--run-dir", run_dir, f"an empty or new directory (this one "
                                                     f"holds files; `fedray run --resume "
                                                     f"{run_dir}` continues a run in it)")
-    except ConfigError as e:
+    except (ConfigError, StateFileError) as e:
         fail(str(e), as_json)
     summary = run_experiment(cfg, run_dir, progress=progress)
     if report_:
@@ -322,7 +322,7 @@ def tune(config: Path = typer.Argument(..., help="Experiment config; may hold a 
                     name=name, resume=resume, metric=metric, mode=mode,
                     num_samples=num_samples, max_concurrent=max_concurrent,
                     scheduler=scheduler, grace_period=grace_period, progress=progress)
-    except ConfigError as e:
+    except (ConfigError, StateFileError) as e:
         fail(str(e), as_json)
     out = {"path": res.path, "best_config": res.best_config, "best_metric": res.best_metric,
            "trials": len(res.table), "parquet": res.parquet, "markdown": res.markdown}
@@ -377,7 +377,7 @@ def pretrain(config: Path = typer.Argument(..., help="Experiment config: its dat
         # The algorithm section is for the federated run (its base is what this writes).
         cfg = load_config(config, (set_ or []) + [f"algorithm={{name: {DEFAULT_METHOD}}}"])
         meta = run_pretrain(cfg, out, resume=resume, progress=progress, overwrite=overwrite)
-    except ConfigError as e:
+    except (ConfigError, StateFileError) as e:
         fail(str(e), as_json)
     meta = {k: v for k, v in meta.items() if k != "history"} | {"out": out}
     emit(meta, as_json, f"base written to {out}: test accuracy {meta['test_accuracy']:.4f} "
@@ -419,7 +419,7 @@ def config_cmd(config: Path | None = typer.Argument(None, help="A config file to
         return
     try:
         cfg = load_config(config, set_ or [])
-    except ConfigError as e:
+    except (ConfigError, StateFileError) as e:
         fail(str(e), as_json)
     import yaml
 
@@ -500,7 +500,7 @@ def fleet_example(out: Path = typer.Option(..., "--out", help="Directory to writ
 
     try:
         devices, avail = write_example(str(out), clients, seed, overwrite=overwrite)
-    except ConfigError as e:
+    except (ConfigError, StateFileError) as e:
         fail(str(e), as_json)
     emit({"devices": devices, "availability": avail}, as_json,
          f"wrote {devices} and {avail}")
@@ -525,7 +525,7 @@ def fleet_import(capacity: Path = typer.Argument(..., help="FedScale's pickled "
     try:
         written = import_fedscale(str(capacity), str(out),
                                   str(behaviour) if behaviour else None, overwrite=overwrite)
-    except ConfigError as e:
+    except (ConfigError, StateFileError) as e:
         fail(str(e), as_json)
     emit({"written": written}, as_json, "wrote " + ", ".join(written))
 

@@ -103,16 +103,7 @@ def _metrics(run_dir: str, kind: str) -> pd.DataFrame:
 
 
 def _json(storage: Storage, name: str) -> dict[str, Any]:
-    if not storage.exists(name):
-        return {}
-    try:
-        data = json.loads(storage.read_bytes(name).decode("utf-8"))
-    except (ValueError, RecursionError) as e:
-        raise StateFileError(storage.path(name), f"the JSON fedray writes "
-                                                 f"({type(e).__name__})") from None
-    if not isinstance(data, dict):
-        raise StateFileError(storage.path(name), "a JSON object")
-    return data
+    return storage.read_json(name) if storage.exists(name) else {}
 
 
 def _chance(config: dict[str, Any], data_summary: dict[str, Any]) -> float | None:

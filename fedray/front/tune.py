@@ -225,11 +225,11 @@ def check_trial_fits(cfg: ExperimentConfig) -> None:
 
     short = shortfall(cfg, extra_cpu=TRIAL_CPU)
     if short is not None:
-        k, v, have = short
         raise ConfigError("runtime.tiers", [t.name for t in cfg.runtime.tiers],
                           f"tiers whose executors fit one trial on this Ray: a trial needs "
-                          f"{v:g} {k} (1 CPU for the trial and the driver plus every "
-                          f"executor) but the cluster has {have:g}")
+                          f"{short.wanted:g} {short.resource} (1 CPU for the trial and the "
+                          f"driver plus every executor) but the cluster has "
+                          f"{short.available:g}")
 
 
 def _finite(row: dict) -> dict[str, float]:
@@ -399,15 +399,12 @@ def begin_state(store: Any, trials: list[dict[str, Any]], resume: bool, name: st
 
 def _read_state(store: Any, trials: list[dict[str, Any]], name: str) -> set[int]:
     where = redact(store.location)
-    try:
-        state = json.loads(store.read_bytes(STATE).decode("utf-8"))
-        stored, ended = state["trials"], state["ended"]
-        if not isinstance(ended, list) or not all(
-                type(i) is int and 0 <= i < len(trials) for i in ended):
-            raise ValueError("ended")
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-        raise ConfigError(STATE, f"{where}/{STATE}", f"the sweep's state as fedray writes "
-                                                     f"it ({type(e).__name__})") from None
+    rule = "the sweep's state as fedray writes it"
+    state = store.read_json(STATE, rule)
+    stored, ended = state.get("trials"), state.get("ended")
+    if not isinstance(ended, list) or not all(
+            type(i) is int and 0 <= i < len(trials) for i in ended):
+        raise ConfigError(STATE, f"{where}/{STATE}", f"{rule} ('ended': trial indices)")
     if stored != json.loads(json.dumps(trials)):
         raise ConfigError("sweep.space", name, f"the space, seed and num_samples of the "
                                                f"sweep being resumed: {where}/{STATE} lists "

@@ -20,7 +20,6 @@ and ``OUT/samples.npz`` (the dataset ids of the samples it was trained on, which
 from __future__ import annotations
 
 import io
-import json
 import math
 import zipfile
 from collections.abc import Callable
@@ -190,14 +189,7 @@ def load_base(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         raise ConfigError("algorithm.base", path,
                           "a directory written by `fedray pretrain` (holding base.npz)")
     state = _read_npz(storage, "base.npz", "a base `fedray pretrain` wrote")
-    try:
-        meta = json.loads(storage.read_bytes("base.json").decode())
-    except (ValueError, OSError, RecursionError) as e:
-        raise StateFileError(storage.path("base.npz"), f"a base `fedray pretrain` wrote "
-                                                       f"({type(e).__name__})") from None
-    if not isinstance(meta, dict):
-        raise StateFileError(storage.path("base.json"), "a JSON object")
-    return state, meta
+    return state, storage.read_json("base.json", "the JSON `fedray pretrain` wrote")
 
 
 def _read_npz(storage: Storage, name: str, what: str) -> dict[str, np.ndarray]:
@@ -253,15 +245,7 @@ def local_scored(cfg: ExperimentConfig) -> bool:
 
 
 def _base_meta(base: str) -> dict:
-    storage = Storage(base)
-    try:
-        meta = json.loads(storage.read_bytes("base.json").decode())
-    except (OSError, ValueError) as e:
-        raise StateFileError(storage.path("base.json"), f"the JSON `fedray pretrain` wrote "
-                                                        f"({type(e).__name__})") from None
-    if not isinstance(meta, dict):
-        raise StateFileError(storage.path("base.json"), "a JSON object")
-    return meta
+    return Storage(base).read_json("base.json", "the JSON `fedray pretrain` wrote")
 
 
 def seen_samples(base: str, meta: dict, cfg: ExperimentConfig) -> np.ndarray | None:

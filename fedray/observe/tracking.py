@@ -340,17 +340,7 @@ class Tracker:
             self.client.log_batch(self.run_id, params=params[i:i + 100])
 
     def _read_state(self) -> dict:
-        if not self.storage.exists(STATE_FILE):
-            return {}
-        try:
-            state = json.loads(self.storage.read_bytes(STATE_FILE).decode())
-        except (UnicodeDecodeError, ValueError):
-            raise ConfigError(STATE_FILE, self.storage.path(STATE_FILE),
-                              "a JSON object written by fedray") from None
-        if not isinstance(state, dict):
-            raise ConfigError(STATE_FILE, self.storage.path(STATE_FILE),
-                              "a JSON object written by fedray")
-        return state
+        return self.storage.read_json(STATE_FILE) if self.storage.exists(STATE_FILE) else {}
 
     def _write_state(self, state: dict) -> None:
         self.storage.write_bytes(STATE_FILE, json_text(state, indent=2).encode())

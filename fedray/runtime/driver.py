@@ -134,9 +134,6 @@ class Driver:
     def get_global_state(self) -> dict[str, np.ndarray]:
         return self.parts.server.params
 
-    def get_round(self) -> int:
-        return self.parts.server.round
-
     def at_rest(self) -> bool:
         """No client in flight between steps (always so for a synchronous loop)."""
         return not self.loop.inflight_clients()

@@ -467,15 +467,6 @@ class ClientExecutor:
             raise
         return RootUpdate(Payload.encode(dict(out.upload), "fp32"))
 
-    def raise_error(self, message: str) -> None:
-        """Raise ``RuntimeError(message)`` here as a client update would (used by tests of
-        the fatal-device-error path)."""
-        try:
-            raise RuntimeError(message)
-        except RuntimeError as e:
-            exit_if_fatal(e)
-            raise
-
     def exit(self) -> None:
         """Die on purpose (used by tests of the fault-tolerance path)."""
         os._exit(1)

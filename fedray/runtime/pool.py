@@ -12,7 +12,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
@@ -61,17 +61,22 @@ def requested_resources(cfg: Any) -> dict[str, float]:
     return total
 
 
+class Shortfall(NamedTuple):
+    resource: str
+    wanted: float
+    available: float
+
+
 def shortfall(cfg: Any, extra_cpu: float = 0.0, have: dict[str, float] | None = None
-              ) -> tuple[str, float, float] | None:
+              ) -> Shortfall | None:
     """The first resource the executors (plus ``extra_cpu``) need more of than this Ray
-    cluster has now (or than ``have``), as (resource, wanted, available); None when
-    everything fits."""
+    cluster has now (or than ``have``); None when everything fits."""
     have = ray.cluster_resources() if have is None else have
     want = requested_resources(cfg)
     want["CPU"] = want.get("CPU", 0.0) + extra_cpu
     for res, amount in want.items():
         if amount > have.get(res, 0.0) + 1e-9:
-            return res, amount, have.get(res, 0.0)
+            return Shortfall(res, amount, have.get(res, 0.0))
     return None
 
 
@@ -82,14 +87,14 @@ def check_fits(cfg: Any, have: dict[str, float] | None = None) -> None:
     the configuration is at fault, a :class:`ConfigError`."""
     short = shortfall(cfg, have=have)
     if short is not None:
-        res, amount, avail = short
         shapes = ", ".join(f"{t.name}: {t.executors} x {executor_options(cfg, t)}"
                            for t in cfg.runtime.tiers)
         where = "this Ray cluster has" if have is None else "the local Ray this run starts " \
                                                             "would have"
-        msg = (f"runtime.tiers ask for {amount:g} {res} in total ({shapes}) but {where} "
-               f"{avail:g} {res}; lower runtime.tiers[*].executors or num_cpus/num_gpus, or "
-               f"connect to a larger cluster (runtime.ray_address)")
+        msg = (f"runtime.tiers ask for {short.wanted:g} {short.resource} in total ({shapes}) "
+               f"but {where} {short.available:g} {short.resource}; lower "
+               f"runtime.tiers[*].executors or num_cpus/num_gpus, or connect to a larger "
+               f"cluster (runtime.ray_address)")
         if have is None:
             raise PlacementError(msg)
         raise ConfigError("runtime.tiers", [t.name for t in cfg.runtime.tiers], msg)

@@ -171,7 +171,7 @@ def elements(p: RoundParts, trained: Trained) -> int:
     for c in sorted(trained.final):
         upload, _ = trained.upload(c)
         if trained.final[c].ok and upload is not None:
-            return int(p.secagg.vector(p.server.params, upload)[1].size)
+            return int(p.secagg.vector(p.server.params, upload).flat.size)
     return 0
 
 

@@ -317,7 +317,7 @@ def _cohort(cfg: Any) -> tuple[int, int]:
     method's :meth:`Algorithm.dp_cohort` (default N and K)."""
     from fedray.core import registry
 
-    return registry.method(cfg.algorithm.get("name", "fedavg")).dp_cohort(cfg)
+    return registry.method_of(cfg).dp_cohort(cfg)
 
 
 def noise_multiplier(cfg: Any) -> float:
@@ -341,8 +341,8 @@ def check_config(cfg: Any) -> None:
     from fedray.core import registry
 
     dp = cfg.dp
-    name = cfg.algorithm.get("name", "fedavg")
-    method = registry.method(name, path="algorithm.name")
+    method = registry.method_of(cfg)
+    name = method.name
     registry.require(method, "dp", "dp.enabled", True)
     n, k = _cohort(cfg)
     if n == k and dp.sampling == "poisson" and k < cfg.clients.num_clients:

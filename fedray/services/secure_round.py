@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -70,6 +70,14 @@ from fedray.services.secagg import (
 
 State = dict[str, np.ndarray]
 
+
+
+class Masked(NamedTuple):
+    """One upload as the secure sum takes it (:meth:`SecureRound.vector`)."""
+
+    tensors: dict[str, np.ndarray]  # the tensors summed (after DP's clip, as a delta)
+    flat: np.ndarray  # the same, as one float64 vector
+    within: bool  # the update was within DP's clip norm (always, without DP)
 
 @dataclass
 class SecAggConfig:
@@ -105,7 +113,7 @@ class SecAggConfig:
         scale cannot wrap for the most clients a round sums."""
         if not self.enabled:
             return
-        method = registry.method(cfg.algorithm.get("name", "fedavg"))
+        method = registry.method_of(cfg)
         if "asynchronous" in method.capabilities:
             raise ConfigError("secagg.enabled", True,
                               f"false for {method.name}: secure aggregation sums a "
@@ -264,8 +272,8 @@ class SecureAggregator:
     def masked_bytes(self, m: int) -> int:
         return (self.s.bits * (m + self.words_extra) + 7) // 8
 
-    def vector(self, global_state: State, upload: State) -> tuple[State, np.ndarray, bool]:
-        """(the tensors summed, as float64 vector, within DP's clip) of one upload."""
+    def vector(self, global_state: State, upload: State) -> Masked:
+        """What of one upload is masked and summed (:class:`Masked`)."""
         if self.privacy is not None:
             from fedray.services.privacy import clip_update
 
@@ -278,7 +286,7 @@ class SecureAggregator:
             within = True
         flat = np.concatenate([np.ravel(v) for v in tensors.values()]) if tensors else \
             np.zeros(0)
-        return tensors, flat, bool(within)
+        return Masked(tensors, flat, bool(within))
 
     def leave_before_sharing(self, r: int, sampled: list[int]) -> set[int]:
         """The clients that leave after advertising keys, before sharing them (drawn with

@@ -56,7 +56,7 @@ import math
 import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -127,6 +127,14 @@ def _need(tensors: Tensors, key: str, stage: str) -> np.ndarray:
     if key not in tensors:
         raise ValueError(f"{stage}: upload lacks {key!r} (its other part is there)")
     return np.asarray(tensors[key])
+
+
+class Encoded(NamedTuple):
+    """One client's upload after the chain (:meth:`TransformChain.client`)."""
+
+    upload: dict[str, np.ndarray]
+    memory: dict  # the chain's per-client memory for the next round (error feedback)
+    metrics: dict[str, float]
 
 
 class Transform:
@@ -491,8 +499,9 @@ class TransformChain:
 
     def client(self, update: Tensors, shapes: Shapes, memory: dict | None, *, seed: int,
                round: int, client: int, reference: Tensors | None = None
-               ) -> tuple[dict[str, np.ndarray], dict, dict[str, float]]:
-        """Encode ``update`` for upload. Returns ``(upload, new_memory, metrics)``.
+               ) -> Encoded:
+        """Encode ``update`` for upload: the :class:`Encoded` upload, new memory and
+        metrics.
 
         ``shapes`` names the tensors to transform (normally the global state's shapes);
         ``reference`` is the decoded broadcast the client started from (needed only when
@@ -503,7 +512,7 @@ class TransformChain:
         int8/int4/bf16 codes, one per value).
         """
         if not self.transforms:
-            return dict(update), {}, _metrics(update, {})
+            return Encoded(dict(update), {}, _metrics(update, {}))
         memory = memory or {}
         error = dict(memory.get("error") or {}) if self.error_feedback else {}
         tensors = dict(update)
@@ -535,7 +544,7 @@ class TransformChain:
             for name, m in residual.items():
                 error[name] = m - decoded[name]
             new_memory["error"] = error
-        return tensors, new_memory, _metrics(tensors, code_sizes)
+        return Encoded(tensors, new_memory, _metrics(tensors, code_sizes))
 
     def server(self, upload: Tensors, shapes: Shapes, reference: Tensors | None = None
                ) -> dict[str, np.ndarray]:

@@ -120,7 +120,7 @@ class AdversaryConfig:
             self.clients = ids.tolist()
         if self.attack == "none":
             return
-        method = registry.method(cfg.algorithm.get("name", "fedavg"))
+        method = registry.method_of(cfg)
         registry.require(method, "attack", "adversary.attack", self.attack)
         if self.attack in COLLUDING:
             if "asynchronous" in method.capabilities:

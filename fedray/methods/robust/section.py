@@ -47,7 +47,7 @@ class RobustConfig:
         and its assumption on the round's cohort size (clients sampled per round)."""
         if self.rule == "none":
             return
-        method = registry.method(cfg.algorithm.get("name", "fedavg"))
+        method = registry.method_of(cfg)
         registry.require(method, "robust", "robust.rule", self.rule)
         if cfg.runtime.reduce == "executors":
             raise ConfigError("runtime.reduce", "executors",

@@ -43,7 +43,7 @@ class ContinualConfig:
         boundary, and run under a method of the sub-model family."""
         if not self.tasks:
             return
-        registry.require(registry.method(cfg.algorithm.get("name", "fedavg")), "continual",
+        registry.require(registry.method_of(cfg), "continual",
                          "continual.tasks", self.tasks)
         classes = num_classes(cfg)
         if classes % self.tasks:
