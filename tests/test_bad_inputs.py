@@ -198,6 +198,36 @@ def test_overwrite_replaces_the_old_run_once_the_new_one_started(ray_session, tm
     assert sorted(os.listdir(d)) == ["config.yaml", "data.json", "partition.parquet"]
 
 
+def test_overwrite_edge_cases_are_decided_before_anything_is_deleted(tmp_path):
+    """A stale lock alone is an empty directory; a killed writer's temp files are a run's;
+    a link among the run's names is refused before anything goes; a signal before the new
+    run started says the old one was left as it was."""
+    from fedray.core.storage import StateFileError
+
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    # a dead process's lock on this host (taken over)
+    (lone / ".lock").write_text(json.dumps({"pid": 2 ** 22 + 7, "host": os.uname().nodename}))
+    exp = Experiment(load_config(None, TINY), str(lone), overwrite=True)
+    assert not exp.replacing and (lone / "config.yaml").exists()
+    exp.release()
+
+    d = tmp_path / "old"
+    old_run(d)
+    (d / "summary.json.tmp-4242").write_text("x")
+    (d / ".report.tmp-ab_12").mkdir()
+    exp = Experiment(load_config(None, TINY), str(d), overwrite=True)
+    assert exp.replacing
+    assert "was left as it was" in str(exp.stopped(KeyboardInterrupt()))
+    exp.release()
+
+    os.symlink(tmp_path / "lone", d / "report")
+    before = snapshot(d)
+    with pytest.raises(StateFileError, match="report"):
+        Experiment(load_config(None, TINY), str(d), overwrite=True)
+    assert snapshot(d) == before
+
+
 def test_an_overwrite_that_cannot_start_leaves_the_old_run(tmp_path):
     """Ray unreachable: the one-line error, and the old run as it was (nothing deleted)."""
     d = tmp_path / "old"

@@ -175,3 +175,11 @@ def test_a_sweep_logs_each_trial_through_tunes_callbacks(ray_session, tmp_path, 
     for r in res.table:  # the trials' own trackers stay off: each trial is logged once
         assert not os.path.exists(os.path.join(r["run_dir"], "tensorboard"))
         assert not os.path.exists(os.path.join(r["run_dir"], "tracking.json"))
+    # resumed after it ended: the trials only replay their rounds (on a sliver of a CPU),
+    # logged nowhere again
+    again = sweep(DEMO, {"local.lr": {"grid": [0.1, 0.05]}}, overrides=small,
+                  storage_path=str(tmp_path), name="trk", scheduler="none", resume=True)
+    assert [(r["trial"], r["rounds"], r["global_accuracy"]) for r in again.table] == [
+        (r["trial"], r["rounds"], r["global_accuracy"]) for r in res.table]
+    assert len(client.search_runs([client.get_experiment_by_name("trk").experiment_id])) == 2
+    assert sorted(glob.glob(str(tmp_path / "trk" / "*" / "events.out.tfevents.*"))) == events

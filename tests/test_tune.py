@@ -113,36 +113,49 @@ def test_the_trial_list_is_a_rule_on_the_space_and_the_seed():
 
 def test_a_sweeps_state_is_data_checked_before_ray(tmp_path):
     """sweep.json is written at a new sweep's start, read back as data on --resume and
-    checked; trial runs are never reused without --resume, or resumed without it."""
+    checked (the same base config and trials); trial runs are never reused without
+    --resume, or resumed without it."""
     from fedray.core.storage import Storage
     from fedray.front.tune import SweepSpec, begin_state, trial_params
 
     trials = trial_params(SweepSpec({"local.lr": {"grid": [0.1, 0.05]}}), seed=0)
+    config = json.loads(json.dumps(load_sweep(DEMO, SMALL, {"local.lr": {"grid": [0.1]}}
+                                              )[0].to_dict()))
+    head = {"config": config, "trials": trials}
     store = Storage(str(tmp_path / "s"))
-    assert begin_state(store, trials, resume=False, name="s") == set()
+    assert begin_state(store, head, resume=False, name="s") == set()
     state = json.loads((tmp_path / "s" / "sweep.json").read_text())
-    assert state == {"trials": [{"local.lr": 0.1}, {"local.lr": 0.05}], "ended": []}
-    assert begin_state(store, trials, resume=False, name="s") == set()  # no trial ran yet
+    assert state == {"config": config, "trials": [{"local.lr": 0.1}, {"local.lr": 0.05}],
+                     "ended": []}
+    assert begin_state(store, head, resume=False, name="s") == set()  # no trial ran yet
     (tmp_path / "s" / "runs" / "trial-00000").mkdir(parents=True)
     with pytest.raises(ConfigError, match="--resume to continue") as err:
-        begin_state(store, trials, resume=False, name="s")
+        begin_state(store, head, resume=False, name="s")
     assert err.value.path == "--name" and "\n" not in str(err.value)
     (tmp_path / "s" / "sweep.json").write_text(json.dumps({**state, "ended": [1]}))
-    assert begin_state(store, trials, resume=True, name="s") == {1}
+    assert begin_state(store, head, resume=True, name="s") == {1}
+    other = trial_params(SweepSpec({"local.lr": {"grid": [0.1, 0.02]}}), 0)
     with pytest.raises(ConfigError, match="lists other trials"):
-        begin_state(store, trial_params(SweepSpec({"local.lr": {"grid": [0.1, 0.02]}}), 0),
-                    resume=True, name="s")
-    before = (tmp_path / "s" / "sweep.json").read_bytes()
+        begin_state(store, {**head, "trials": other}, resume=True, name="s")
+    changed = {**config, "local": {**config["local"], "epochs": 3}}
+    with pytest.raises(ConfigError, match="config of the sweep being resumed") as err:
+        begin_state(store, {**head, "config": changed}, resume=True, name="s")
+    assert err.value.path == "local.epochs"
     for bad in (b"[1]", b'{"trials": [], "ended": [5]}', b'{"trials": [], "ended": [true]}',
                 b"\xff", b'{"trials": 1}'):
         (tmp_path / "s" / "sweep.json").write_bytes(bad)
         with pytest.raises((ConfigError, StateFileError),
                            match="sweep's state as fedray writes it"):
-            begin_state(store, trials, resume=True, name="s")
+            begin_state(store, head, resume=True, name="s")
     (tmp_path / "s" / "sweep.json").unlink()
     with pytest.raises(ConfigError, match="no sweep.json"):  # an older sweep: Tune's pickle
-        begin_state(store, trials, resume=True, name="s")
-    assert not (tmp_path / "s" / "sweep.json").exists() and before
+        begin_state(store, head, resume=True, name="s")
+    assert not (tmp_path / "s" / "sweep.json").exists()
+    for key, spec in [("rounds", {"grid": [2, 4]}), ("run_dir", {"choice": ["a"]})]:
+        with pytest.raises(ConfigError, match=f"a key other than {key}"):
+            load_sweep(DEMO, SMALL, {key: spec})
+    with pytest.raises(ConfigError, match="finite"):
+        load_sweep(DEMO, SMALL, {"local.lr": {"uniform": [0.0, float("inf")]}})
 
 
 @pytest.mark.ray

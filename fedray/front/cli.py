@@ -165,8 +165,11 @@ def run(config: Path | None = typer.Argument(
             None, "--resume", help="Continue the run in this directory from its latest "
                                    "checkpoint (only -s rounds=N may change)."),
         overwrite: bool = typer.Option(
-            False, "--overwrite", help="Replace what the run directory holds (a new run "
-                                       "otherwise needs an empty or new directory)."),
+            False, "--overwrite", help="Replace the fedray run the run directory holds "
+                                       "(its config.yaml and the files a run writes; "
+                                       "anything else is refused), once the new run has "
+                                       "started. A new run otherwise needs an empty or new "
+                                       "directory."),
         progress: bool = typer.Option(True, "--progress/--no-progress",
                                       help="Show a progress bar on stderr."),
         target_epsilon: str | None = typer.Option(
@@ -258,13 +261,13 @@ def report(run_dirs: list[str] = typer.Argument(..., help="One run directory, or
     per client per round and the compression ratio, plus report.html: tables and plots in one
     self-contained file to share. Several runs are overlaid (the bandwidth/accuracy Pareto),
     runs differing only in seed as mean ± sd."""
-    from fedray.core.storage import StateFileError
     from fedray.front.report import compare as make_compare
     from fedray.front.report import report as make_report
 
     missing = [d for d in run_dirs if not os.path.isdir(d)]
     if missing:
-        fail(f"not run directories: {missing}", as_json)
+        fail(f"not run directories (a local directory a run wrote, holding its config.yaml "
+             f"and metrics): {missing}", as_json)
     try:
         if len(run_dirs) == 1:
             res = make_report(run_dirs[0], out, overwrite=overwrite)

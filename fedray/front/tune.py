@@ -22,7 +22,9 @@ Tracking: with ``tracking.tensorboard`` and/or ``tracking.mlflow`` in the base c
 sweep logs through Tune's own callbacks (``TBXLoggerCallback``: event files in each trial's
 Tune directory; ``MLflowLoggerCallback``: one MLflow run per trial, the sampled values as
 params, every report as metrics). The trials' own fedray trackers are switched off, so each
-trial is logged once, by Tune.
+trial is logged by Tune. On ``--resume`` a trial that ended before is not logged again; one
+that continues from its checkpoint is logged anew, all its rounds, as a new MLflow run (its
+interrupted run stays as it was left).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from fedray.core import registry
@@ -43,6 +46,11 @@ from fedray.observe.console import library_stdout
 from fedray.observe.progress import Progress
 
 KINDS = ("choice", "grid", "uniform", "loguniform", "randint")
+# config keys a sweep may not vary, and why
+RESERVED = {"rounds": "a key other than rounds: it is the sweep's time axis (ASHA's), one "
+                      "value for every trial",
+            "run_dir": "a key other than run_dir: each trial's run is STORAGE/NAME/runs/"
+                       "trial-NNNNN"}
 
 
 def presets() -> dict[str, type]:
@@ -82,10 +90,13 @@ def check_space(space: dict[str, dict]) -> None:
         kind, vals = next(iter(spec.items()))
         if not isinstance(vals, list) or not vals:
             raise ConfigError(f"sweep.space.{key}.{kind}", vals, "a non-empty list")
+        if key in RESERVED:
+            raise ConfigError(f"sweep.space.{key}", spec, RESERVED[key])
         if kind in ("uniform", "loguniform", "randint"):
-            if len(vals) != 2 or not all(isinstance(v, (int, float)) for v in vals) \
-                    or not vals[0] < vals[1]:
-                raise ConfigError(f"sweep.space.{key}.{kind}", vals, "[low, high], low < high")
+            if len(vals) != 2 or not all(isinstance(v, (int, float)) and math.isfinite(v)
+                                         for v in vals) or not vals[0] < vals[1]:
+                raise ConfigError(f"sweep.space.{key}.{kind}", vals, "[low, high], finite, "
+                                                                     "low < high")
             if kind == "loguniform" and vals[0] <= 0:
                 raise ConfigError(f"sweep.space.{key}.{kind}", vals, "positive bounds")
 
@@ -128,8 +139,6 @@ def _lookup(trials: list[dict[str, Any]], key: str, spec: Any) -> Any:
 def tune_space(trials: list[dict[str, Any]]) -> dict[str, Any]:
     """Tune's space for fedray's trial list: a grid over the trial indices (``trial``) and
     each swept key looked up from its trial, so Tune's loggers record the swept values."""
-    from functools import partial
-
     from ray import tune
 
     return {"trial": tune.grid_search(list(range(len(trials)))),
@@ -330,7 +339,10 @@ def sweep(config: str | os.PathLike | dict, space: dict[str, dict] | None = None
     callbacks = tracking_callbacks(cfg, name)  # a bad tracking.* fails here, before Ray
     trials = trial_params(spec, cfg.seed)
     store = Storage(path)
-    ended = begin_state(store, trials, resume, name)  # before Ray: a clash fails here
+    head = {"config": json.loads(json.dumps(cfg.to_dict())), "trials": trials}
+    ended = begin_state(store, head, resume, name)  # before Ray: a clash fails here
+    for cb in callbacks:  # what an ended trial logged in its own session is not logged again
+        cb.replayed = frozenset(ended)
     started = init_ray(cfg)
     cfg = settled(cfg)  # device and placement timeout decided once, here, for every trial
     overrides = [*overrides, override("runtime.device", cfg.runtime.device),
@@ -341,11 +353,12 @@ def sweep(config: str | os.PathLike | dict, space: dict[str, dict] | None = None
     trainable = tune.with_resources(
         tune.with_parameters(_trial, base=base, overrides=overrides, run_root=run_root,
                              cwd=os.getcwd(), ended=frozenset(ended)),
-        tune.PlacementGroupFactory(trial_bundles(cfg), strategy="PACK"))
+        partial(_resources, tune.PlacementGroupFactory(trial_bundles(cfg), strategy="PACK"),
+                frozenset(ended)))
     prog = progress if isinstance(progress, Progress) else Progress(1, enabled=progress)
     with prog.stage(f"sweep {name}", unit="rounds") as stage:
         callbacks += [rounds_callback(stage, cfg.rounds, len(trials)),
-                      ended_callback(store, trials, ended)]
+                      ended_callback(store, head, ended)]
         scheduler = None
         if spec.scheduler == "asha":
             scheduler = tune.schedulers.ASHAScheduler(
@@ -363,6 +376,14 @@ def sweep(config: str | os.PathLike | dict, space: dict[str, dict] | None = None
     return write_table(grid, spec, trials, cfg.rounds, path)
 
 
+def _resources(group: Any, ended: frozenset[int], config: dict) -> Any:
+    """A trial's placement group: the experiment's, or a sliver of one CPU for a trial that
+    ended in an earlier session and only replays its stored rounds."""
+    from ray import tune
+
+    return tune.PlacementGroupFactory([{"CPU": 0.01}]) if config["trial"] in ended else group
+
+
 def trial_count(spec: SweepSpec) -> int:
     """How many trials the sweep runs: ``num_samples`` times each grid's values."""
     return spec.num_samples * math.prod(len(v["grid"]) for v in spec.space.values()
@@ -372,47 +393,52 @@ def trial_count(spec: SweepSpec) -> int:
 STATE = "sweep.json"
 
 
-def _write_state(store: Any, trials: list[dict[str, Any]], ended: Iterable[int]) -> None:
-    store.write_bytes(STATE, json.dumps({"trials": trials, "ended": sorted(ended)},
+def _write_state(store: Any, head: dict[str, Any], ended: Iterable[int]) -> None:
+    store.write_bytes(STATE, json.dumps({**head, "ended": sorted(ended)},
                                         allow_nan=False).encode())
 
 
-def begin_state(store: Any, trials: list[dict[str, Any]], resume: bool, name: str
-                ) -> set[int]:
+def begin_state(store: Any, head: dict[str, Any], resume: bool, name: str) -> set[int]:
     """The sweep's state file at its start, before Ray: for ``resume`` read back (as data)
-    and checked to hold the same trial list, else written new. Returns the indices of the
-    trials that ended in earlier sessions. Trial runs already in the directory are never
-    reused without ``resume``, and never resumed without ``sweep.json`` (a sweep written
-    before it kept its state in Tune's pickle, which is not read)."""
+    and checked to hold the same base config and trial list (``head``), else written new.
+    Returns the indices of the trials that ended in earlier sessions. Trial runs already in
+    the directory are never reused without ``resume``, and never resumed without
+    ``sweep.json`` (a sweep written before it kept its state in Tune's pickle, which is not
+    read)."""
     where = redact(store.location)
     if resume and store.exists(STATE):
-        return _read_state(store, trials, name)
+        return _read_state(store, head, name)
     if store.listdir("runs"):
         rule = (f"--resume to continue the sweep {where} holds, or a new name"
                 if store.exists(STATE) else
                 f"a new name: {where} holds trial runs but no {STATE} to resume them by "
                 f"(a sweep's pickled Tune state is not read)")
         raise ConfigError("--name", name, rule)
-    _write_state(store, trials, ())
+    _write_state(store, head, ())
     return set()
 
 
-def _read_state(store: Any, trials: list[dict[str, Any]], name: str) -> set[int]:
-    where = redact(store.location)
-    rule = "the sweep's state as fedray writes it"
+def _read_state(store: Any, head: dict[str, Any], name: str) -> set[int]:
+    from fedray.runtime.experiment import first_difference
+
+    where, rule = redact(store.location), "the sweep's state as fedray writes it"
     state = store.read_json(STATE, rule)
-    stored, ended = state.get("trials"), state.get("ended")
+    ended = state.get("ended")
     if not isinstance(ended, list) or not all(
-            type(i) is int and 0 <= i < len(trials) for i in ended):
+            type(i) is int and 0 <= i < len(head["trials"]) for i in ended):
         raise ConfigError(STATE, f"{where}/{STATE}", f"{rule} ('ended': trial indices)")
-    if stored != json.loads(json.dumps(trials)):
+    diff = first_difference(state.get("config"), head["config"])
+    if diff is not None:
+        raise ConfigError(diff, name, f"the config of the sweep being resumed: "
+                                      f"{where}/{STATE} holds another value")
+    if state.get("trials") != head["trials"]:
         raise ConfigError("sweep.space", name, f"the space, seed and num_samples of the "
                                                f"sweep being resumed: {where}/{STATE} lists "
                                                f"other trials")
     return set(ended)
 
 
-def ended_callback(store: Any, trial_list: list[dict[str, Any]], ended: set[int]) -> Any:
+def ended_callback(store: Any, head: dict[str, Any], ended: set[int]) -> Any:
     """A Tune callback (in this process) that adds every trial that ends — all its rounds
     run, or stopped by the scheduler — to ``sweep.json``; a trial that failed stays
     unfinished, so a resumed sweep runs it again from its checkpoint."""
@@ -425,7 +451,7 @@ def ended_callback(store: Any, trial_list: list[dict[str, Any]], ended: set[int]
         def on_trial_complete(self, iteration: int, trials: list, trial: Any,
                               **info: Any) -> None:
             self.ended.add(int(trial.config["trial"]))
-            _write_state(store, trial_list, self.ended)
+            _write_state(store, head, self.ended)
 
     return TrialsEnded()
 
@@ -472,7 +498,10 @@ def tracking_callbacks(cfg: ExperimentConfig, name: str) -> list[Any]:
     """Tune's own logger callbacks for the base config's ``tracking`` section: TensorBoard
     (``TBXLoggerCallback``, which Tune also adds by itself unless
     ``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=1``) and MLflow (``MLflowLoggerCallback`` on the
-    checked URI, experiment ``tracking.mlflow_experiment`` or the sweep's name)."""
+    checked URI, experiment ``tracking.mlflow_experiment`` or the sweep's name). Each is
+    silent for the trials in its ``replayed`` (set by :func:`sweep`: those that ended in an
+    earlier session, logged then); a trial that continues from its checkpoint is logged
+    again, all its rounds, as a new MLflow run."""
     from fedray.observe.tracking import check_config, mlflow_uri
 
     t, callbacks = cfg.tracking, []
@@ -480,20 +509,47 @@ def tracking_callbacks(cfg: ExperimentConfig, name: str) -> list[Any]:
     if t.tensorboard:
         from ray.tune.logger import TBXLoggerCallback
 
-        callbacks.append(TBXLoggerCallback())
+        callbacks.append(_skipping_replays(TBXLoggerCallback)())
     if t.mlflow is not None:
         from ray.air.integrations.mlflow import MLflowLoggerCallback
 
-        callbacks.append(MLflowLoggerCallback(
+        callbacks.append(_skipping_replays(MLflowLoggerCallback)(
             tracking_uri=mlflow_uri(t.mlflow), experiment_name=t.mlflow_experiment or name,
             tags={"fedray.sweep": name}))
     return callbacks
 
 
+def _skipping_replays(base: type) -> type:
+    """``base`` (a Tune ``LoggerCallback``) that logs nothing of the trials in its
+    ``replayed``."""
+
+    class SkippingReplays(base):  # type: ignore[misc, valid-type]
+        replayed: frozenset[int] = frozenset()
+
+        def _replay(self, trial: Any) -> bool:
+            return trial.config.get("trial") in self.replayed
+
+        def log_trial_start(self, trial: Any) -> None:
+            if not self._replay(trial):
+                super().log_trial_start(trial)
+
+        def log_trial_result(self, iteration: int, trial: Any, result: dict) -> None:
+            if not self._replay(trial):
+                super().log_trial_result(iteration, trial, result)
+
+        def log_trial_end(self, trial: Any, failed: bool = False) -> None:
+            if not self._replay(trial):
+                super().log_trial_end(trial, failed)
+
+    SkippingReplays.__name__ = SkippingReplays.__qualname__ = base.__name__
+    return SkippingReplays
+
+
 def write_table(grid: Any, spec: SweepSpec, trials: list[dict[str, Any]], rounds: int,
                 path: str) -> SweepResult:
     """Every trial's config and final metrics (read from its run directory: what it
-    stored, whichever session ran it), best first, as Parquet and Markdown."""
+    stored, whichever session ran it), best first, as Parquet and Markdown. A trial whose
+    stored metrics cannot be read says why in its row; the others are kept."""
 
     from fedray.core.storage import Storage
 
@@ -502,14 +558,18 @@ def write_table(grid: Any, spec: SweepSpec, trials: list[dict[str, Any]], rounds
     for res in grid:
         index = int((res.config or {})["trial"])
         run_dir = os.path.join(path, "runs", trial_dir(index))
-        stored = _stored_rows(run_dir)
+        error = str(res.error) if res.error else ""
+        try:
+            stored = _stored_rows(run_dir)
+        except (OSError, ValueError) as e:  # damaged part files: this row says so
+            stored, error = [], error or f"its metrics could not be read: {e}"
         m = stored[-1] if stored else {}
         rows.append({"trial": trial_dir(index),
                      **{k: json.dumps(trials[index][k]) for k in keys},
                      "rounds": int(m.get("round", 0)),
                      spec.metric: float(m.get(spec.metric, math.nan)),
-                     "stopped_early": int(m.get("round", 0)) < rounds,
-                     "error": str(res.error) if res.error else "",
+                     "stopped_early": not error and int(m.get("round", 0)) < rounds,
+                     "error": error,
                      "run_dir": redact(run_dir)})
     sign = -1 if spec.mode == "max" else 1
     rows.sort(key=lambda r: (math.isnan(r[spec.metric]), sign * r[spec.metric]

@@ -228,11 +228,21 @@ class ClientData(Protocol):
     y_test: np.ndarray
 
     def client_arrays(self, cid: int, round: int, split: str = "train"
-                      ) -> tuple[np.ndarray, np.ndarray]: ...
+                      ) -> tuple[np.ndarray, np.ndarray]:
+        """Client ``cid``'s (inputs, labels) of ``split`` (``train`` or ``test``) as seen
+        in ``round`` (a drifting or continual dataset may change by round); the same
+        arrays for the same arguments, on any executor."""
+        ...
 
-    def client_extra(self, cid: int, round: int) -> dict[str, Any] | None: ...
+    def client_extra(self, cid: int, round: int) -> dict[str, Any] | None:
+        """What else a method needs of client ``cid`` (FAVoR's author texts, a task id),
+        or None."""
+        ...
 
-    def summary(self) -> dict[str, Any]: ...
+    def summary(self) -> dict[str, Any]:
+        """A JSON-able description of the data (sizes, partition, fingerprint): stored as
+        ``data.json``; a resume on other data is refused by comparing it."""
+        ...
 
 
 @dataclass
@@ -328,11 +338,17 @@ class ClientSampler(Protocol):
     sim_time, its own state), so that it is the same whatever the executor count; its state
     is checkpointed with the round."""
 
-    def draw(self, round: int, sim_time: float) -> Draw: ...
+    def draw(self, round: int, sim_time: float) -> Draw:
+        """The clients of synchronous round ``round`` starting at simulated ``sim_time``."""
+        ...
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler's own state (plain values and arrays), checkpointed each round."""
+        ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s state (on resume)."""
+        ...
 
 
 @dataclass
@@ -411,10 +427,12 @@ class AggregationPolicy:
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
+        """The rule's state across rounds (ORDERS' norm history, FedBuff's buffer),
+        checkpointed each round; none by default."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+        """Restore :meth:`state_dict`'s state (on resume)."""
 
 
 def check_reduce(cfg: Any, method: Any) -> None:
@@ -669,6 +687,8 @@ class Algorithm:
         raise NotImplementedError
 
     def init_global_state(self, resident: Any, seed: int) -> State:
+        """The global state of round 0 (``{name: array}``), from :meth:`build_resident`'s
+        objects and ``seed`` alone: computed once, by the first executor, and broadcast."""
         raise NotImplementedError
 
     def state_schema(self, input_shape: tuple[int, ...], num_classes: int
@@ -686,6 +706,10 @@ class Algorithm:
         return 0
 
     def client_update(self, ctx: ClientContext, broadcast: State) -> ClientOutput:
+        """One client's local work of one round from the decoded ``broadcast``: its upload,
+        metrics and new client state (:class:`ClientOutput`). Must be a pure function of
+        ``ctx`` (seed, round, client, data, stored state) and ``broadcast``, so a client's
+        result is the same on any executor, in any order."""
         raise NotImplementedError
 
     def cohort_update(self, contexts: list[ClientContext], broadcast: State
@@ -750,6 +774,8 @@ class Algorithm:
     # ------------------------------------------------------------------ server half
 
     def make_policy(self) -> AggregationPolicy:
+        """The server half: the :class:`AggregationPolicy` that weighs the uploads and turns
+        their sum into the next global state (the server optimizer applies its step)."""
         raise NotImplementedError
 
     def make_sampler(self, default: ClientSampler, fleet: Any) -> ClientSampler:

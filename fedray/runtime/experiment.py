@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -175,7 +176,10 @@ class Experiment:
                 raise ConfigError("run_dir", self.run_dir, "an empty or new directory (this "
                                   "one holds files: --resume continues the run in it, "
                                   "--overwrite replaces it)")
-            check_replaceable(self.storage, self.run_dir)
+        # --overwrite replaces an old run only once this one has started (Ray reached,
+        # executors placed): a run that fails to start leaves the old one as it was
+        self.replacing = overwrite and not resume and check_replaceable(self.storage,
+                                                                        self.run_dir)
         check_before_ray(cfg)
         self.tracker = Tracker.of(cfg, self.run_dir)  # tracking.*: checked before any work
         self.data = self.algorithm_cls.build_data(cfg) if data is None else data
@@ -200,9 +204,6 @@ class Experiment:
         self.rows: list[dict] = []
         self.t_start = time.perf_counter()
         self.locked = acquire_lock(self.storage)
-        # --overwrite replaces the old run only once this one has started (Ray reached,
-        # executors placed): a run that fails to start leaves the old one as it was
-        self.replacing = overwrite and not resume and not self.storage.is_empty()
         if not resume and not self.replacing:
             try:
                 self._write_run_files()
@@ -215,7 +216,7 @@ class Experiment:
         (:func:`check_replaceable`: every name here is one a run writes)."""
         if self.replacing:
             for name in self.storage.listdir(""):
-                if name in RUN_NAMES and name != LOCK:
+                if name != LOCK:  # check_replaceable: a run's names and stale temp files
                     self.storage.delete(name)
             self.replacing = False
         self.storage.write_bytes("config.yaml", yaml.safe_dump(
@@ -228,6 +229,10 @@ class Experiment:
         """The :class:`Stopped` a signal ends this run with: which signal, the last
         checkpointed round and the command that continues from it."""
         name, code = (e.signal_name, e.code) if isinstance(e, Stopped) else ("SIGINT", 130)
+        if getattr(self, "replacing", False):  # stopped before it replaced the old run
+            return Stopped(name, code, redact(
+                f"{self.cfg.name} stopped by {name} before it started; the run in "
+                f"{self.run_dir} was left as it was (run the same command again)"))
         try:
             last = self.storage.latest_index()
         except (ValueError, OSError):
@@ -434,7 +439,8 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | None = None, *, resume:
     """Run ``cfg`` (or continue the run in ``run_dir`` when ``resume``); return the summary.
     ``data`` is ``build_data(cfg)`` when the caller already holds it (several methods on
     one corpus build it once). A new run needs an empty or new ``run_dir`` unless
-    ``overwrite``, which first deletes what is there. The rounds are one stage of
+    ``overwrite``, which replaces a fedray run there (:func:`check_replaceable`) once the
+    new run has started. The rounds are one stage of
     ``progress`` (a job's :class:`~fedray.observe.progress.Progress`, or a display of its own when
     True) named after the run."""
     prog = progress if isinstance(progress, Progress) else Progress(1, enabled=progress)
@@ -581,23 +587,32 @@ RUN_NAMES = frozenset({LOCK, "config.yaml", "data.json", "partition.parquet", "s
                        "rounds.parquet", "clients.parquet", "metrics", "checkpoints",
                        "client_state", "tracking.json", "tensorboard", "report",
                        "generations.parquet"})
+# a temp file of a killed writer (``NAME.tmp-PID``) or a report's staging directory
+STALE_TEMP = re.compile(r"\.?[\w.-]+\.tmp-[\w.-]+")
 
 
-def check_replaceable(storage: Storage, run_dir: str) -> None:
+def check_replaceable(storage: Storage, run_dir: str) -> bool:
     """``--overwrite`` replaces a fedray run and nothing else: the directory must hold a
     run's ``config.yaml`` and no name a run does not write (a ``ConfigError`` naming the
-    first other one, before anything is deleted): a mistyped path never empties a
-    directory of someone's own files."""
-    names = storage.listdir("")
+    first other one, before anything is deleted; temp files a killed writer left are a
+    run's), none of them a link (a :class:`StateFileError` naming it): a mistyped path never
+    empties a directory of someone's own files, and a replacement never stops half-way.
+    Returns whether there is an old run to replace (False: empty, or a stale lock only)."""
+    names = [n for n in storage.listdir("") if n != LOCK]
+    if not names:
+        return False
     if "config.yaml" not in names:
         raise ConfigError("--overwrite", run_dir, "a fedray run directory to replace (one "
                                                   "holding config.yaml); this one holds "
                                                   "other files")
-    foreign = [n for n in names if n not in RUN_NAMES]
+    foreign = [n for n in names if n not in RUN_NAMES and not STALE_TEMP.fullmatch(n)]
     if foreign:
         raise ConfigError("--overwrite", run_dir, f"a directory holding only a fedray run's "
                                                   f"files: '{foreign[0]}' is not one (move "
                                                   f"it away first)")
+    for n in names:
+        storage.path(n)  # a link is refused here, before anything is deleted
+    return True
 
 
 def _alive(pid: Any) -> bool:
@@ -709,7 +724,7 @@ def resumable(run_dir: str, cfg: ExperimentConfig, data: Any | None = None) -> b
         raise ConfigError("run_dir", run_dir, "an empty directory or one holding this run "
                                               "(it holds files but no config.yaml)")
     stored = _resolved(stored_config(storage))
-    diff = _first_difference(stored, yaml.safe_load(yaml.safe_dump(cfg.to_dict())))
+    diff = first_difference(stored, yaml.safe_load(yaml.safe_dump(cfg.to_dict())))
     if diff is not None:
         raise ConfigError("run_dir", run_dir, f"a new directory or one holding this run: this "
                                               f"one holds a run whose config differs at "
@@ -738,10 +753,11 @@ def _resolved(stored: Any) -> Any:
         return stored
 
 
-def _first_difference(a: Any, b: Any, path: str = "") -> str | None:
+def first_difference(a: Any, b: Any, path: str = "") -> str | None:
+    """The dotted key where two nested configs first differ (sorted keys), or None."""
     if isinstance(a, dict) and isinstance(b, dict):
         for k in sorted(set(a) | set(b), key=str):
-            d = _first_difference(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
+            d = first_difference(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
             if d is not None:
                 return d
         return None

@@ -46,6 +46,7 @@ def register_optimizer(cls: type[ServerOptimizer]) -> type[ServerOptimizer]:
 
 
 def norm(tensors: State) -> float:
+    """The L2 norm of all tensors together, in float64."""
     return float(np.sqrt(sum(float((t * t).sum()) for t in tensors.values())))
 
 
@@ -64,13 +65,17 @@ class ServerOptimizer:
         return cls(cls.Params(**params))
 
     def step(self, params: State, delta: State) -> tuple[State, dict[str, float]]:
+        """The next global state from ``params`` and the rule's pseudo-gradient ``delta``
+        (the aggregated update, pointing the way the clients moved), and the step's
+        metrics (e.g. ``server_update_norm``)."""
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
+        """The optimizer's moments across rounds (its own part of the checkpoint)."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+        """Restore :meth:`state_dict`'s state (on resume)."""
 
 
 def _apply(params: State, direction: State, lr: float) -> State:
@@ -91,7 +96,7 @@ class SGD(ServerOptimizer):
     name = "sgd"
     Params = SGDParams
 
-    def step(self, params, delta):
+    def step(self, params: State, delta: State) -> tuple[State, dict[str, float]]:
         return _apply(params, delta, self.params.lr), {}
 
 
@@ -112,17 +117,17 @@ class Momentum(ServerOptimizer):
         super().__init__(params)
         self.velocity: State = {}
 
-    def step(self, params, delta):
+    def step(self, params: State, delta: State) -> tuple[State, dict[str, float]]:
         for k, d in delta.items():
             d = np.asarray(d, dtype=np.float64)
             self.velocity[k] = self.params.momentum * self.velocity.get(k, 0.0) + d
         new = _apply(params, {k: self.velocity[k] for k in delta}, self.params.lr)
         return new, {"velocity_norm": norm(self.velocity)}
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return {"velocity": dict(self.velocity)}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.velocity = {k: np.asarray(v, dtype=np.float64)
                          for k, v in (state.get("velocity") or {}).items()}
 
@@ -163,7 +168,7 @@ class Adaptive(ServerOptimizer):
     def rate(self) -> float:
         return self.params.lr
 
-    def step(self, params, delta):
+    def step(self, params: State, delta: State) -> tuple[State, dict[str, float]]:
         p = self.params
         v0 = p.tau ** 2 if p.initial_accumulator is None else p.initial_accumulator
         self.t += 1
@@ -176,10 +181,10 @@ class Adaptive(ServerOptimizer):
             direction[k] = m / (np.sqrt(v) + p.tau)
         return _apply(params, direction, self.rate()), {"moment_norm": norm(self.m)}
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return {"m": dict(self.m), "v": dict(self.v), "t": self.t}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.m = {k: np.asarray(x, dtype=np.float64) for k, x in (state.get("m") or {}).items()}
         self.v = {k: np.asarray(x, dtype=np.float64) for k, x in (state.get("v") or {}).items()}
         self.t = int(state.get("t", 0))

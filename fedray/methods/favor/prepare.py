@@ -65,10 +65,13 @@ def prepare_embedded(work_dir: str, roster: int = 50, seed: int = 0,
     if stamp is None:  # only files fedray generated, under its marker, are ever replaced
         found = [p for p in (csv, pre_csv, holdout) if os.path.lexists(p)]
         if found:
+            why = ("a prepared.json that is not fedray's JSON" if os.path.lexists(marker)
+                   else "no prepared.json")
             raise ConfigError("--cache", work_dir, f"a directory for fedray's prepared corpus "
                                                    f"(it holds {os.path.basename(found[0])} "
-                                                   f"but no prepared.json, so fedray did not "
-                                                   f"write it; choose another --cache)")
+                                                   f"but {why}, so it is not known to be "
+                                                   f"fedray's: choose another --cache, or "
+                                                   f"remove the file if fedray wrote it)")
     elif stamp.get("key") != key:
         for path in (csv, pre_csv, holdout):  # other corpora (the LM and ASCE caches are
             if os.path.lexists(path):          # keyed by their texts)
