@@ -73,6 +73,8 @@ def test_methods_lists_capabilities_and_server_optimizers():
     assert "linear" not in rows["orders"]["capabilities"]
     assert "asynchronous" in rows["fedbuff"]["capabilities"]
     assert set(out["capabilities"]) >= {"dp", "transforms", "linear", "vectorizable"}
+    assert {r["name"] for r in out["methods"] if r["sweep_preset"]} == {"drod", "orders",
+                                                                        "flite", "favor"}
 
 
 def test_run_bad_config_fails_before_ray(tmp_path):

@@ -288,9 +288,9 @@ def tune(config: Path = typer.Argument(..., help="Experiment config; may hold a 
                                    "uniform, loguniform (low,high), randint (low,high); "
                                    "repeatable. E.g. --space algorithm.theta=grid:0,0.5,1"),
          preset: str | None = typer.Option(None, "--preset", help="A method's ready-made "
-                                           "space, by method name: drod (θ), orders (β, γ), "
-                                           "flite (d, r), favor (λ_align), and any plugin "
-                                           "method's with a sweep_preset."),
+                                           "space, by method name: any method with a "
+                                           "sweep_preset, plugins' included (`fedray "
+                                           "methods` names them)."),
          set_: list[str] | None = SET_OPT,
          metric: str | None = typer.Option(None, help="Metric to optimise (default "
                                                       "global_accuracy)."),
@@ -400,11 +400,14 @@ def methods(as_json: bool = JSON_OPT) -> None:
                      "capabilities": caps,
                      "server_optimizer": None if opt is None else
                      ("any (default " + opt + ")" if "server_optimizer" in caps
-                      else opt + " (fixed)")})
+                      else opt + " (fixed)"),
+                     "sweep_preset": "sweep_preset" in vars(cls)})
     legend = "\n".join(f"  {k:<17} {v}" for k, v in registry.CAPABILITIES.items())
     text = "\n".join(f"{r['name']:<16} {r['summary']}\n{'':<16} capabilities: "
                      f"{', '.join(r['capabilities']) or 'none'}; server optimizer: "
-                     f"{r['server_optimizer'] or 'its own rule'}" for r in rows)
+                     f"{r['server_optimizer'] or 'its own rule'}"
+                     f"{'; fedray tune --preset ' + r['name'] if r['sweep_preset'] else ''}"
+                     for r in rows)
     emit({"methods": rows, "capabilities": registry.CAPABILITIES}, as_json,
          text + "\n\ncapabilities:\n" + legend)
 
