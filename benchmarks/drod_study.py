@@ -28,7 +28,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -137,10 +136,9 @@ def run_one(arm, method, seed, args, out_dir, match="params", buffer=None) -> di
     cfg = load_config(None, base=config(arm, method, seed, args, match, buffer))
     buf = args.buffer if buffer is None else buffer
     run_dir = os.path.join(out_dir, f"{cfg.name}-arm{list(ARMS).index(arm)}-{match}-b{buf}")
-    if os.path.isdir(run_dir):  # a run killed before it was recorded: the study's scratch
-        shutil.rmtree(run_dir)
     t0 = time.perf_counter()
-    summary = run_experiment(cfg, run_dir, progress=False)
+    # a run killed before it was recorded is replaced (a fedray run only: check_replaceable)
+    summary = run_experiment(cfg, run_dir, progress=False, overwrite=True)
     rows = read_metrics(run_dir).to_pylist()
     res = summarize(rows, [t["name"] for t in TIERS], args.tasks, args.rounds_per_task)
     members = {t["name"]: sum(cfg.tier_of(c) == t["name"] for c in range(cfg.clients.num_clients))

@@ -367,3 +367,26 @@ def test_cache_entries_are_data_inside_the_cache_dir(table_cfg, tmp_path):
     assert np.array_equal(third.offsets, first.offsets)
     with np.load(index, allow_pickle=False) as z:
         assert z["offsets"].dtype == np.int64
+
+
+def test_a_cache_index_with_rows_out_of_order_is_rebuilt(table_cfg):
+    """Offsets that go backwards, or a train/test split outside its client's rows, would
+    hand a client another client's rows (or negative slices): such an index is a damaged
+    entry, rebuilt from the source."""
+    cfg, folder = table_cfg
+    first = build_client_data(cfg)
+    index = first.path[:-len(".arrow")] + ".index.npz"
+    with np.load(index, allow_pickle=False) as z:
+        good = {k: z[k] for k in z.files}
+    want = [first.client_arrays(c, 1)[1].tolist() for c in range(first.num_clients)]
+    backwards = good["offsets"].copy()
+    backwards[1], backwards[2] = backwards[2], backwards[1]
+    split = good["split"].copy()
+    split[0] = good["offsets"][1] + 1
+    for bad in ({"offsets": backwards}, {"split": split}):
+        with open(index, "wb") as fh:
+            np.savez(fh, **(good | bad))
+        again = build_client_data(cfg)
+        assert [again.client_arrays(c, 1)[1].tolist() for c in range(again.num_clients)] == want
+        with np.load(index, allow_pickle=False) as z:
+            assert np.array_equal(z["offsets"], good["offsets"])

@@ -939,6 +939,11 @@ class TablePopulation:
         memory-mapped; a damaged entry raises ValueError, KeyError, IndexError or OSError."""
         with np.load(index_path, allow_pickle=False) as z:
             offsets, split = z["offsets"], z["split"]
+            if offsets.ndim != 1 or split.ndim != 1 or len(offsets) != len(split) + 1 or \
+                    offsets.dtype.kind not in "iu" or split.dtype.kind not in "iu" or \
+                    offsets[0] != 0 or (np.diff(offsets) < 0).any() or \
+                    (split < offsets[:-1]).any() or (split > offsets[1:]).any():
+                raise ValueError("cache index: client rows that are not in order")
             info = json.loads(str(z["info"]))
             shape = tuple(int(s) for s in info.get("input_shape", [z["x_test"].shape[1]]))
             pop = cls(path, len(offsets) - 1, 0, shape, offsets, split, z["natural_ids"],

@@ -251,6 +251,15 @@ def fiarse_keep(arch: Any, hw: tuple[int, int], rung: Any, rho: float,
     return float(np.clip((rho * full - (total - maskable)) / maskable, 1e-6, 1.0))
 
 
+def masked_param_ratio(model: Any, masks: dict[str, np.ndarray]) -> float:
+    """FIARSE: the share of the full model's parameters the masked sub-model holds."""
+    from fedray.models.sliceable import held_count
+
+    kept = sum(int(m.sum()) - m.size for m in masks.values())
+    return (sum(p.numel() for p in model.parameters()) + kept) / held_count(model.arch,
+                                                                            model.input_hw)
+
+
 class Resident:
     """What an executor keeps: one built model per sub-model geometry it has run."""
 
@@ -467,23 +476,20 @@ class Hetero(Algorithm):
         masks = fiarse_masks(net, res.keep[ctx.tier]) if res.keep else {}
         return model, grid, depths, masks
 
-    def _train(self, ctx, model, grid, broadcast, state, depths=(), masks=None):
+    def _train(self, ctx: ClientContext, model: Any, grid: list, broadcast: State,
+               state: dict[str, Any], depths: tuple[int, ...] = (),
+               masks: dict[str, np.ndarray] | None = None
+               ) -> tuple[dict[str, float], dict[str, Any], dict[str, np.ndarray]]:
         """Local SGD with Ordered Dropout (and its self-distillation), ScaleFL's exits, FIARSE's
-        mask and the continual objective; returns (metrics, client state, BiC tensors to
-        upload)."""
+        mask and the continual objective (:class:`~fedray.methods.drod.local.LocalObjective`);
+        returns (metrics, client state, BiC tensors to upload)."""
         import torch
-        import torch.nn.functional as F
 
         from fedray.core.seeding import rng, torch_generator, torch_seeded
         from fedray.methods.drod.continual.buffer import ReservoirBuffer
         from fedray.methods.drod.continual.data import task_of_round
-        from fedray.methods.drod.continual.objectives import (
-            bic_distill,
-            continual_state,
-            ewc_penalty,
-            fit_bias,
-            old_classes,
-        )
+        from fedray.methods.drod.continual.objectives import continual_state, old_classes
+        from fedray.methods.drod.local import LocalObjective
         from fedray.models.training import SGD, batches
         from fedray.models.training import random_crop_flip as augment
 
@@ -496,99 +502,43 @@ class Hetero(Algorithm):
         capacity = cl.buffer_total // self.cfg.clients.num_clients
         buffer = ReservoirBuffer(capacity, state.get("buffer")) \
             if method in ("er", "derpp", "bic") else None
-        replay = cl.replay_batch or loc.batch_size
         gen = rng(ctx.seed, ctx.round, ctx.client_id, "replay")
         tgen = torch_generator(ctx.seed, ctx.round, ctx.client_id, "augment")
-        scale = torch.as_tensor(np.asarray(broadcast.get("bic.scale", [])), dtype=torch.float32)
-        shift = torch.as_tensor(np.asarray(broadcast.get("bic.shift", [])), dtype=torch.float32)
         net = {k: np.asarray(v).copy() for k, v in broadcast.items() if not k.startswith("bic.")}
         x = torch.from_numpy(ctx.x_train).to(dev)
         y = torch.from_numpy(ctx.y_train).to(dev)
         fisher, anchor = continual_state(ctx, model, state, net, masks, method, task, last,
                                          cl.ewc_samples, cl.ewc_gamma)
-        teacher = None
-        if method == "bic" and task > 0:
-            from fedray.models.sliceable import SliceableResNet
-
-            teacher = SliceableResNet(model.arch, model.input_hw, model.geometry, False,
-                                      depths).to(dev)
-            teacher.load_state_dict({k: torch.from_numpy(v) for k, v in
-                                     state["anchor"].items()})
-            teacher.eval()
-
-        def corrected(out, which):
-            """BiC: the frozen corrections of the old classes' logits (stage 1)."""
-            if method != "bic" or not len(which):
-                return out
-            a, b = torch.ones_like(scale), torch.zeros_like(shift)
-            a[which], b[which] = scale[which], shift[which]
-            return out * a.to(out.device) + b.to(out.device)
-
-        aug = (lambda t: augment(t, tgen)) if self.params.augment and x.dim() == 4 else \
-            (lambda t: t)
+        bic_tensor = lambda k: torch.as_tensor(np.asarray(broadcast.get(k, [])),  # noqa: E731
+                                               dtype=torch.float32)
+        objective = LocalObjective(
+            method=method, params=self.params, continual=cl, old=old,
+            lam=len(old) / (len(old) + len(classes[task])) if classes else 0.0,
+            scale=bic_tensor("bic.scale"), shift=bic_tensor("bic.shift"),
+            teacher=self._bic_teacher(model, state, depths, dev)
+            if method == "bic" and task > 0 else None,
+            buffer=buffer, gen=gen, replay=cl.replay_batch or loc.batch_size, fisher=fisher,
+            anchor=anchor, depths=depths, own=model.geometry, device=dev,
+            augment=(lambda t: augment(t, tgen)) if self.params.augment and x.dim() == 4
+            else (lambda t: t))
         params = [p for p in model.parameters() if p.requires_grad]
         opt = SGD(params, lr=loc.lr, momentum=loc.momentum, weight_decay=loc.weight_decay)
         named = dict(model.named_parameters())
         keep = {named[k]: torch.from_numpy(m).to(dev) for k, m in (masks or {}).items()}
-        own = model.geometry
-        hp = self.params
-        scalefl = hp.axis == "scalefl"
-
-        def distill(student, teacher):
-            """α T² KL(σ(teacher/T) ‖ σ(student/T)), the teacher detached."""
-            t = hp.kd_temperature
-            return hp.kd_alpha * t * t * F.kl_div(F.log_softmax(student / t, 1),
-                                                  F.softmax(teacher.detach() / t, 1),
-                                                  reduction="batchmean")
         steps = list(batches(len(x), loc.batch_size, loc.epochs, ctx.seed, ctx.round,
                              ctx.client_id, loc.max_steps))
         choice = od_choices(ctx.seed, ctx.round, ctx.client_id, len(steps), len(grid))
-        lam = len(old) / (len(old) + len(classes[task])) if classes else 0.0
         model.train()
         total, sub_params = 0.0, 0.0
         with torch_seeded(ctx.seed, ctx.round, ctx.client_id, "local-torch"):
             for step, idx in enumerate(steps):
                 rung = grid[int(choice[step])]
-                sub = rung.geometry
                 xb, yb = x[idx], y[idx]
-                xin, yin = xb, yb
-                if buffer is not None and method in ("er", "bic") and len(buffer):
-                    bi = buffer.sample(replay, gen)
-                    xin = torch.cat([xb, torch.from_numpy(buffer.x[bi]).to(dev)])
-                    yin = torch.cat([yb, torch.from_numpy(buffer.y[bi]).to(dev)])
+                xin, yin = objective.inputs(xb, yb)
                 opt.zero_grad()
                 with torch.autocast(device_type=torch.device(dev).type, dtype=torch.bfloat16,
                                     enabled=loc.bf16):
-                    xa = aug(xin)
-                    outs = [o.float() for o in model.exit_logits(xa, sub, depths if scalefl
-                                                                 else ())]
-                    out = outs[-1]
-                    logits = corrected(out, old)
-                    loss = F.cross_entropy(logits, yin)
-                    for early in outs[:-1]:  # ScaleFL: exits distilled from the final one
-                        early = corrected(early, old)
-                        loss = loss + (1 - hp.kd_alpha) * F.cross_entropy(early, yin) + \
-                            distill(early, logits)
-                    if hp.kd and sub != own:  # FjORD w/ KD: the tier's largest model teaches
-                        t_logits = corrected(model(xa, own).float(), old)
-                        loss = (1 - hp.kd_alpha) * loss + distill(logits, t_logits) + \
-                            F.cross_entropy(t_logits, yin)
-                    if teacher is not None and len(old):
-                        with torch.no_grad():
-                            t_out = corrected(teacher(xa, sub).float(), old)
-                        loss = lam * bic_distill(logits, t_out, old, cl.bic_temperature) + \
-                            (1 - lam) * loss
-                    if method == "derpp" and len(buffer):
-                        b1, b2 = buffer.sample(replay, gen), buffer.sample(replay, gen)
-                        z = model(aug(torch.from_numpy(buffer.x[b1]).to(dev)), sub).float()
-                        loss = loss + cl.derpp_alpha * F.mse_loss(
-                            z, torch.from_numpy(buffer.logits[b1]).to(dev))
-                        z2 = model(aug(torch.from_numpy(buffer.x[b2]).to(dev)), sub).float()
-                        loss = loss + cl.derpp_beta * F.cross_entropy(
-                            z2, torch.from_numpy(buffer.y[b2]).to(dev))
-                    if fisher is not None:
-                        loss = loss + cl.ewc_lambda * ewc_penalty(
-                            dict(model.named_parameters()), fisher, anchor)
+                    loss, out = objective.loss(model, xin, yin, rung.geometry)
                 loss.backward()
                 for p, m in keep.items():  # FIARSE: masked entries are not in the sub-model
                     if p.grad is not None:
@@ -602,33 +552,58 @@ class Hetero(Algorithm):
         n = max(len(steps), 1)
         metrics = {"train_loss": total / n, "steps": float(len(steps)), "task": float(task),
                    "sub_param_ratio": sub_params / n}
-        if masks:  # FIARSE: the share of the full model's parameters the masked model holds
-            from fedray.models.sliceable import held_count
-
-            full = held_count(model.arch, model.input_hw)
-            kept = sum(int(m.sum()) - m.size for m in masks.values())
-            metrics["sub_param_ratio"] = (sum(p.numel() for p in model.parameters())
-                                          + kept) / full
-        bic = {}
-        if method == "bic":
-            bic = {"bic.scale": scale.numpy().copy(), "bic.shift": shift.numpy().copy()}
-            xv, yv = balanced_split(ctx.x_test, ctx.y_test, buffer, old.numpy(),
-                                    rng(ctx.seed, ctx.round, ctx.client_id, "bic-split")) \
-                if last and task > 0 else (ctx.x_test[:0], ctx.y_test[:0])
-            if len(yv):  # stage 2 once per task, after its last round of stage 1
-                new = torch.as_tensor(classes[task])
-                model.eval()
-                with torch.no_grad():
-                    val = corrected(model(torch.from_numpy(xv).to(dev)).float(), old).cpu()
-                a, b = fit_bias(val, torch.from_numpy(yv), new, float(scale[new[0]]),
-                                float(shift[new[0]]), cl.bic_steps, cl.bic_lr)
-                bic["bic.scale"][classes[task]] = a
-                bic["bic.shift"][classes[task]] = b
-                metrics.update(bic_alpha=a, bic_beta=b)
+        if masks:
+            metrics["sub_param_ratio"] = masked_param_ratio(model, masks)
+        bic = self._bic_stage2(ctx, model, objective, classes, task, last, metrics) \
+            if method == "bic" else {}
         if buffer is not None:
             state["buffer"] = buffer.state()
             metrics["buffer_size"] = float(len(buffer))
         return metrics, state, bic
+
+    @staticmethod
+    def _bic_teacher(model: Any, state: dict[str, Any], depths: tuple[int, ...],
+                     device: str) -> Any:
+        """BiC: the model as the previous task left it (the client state's anchor), frozen."""
+        import torch
+
+        from fedray.models.sliceable import SliceableResNet
+
+        teacher = SliceableResNet(model.arch, model.input_hw, model.geometry, False,
+                                  depths).to(device)
+        teacher.load_state_dict({k: torch.from_numpy(v) for k, v in state["anchor"].items()})
+        teacher.eval()
+        return teacher
+
+    def _bic_stage2(self, ctx: ClientContext, model: Any, objective: Any, classes: list,
+                    task: int, last: bool, metrics: dict[str, float]
+                    ) -> dict[str, np.ndarray]:
+        """BiC's tensors to upload: the corrections as broadcast, and after a task's last
+        round of stage 1 its new classes' (α, β) fitted on a class-balanced held-out split
+        (stage 2, once per task; added to ``metrics``)."""
+        import torch
+
+        from fedray.core.seeding import rng
+        from fedray.methods.drod.continual.objectives import fit_bias
+
+        cl, old, dev = self.cfg.continual, objective.old, ctx.device
+        scale, shift = objective.scale, objective.shift
+        bic = {"bic.scale": scale.numpy().copy(), "bic.shift": shift.numpy().copy()}
+        xv, yv = balanced_split(ctx.x_test, ctx.y_test, objective.buffer, old.numpy(),
+                                rng(ctx.seed, ctx.round, ctx.client_id, "bic-split")) \
+            if last and task > 0 else (ctx.x_test[:0], ctx.y_test[:0])
+        if len(yv):
+            new = torch.as_tensor(classes[task])
+            model.eval()
+            with torch.no_grad():
+                val = objective.corrected(model(torch.from_numpy(xv).to(dev)).float(),
+                                          old).cpu()
+            a, b = fit_bias(val, torch.from_numpy(yv), new, float(scale[new[0]]),
+                            float(shift[new[0]]), cl.bic_steps, cl.bic_lr)
+            bic["bic.scale"][classes[task]] = a
+            bic["bic.shift"][classes[task]] = b
+            metrics.update(bic_alpha=a, bic_beta=b)
+        return bic
 
     # ------------------------------------------------------------------ evaluation
 

@@ -241,7 +241,22 @@ def orders_update(prev: np.ndarray, deltas: np.ndarray, client_ids: np.ndarray, 
     raw = update_norms(deltas, p, prev, key_mask) if norms is None else np.asarray(
         norms, dtype=np.float64)
     raw = np.maximum(raw, p.min_norm)
+    smoothed, eligible = _track(ids, raw, round, state, p)
+    groups = [np.arange(ids.size)]
+    if p.hierarchical and tiers is not None:
+        tiers = np.asarray(tiers)
+        groups = [np.flatnonzero(tiers == g) for g in sorted(set(tiers.tolist()))]
+    ranked = _rank(ids, smoothed, eligible, groups, p, rng)
+    update = ranked.coef.astype(np.float32) @ deltas if ids.size else np.zeros_like(prev)
+    return update, state, _diagnostics(ids, raw, smoothed, eligible, ranked, update, state, p)
 
+
+def _track(ids: np.ndarray, raw: np.ndarray, round: int, state: OrdersState,
+           p: OrdersParams) -> tuple[np.ndarray, np.ndarray]:
+    """Each client's norm history (smoothed over ``smoothing_window``), participation
+    within the horizon and maturity trajectory, updated in ``state``; returns the smoothed
+    norms and who is eligible for ranking (participated in at least the threshold's rounds
+    of the horizon; the threshold ramps up with ``warmup=ramp``)."""
     smoothed = np.empty(ids.size, dtype=np.float64)
     eligible = np.zeros(ids.size, dtype=bool)
     threshold = min(p.participation_threshold, round) if p.warmup == "ramp" \
@@ -258,17 +273,29 @@ def orders_update(prev: np.ndarray, deltas: np.ndarray, client_ids: np.ndarray, 
         traj = state.trajectory.setdefault(cid, [])
         traj.append((round, smoothed[j]))
         del traj[:-p.maturity_window]
+    return smoothed, eligible
 
-    groups = [np.arange(ids.size)]
-    if p.hierarchical and tiers is not None:
-        tiers = np.asarray(tiers)
-        groups = [np.flatnonzero(tiers == g) for g in sorted(set(tiers.tolist()))]
 
-    coef = np.zeros(ids.size)
-    rank = np.full(ids.size, np.nan)
-    weight = np.full(ids.size, np.nan)
-    noisy = np.full(ids.size, np.nan)
-    scale = np.full(ids.size, np.nan)
+@dataclass
+class Ranking:
+    """Per client (in ``ids`` order; NaN for a client not ranked): its coefficient c_k
+    (0 unranked), rank, rank weight w_k, and with Laplace noise the noisy norm and b_k."""
+
+    coef: np.ndarray
+    rank: np.ndarray
+    weight: np.ndarray
+    noisy: np.ndarray
+    scale: np.ndarray
+
+
+def _rank(ids: np.ndarray, smoothed: np.ndarray, eligible: np.ndarray,
+          groups: list[np.ndarray], p: OrdersParams, rng: np.random.Generator | None
+          ) -> Ranking:
+    """Rank the eligible clients of each group by smoothed norm, descending (ties by client
+    id), through the Laplace noise when ``dp_b0`` > 0 (b_k = b_0 / w_k on the norm, clipped
+    to ``dp_clip``), and give them the rank coefficients; a group's coefficients are scaled
+    by its share of the ranked clients when there are several groups (hierarchical)."""
+    out = Ranking(np.zeros(ids.size), *(np.full(ids.size, np.nan) for _ in range(4)))
     total_ranked = sum(int(eligible[g].sum()) for g in groups)
     for g in groups:
         idx = g[eligible[g]]
@@ -285,30 +312,36 @@ def orders_update(prev: np.ndarray, deltas: np.ndarray, client_ids: np.ndarray, 
             gen = rng if rng is not None else np.random.default_rng(0)
             draw = gen.laplace(0.0, 1.0, size=n)
             noise = np.where(np.isfinite(b), b * draw, 0.0)
-            noisy[order] = base + noise
-            scale[order] = b
-            order = idx[np.lexsort((ids[idx], -noisy[idx]))]
+            out.noisy[order] = base + noise
+            out.scale[order] = b
+            order = idx[np.lexsort((ids[idx], -out.noisy[idx]))]
         c = rank_coefficients(w, p.combine)
         share = n / total_ranked if len(groups) > 1 else 1.0
-        coef[order] = share * c
-        rank[order] = np.arange(1, n + 1)
-        weight[order] = w
+        out.coef[order] = share * c
+        out.rank[order] = np.arange(1, n + 1)
+        out.weight[order] = w
+    return out
 
-    update = coef.astype(np.float32) @ deltas if ids.size else np.zeros_like(prev)
 
+def _diagnostics(ids: np.ndarray, raw: np.ndarray, smoothed: np.ndarray,
+                 eligible: np.ndarray, ranked: Ranking, update: np.ndarray,
+                 state: OrdersState, p: OrdersParams) -> dict[str, Any]:
+    """Round-level scalars plus ``per_client`` {client_id: {...}} (norms, rank, weight,
+    coefficient, participations, maturity fit; the noise with ``dp_b0``)."""
+    coef, scale = ranked.coef, ranked.scale
     per_client = {}
     for j, cid in enumerate(ids.tolist()):
         slope, curv, steady = _fit(state.trajectory[cid])
         per_client[cid] = {
             "orders/norm": float(raw[j]), "orders/smoothed_norm": float(smoothed[j]),
-            "orders/eligible": float(eligible[j]), "orders/rank": float(rank[j]),
-            "orders/weight": float(weight[j]), "orders/coefficient": float(coef[j]),
+            "orders/eligible": float(eligible[j]), "orders/rank": float(ranked.rank[j]),
+            "orders/weight": float(ranked.weight[j]), "orders/coefficient": float(coef[j]),
             "orders/participations": float(len(state.rounds[cid])),
             "orders/maturity_slope": slope, "orders/maturity_curvature": curv,
             "orders/maturity_steady": steady,
         }
         if p.dp_b0 > 0:
-            per_client[cid]["orders/noisy_norm"] = float(noisy[j])
+            per_client[cid]["orders/noisy_norm"] = float(ranked.noisy[j])
             per_client[cid]["orders/noise_scale"] = float(scale[j])
     s = smoothed[eligible]
     finite_b = scale[np.isfinite(scale)]
@@ -325,7 +358,7 @@ def orders_update(prev: np.ndarray, deltas: np.ndarray, client_ids: np.ndarray, 
             finite_b.max()), noise_scale_mean=float(finite_b.mean()))
         if p.dp_clip is not None:
             diag["epsilon_max"] = float(p.dp_clip / finite_b.min())
-    return update, state, diag
+    return diag
 
 
 def skewness(x: np.ndarray) -> float:
