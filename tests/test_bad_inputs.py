@@ -210,9 +210,16 @@ def test_overwrite_edge_cases_are_decided_before_anything_is_deleted(tmp_path):
     lone.mkdir()
     # a dead process's lock on this host (taken over)
     (lone / ".lock").write_text(json.dumps({"pid": 2 ** 22 + 7, "host": os.uname().nodename}))
+    (lone / "config.yaml.tmp-4242").write_text("half")  # killed while writing its files
     exp = Experiment(load_config(None, TINY), str(lone), overwrite=True)
     assert not exp.replacing and (lone / "config.yaml").exists()
+    assert not (lone / "config.yaml.tmp-4242").exists()
     exp.release()
+    mine = tmp_path / "mine"
+    old_run(mine)
+    (mine / "thesis.tmp-final").write_text("mine")  # looks like a temp file, is not fedray's
+    with pytest.raises(ConfigError, match="'thesis.tmp-final' is not one"):
+        Experiment(load_config(None, TINY), str(mine), overwrite=True)
 
     d = tmp_path / "old"
     old_run(d)

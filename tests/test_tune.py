@@ -116,7 +116,7 @@ def test_a_sweeps_state_is_data_checked_before_ray(tmp_path):
     checked (the same base config and trials); trial runs are never reused without
     --resume, or resumed without it."""
     from fedray.core.storage import Storage
-    from fedray.front.tune import SweepSpec, begin_state, trial_params
+    from fedray.front.tune import SweepSpec, begin_state, state_head, trial_params
 
     trials = trial_params(SweepSpec({"local.lr": {"grid": [0.1, 0.05]}}), seed=0)
     config = json.loads(json.dumps(load_sweep(DEMO, SMALL, {"local.lr": {"grid": [0.1]}}
@@ -147,6 +147,9 @@ def test_a_sweeps_state_is_data_checked_before_ray(tmp_path):
         with pytest.raises((ConfigError, StateFileError),
                            match="sweep's state as fedray writes it"):
             begin_state(store, head, resume=True, name="s")
+    (tmp_path / "s" / "sweep.json").write_text(json.dumps({"trials": trials, "ended": []}))
+    with pytest.raises(ConfigError, match="written before it held one"):  # no config in it
+        begin_state(store, head, resume=True, name="s")
     (tmp_path / "s" / "sweep.json").unlink()
     with pytest.raises(ConfigError, match="no sweep.json"):  # an older sweep: Tune's pickle
         begin_state(store, head, resume=True, name="s")
@@ -154,8 +157,15 @@ def test_a_sweeps_state_is_data_checked_before_ray(tmp_path):
     for key, spec in [("rounds", {"grid": [2, 4]}), ("run_dir", {"choice": ["a"]})]:
         with pytest.raises(ConfigError, match=f"a key other than {key}"):
             load_sweep(DEMO, SMALL, {key: spec})
-    with pytest.raises(ConfigError, match="finite"):
-        load_sweep(DEMO, SMALL, {"local.lr": {"uniform": [0.0, float("inf")]}})
+    for bounds in ([0.0, float("inf")], [0, 10 ** 400], [True, 2]):
+        with pytest.raises(ConfigError, match="finite"):
+            load_sweep(DEMO, SMALL, {"local.lr": {"uniform": bounds}})
+    # values JSON holds otherwise (a tuple from the Python API) still resume
+    tuples = trial_params(SweepSpec({"model.hidden": {"grid": [(16,), (8,)]}}), seed=0)
+    tstore = Storage(str(tmp_path / "t"))
+    thead = state_head(load_sweep(DEMO, SMALL, {"local.lr": {"grid": [0.1]}})[0], tuples)
+    begin_state(tstore, thead, resume=False, name="t")
+    assert begin_state(tstore, thead, resume=True, name="t") == set()
 
 
 @pytest.mark.ray

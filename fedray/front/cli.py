@@ -289,8 +289,8 @@ def tune(config: Path = typer.Argument(..., help="Experiment config; may hold a 
                                    "repeatable. E.g. --space algorithm.theta=grid:0,0.5,1"),
          preset: str | None = typer.Option(None, "--preset", help="A method's ready-made "
                                            "space, by method name: any method with a "
-                                           "sweep_preset, plugins' included (`fedray "
-                                           "methods` names them)."),
+                                           "sweep_preset of its own, plugins' included "
+                                           "(`fedray methods` names them)."),
          set_: list[str] | None = SET_OPT,
          metric: str | None = typer.Option(None, help="Metric to optimise (default "
                                                       "global_accuracy)."),

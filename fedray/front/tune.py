@@ -80,6 +80,13 @@ def _value(text: str) -> Any:
     return load_yaml(text)  # the config loader's YAML: `on` stays a string
 
 
+def _finite_number(v: Any) -> bool:
+    try:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    except OverflowError:  # an int too big for a float
+        return False
+
+
 def check_space(space: dict[str, dict]) -> None:
     if not space:
         raise ConfigError("sweep.space", space, "at least one key to sweep")
@@ -93,8 +100,8 @@ def check_space(space: dict[str, dict]) -> None:
         if key in RESERVED:
             raise ConfigError(f"sweep.space.{key}", spec, RESERVED[key])
         if kind in ("uniform", "loguniform", "randint"):
-            if len(vals) != 2 or not all(isinstance(v, (int, float)) and math.isfinite(v)
-                                         for v in vals) or not vals[0] < vals[1]:
+            if len(vals) != 2 or not all(_finite_number(v) for v in vals) \
+                    or not vals[0] < vals[1]:
                 raise ConfigError(f"sweep.space.{key}.{kind}", vals, "[low, high], finite, "
                                                                      "low < high")
             if kind == "loguniform" and vals[0] <= 0:
@@ -339,7 +346,7 @@ def sweep(config: str | os.PathLike | dict, space: dict[str, dict] | None = None
     callbacks = tracking_callbacks(cfg, name)  # a bad tracking.* fails here, before Ray
     trials = trial_params(spec, cfg.seed)
     store = Storage(path)
-    head = {"config": json.loads(json.dumps(cfg.to_dict())), "trials": trials}
+    head = state_head(cfg, trials)
     ended = begin_state(store, head, resume, name)  # before Ray: a clash fails here
     for cb in callbacks:  # what an ended trial logged in its own session is not logged again
         cb.replayed = frozenset(ended)
@@ -393,6 +400,12 @@ def trial_count(spec: SweepSpec) -> int:
 STATE = "sweep.json"
 
 
+def state_head(cfg: ExperimentConfig, trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """What ``sweep.json`` pins a sweep to: its base config and trial list, as JSON holds
+    them (a tuple is a list), so a resume compares like with like."""
+    return json.loads(json.dumps({"config": cfg.to_dict(), "trials": trials}))
+
+
 def _write_state(store: Any, head: dict[str, Any], ended: Iterable[int]) -> None:
     store.write_bytes(STATE, json.dumps({**head, "ended": sorted(ended)},
                                         allow_nan=False).encode())
@@ -427,7 +440,12 @@ def _read_state(store: Any, head: dict[str, Any], name: str) -> set[int]:
     if not isinstance(ended, list) or not all(
             type(i) is int and 0 <= i < len(head["trials"]) for i in ended):
         raise ConfigError(STATE, f"{where}/{STATE}", f"{rule} ('ended': trial indices)")
-    diff = first_difference(state.get("config"), head["config"])
+    if not isinstance(state.get("config"), dict):
+        raise ConfigError(STATE, f"{where}/{STATE}", f"{rule}, with the sweep's config (a "
+                                                     f"sweep.json written before it held one "
+                                                     f"cannot be resumed: rerun under a new "
+                                                     f"name)")
+    diff = first_difference(state["config"], head["config"])
     if diff is not None:
         raise ConfigError(diff, name, f"the config of the sweep being resumed: "
                                       f"{where}/{STATE} holds another value")
@@ -561,7 +579,7 @@ def write_table(grid: Any, spec: SweepSpec, trials: list[dict[str, Any]], rounds
         error = str(res.error) if res.error else ""
         try:
             stored = _stored_rows(run_dir)
-        except (OSError, ValueError) as e:  # damaged part files: this row says so
+        except (OSError, ValueError, TypeError) as e:  # damaged part files: its row says so
             stored, error = [], error or f"its metrics could not be read: {e}"
         m = stored[-1] if stored else {}
         rows.append({"trial": trial_dir(index),

@@ -180,6 +180,7 @@ class Experiment:
         # executors placed): a run that fails to start leaves the old one as it was
         self.replacing = overwrite and not resume and check_replaceable(self.storage,
                                                                         self.run_dir)
+        self.deleting = False
         check_before_ray(cfg)
         self.tracker = Tracker.of(cfg, self.run_dir)  # tracking.*: checked before any work
         self.data = self.algorithm_cls.build_data(cfg) if data is None else data
@@ -212,13 +213,18 @@ class Experiment:
                 raise
 
     def _write_run_files(self) -> None:
-        """A new run's files; under ``--overwrite`` the old run's files go first
-        (:func:`check_replaceable`: every name here is one a run writes)."""
+        """A new run's files. Under ``--overwrite`` the old run's files go first, checked
+        again (:func:`check_replaceable`: minutes may have passed since) and ``config.yaml``
+        last, so a replacement stopped half-way is still a run ``--overwrite`` accepts; a
+        killed writer's temp files go in any case."""
         if self.replacing:
-            for name in self.storage.listdir(""):
-                if name != LOCK:  # check_replaceable: a run's names and stale temp files
-                    self.storage.delete(name)
-            self.replacing = False
+            check_replaceable(self.storage, self.run_dir)
+            self.deleting = True
+        old = [n for n in self.storage.listdir("") if STALE_TEMP.fullmatch(n) or
+               (self.replacing and n in RUN_NAMES and n != LOCK)]
+        for name in sorted(old, key=lambda n: n == "config.yaml"):
+            self.storage.delete(name)
+        self.replacing = self.deleting = False
         self.storage.write_bytes("config.yaml", yaml.safe_dump(
             self.given.to_dict(), sort_keys=False).encode())
         self.storage.write_bytes("data.json", json_text(self.data.summary()).encode())
@@ -229,6 +235,11 @@ class Experiment:
         """The :class:`Stopped` a signal ends this run with: which signal, the last
         checkpointed round and the command that continues from it."""
         name, code = (e.signal_name, e.code) if isinstance(e, Stopped) else ("SIGINT", 130)
+        if getattr(self, "deleting", False):
+            return Stopped(name, code, redact(
+                f"{self.cfg.name} stopped by {name} while it replaced the run in "
+                f"{self.run_dir}, part of which is deleted (run the same command again: "
+                f"--overwrite finishes the replacement)"))
         if getattr(self, "replacing", False):  # stopped before it replaced the old run
             return Stopped(name, code, redact(
                 f"{self.cfg.name} stopped by {name} before it started; the run in "
@@ -588,7 +599,9 @@ RUN_NAMES = frozenset({LOCK, "config.yaml", "data.json", "partition.parquet", "s
                        "client_state", "tracking.json", "tensorboard", "report",
                        "generations.parquet"})
 # a temp file of a killed writer (``NAME.tmp-PID``) or a report's staging directory
-STALE_TEMP = re.compile(r"\.?[\w.-]+\.tmp-[\w.-]+")
+# what a killed writer of a run leaves: a run file's temp (NAME.tmp-PID), a report's staging
+STALE_TEMP = re.compile("(?:" + "|".join(re.escape(n) for n in sorted(RUN_NAMES - {LOCK}))
+                        + r")\.tmp-[\w.-]+|\.report\.tmp-\w+")
 
 
 def check_replaceable(storage: Storage, run_dir: str) -> bool:
@@ -596,10 +609,11 @@ def check_replaceable(storage: Storage, run_dir: str) -> bool:
     run's ``config.yaml`` and no name a run does not write (a ``ConfigError`` naming the
     first other one, before anything is deleted; temp files a killed writer left are a
     run's), none of them a link (a :class:`StateFileError` naming it): a mistyped path never
-    empties a directory of someone's own files, and a replacement never stops half-way.
-    Returns whether there is an old run to replace (False: empty, or a stale lock only)."""
+    empties a directory of someone's own files. Returns whether there is an old run to
+    replace (False: empty, or only a stale lock and temp files of a run killed before it
+    wrote its config)."""
     names = [n for n in storage.listdir("") if n != LOCK]
-    if not names:
+    if all(STALE_TEMP.fullmatch(n) for n in names):
         return False
     if "config.yaml" not in names:
         raise ConfigError("--overwrite", run_dir, "a fedray run directory to replace (one "
