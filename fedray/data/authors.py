@@ -17,6 +17,7 @@ original; posts also mix in the shared conversation topics).
 from __future__ import annotations
 
 import csv
+import io
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -169,18 +170,13 @@ def generate_corpus(path: str | os.PathLike, num_authors: int = 120, seed: int =
     """Write authors ``first_author .. first_author + num_authors − 1`` (ids 1000 + index)
     to ``path`` as a BlogText-schema CSV; posts per author are drawn log-uniformly from
     ``posts`` (a long tail). Disjoint ``first_author`` ranges give disjoint authors."""
-    from fedray.core.storage import open_new
+    from fedray.core.storage import Storage
 
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
-    try:
-        with open_new(tmp, "w", newline="") as f:
-            _write_authors(csv.writer(f), num_authors, seed, posts, sentences, first_author)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.lexists(tmp):
-            os.remove(tmp)
-        raise
+    text = io.StringIO(newline="")  # the csv module's own line ends, untranslated
+    _write_authors(csv.writer(text), num_authors, seed, posts, sentences, first_author)
+    where = os.path.abspath(path)
+    Storage(os.path.dirname(where)).write_bytes(os.path.basename(where),
+                                                text.getvalue().encode("utf-8"))
     return str(path)
 
 

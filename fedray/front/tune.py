@@ -256,11 +256,8 @@ def _finite(row: dict) -> dict[str, float]:
 def _stored_rows(run_dir: str) -> list[dict[str, float]]:
     """A trial run's stored rounds, each with the metrics carried forward from the rounds
     before it (accuracy is measured only on evaluation rounds); none for a run without any."""
-    from fedray.core.storage import Storage
     from fedray.observe.metrics import read_metrics
 
-    if Storage(run_dir).is_empty():
-        return []
     try:
         table = read_metrics(run_dir)
     except FileNotFoundError:
@@ -347,9 +344,9 @@ def sweep(config: str | os.PathLike | dict, space: dict[str, dict] | None = None
     trials = trial_params(spec, cfg.seed)
     store = Storage(path)
     head = state_head(cfg, trials)
-    ended = begin_state(store, head, resume, name)  # before Ray: a clash fails here
+    ended = frozenset(begin_state(store, head, resume, name))  # before Ray: a clash fails
     for cb in callbacks:  # what an ended trial logged in its own session is not logged again
-        cb.replayed = frozenset(ended)
+        cb.replayed = ended
     started = init_ray(cfg)
     cfg = settled(cfg)  # device and placement timeout decided once, here, for every trial
     overrides = [*overrides, override("runtime.device", cfg.runtime.device),
@@ -359,9 +356,9 @@ def sweep(config: str | os.PathLike | dict, space: dict[str, dict] | None = None
         check_trial_fits(cfg)  # a fixed-size Ray cannot grow: fail now, not pend forever
     trainable = tune.with_resources(
         tune.with_parameters(_trial, base=base, overrides=overrides, run_root=run_root,
-                             cwd=os.getcwd(), ended=frozenset(ended)),
+                             cwd=os.getcwd(), ended=ended),
         partial(_resources, tune.PlacementGroupFactory(trial_bundles(cfg), strategy="PACK"),
-                frozenset(ended)))
+                ended))
     prog = progress if isinstance(progress, Progress) else Progress(1, enabled=progress)
     with prog.stage(f"sweep {name}", unit="rounds") as stage:
         callbacks += [rounds_callback(stage, cfg.rounds, len(trials)),
@@ -389,12 +386,6 @@ def _resources(group: Any, ended: frozenset[int], config: dict) -> Any:
     from ray import tune
 
     return tune.PlacementGroupFactory([{"CPU": 0.01}]) if config["trial"] in ended else group
-
-
-def trial_count(spec: SweepSpec) -> int:
-    """How many trials the sweep runs: ``num_samples`` times each grid's values."""
-    return spec.num_samples * math.prod(len(v["grid"]) for v in spec.space.values()
-                                        if "grid" in v)
 
 
 STATE = "sweep.json"
@@ -456,7 +447,7 @@ def _read_state(store: Any, head: dict[str, Any], name: str) -> set[int]:
     return set(ended)
 
 
-def ended_callback(store: Any, head: dict[str, Any], ended: set[int]) -> Any:
+def ended_callback(store: Any, head: dict[str, Any], ended: frozenset[int]) -> Any:
     """A Tune callback (in this process) that adds every trial that ends — all its rounds
     run, or stopped by the scheduler — to ``sweep.json``; a trial that failed stays
     unfinished, so a resumed sweep runs it again from its checkpoint."""

@@ -171,11 +171,10 @@ class Experiment:
                 raise ConfigError("--resume", self.run_dir, "a run directory holding "
                                                             "config.yaml")
             states = checkpoint.read(self.storage)
-        elif not self.storage.is_empty():
-            if not overwrite:
-                raise ConfigError("run_dir", self.run_dir, "an empty or new directory (this "
-                                  "one holds files: --resume continues the run in it, "
-                                  "--overwrite replaces it)")
+        elif not overwrite and not self.storage.is_empty():
+            raise ConfigError("run_dir", self.run_dir, "an empty or new directory (this one "
+                              "holds files: --resume continues the run in it, --overwrite "
+                              "replaces it)")
         # --overwrite replaces an old run only once this one has started (Ray reached,
         # executors placed): a run that fails to start leaves the old one as it was
         self.replacing = overwrite and not resume and check_replaceable(self.storage,
@@ -598,7 +597,6 @@ RUN_NAMES = frozenset({LOCK, "config.yaml", "data.json", "partition.parquet", "s
                        "rounds.parquet", "clients.parquet", "metrics", "checkpoints",
                        "client_state", "tracking.json", "tensorboard", "report",
                        "generations.parquet"})
-# a temp file of a killed writer (``NAME.tmp-PID``) or a report's staging directory
 # what a killed writer of a run leaves: a run file's temp (NAME.tmp-PID), a report's staging
 STALE_TEMP = re.compile("(?:" + "|".join(re.escape(n) for n in sorted(RUN_NAMES - {LOCK}))
                         + r")\.tmp-[\w.-]+|\.report\.tmp-\w+")
@@ -796,10 +794,12 @@ def resume_config(run_dir: str, overrides: list[str] = ()) -> ExperimentConfig:
         if not text.startswith("rounds="):
             raise ConfigError(text.split("=")[0], text, "only rounds=N may change on --resume")
     cfg = load_config(None, overrides, base=base)
-    stored = load_config(None, [], base=base).rounds
-    if cfg.rounds < stored:
-        raise ConfigError("rounds", cfg.rounds, f"at least the {stored} rounds the run was "
-                                                f"started with (--resume may only raise it)")
+    if overrides:  # only rounds=N: never below the stored run's
+        stored = load_config(None, [], base=base).rounds
+        if cfg.rounds < stored:
+            raise ConfigError("rounds", cfg.rounds, f"at least the {stored} rounds the run "
+                                                    f"was started with (--resume may only "
+                                                    f"raise it)")
     return cfg
 
 

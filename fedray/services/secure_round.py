@@ -71,13 +71,13 @@ from fedray.services.secagg import (
 State = dict[str, np.ndarray]
 
 
-
 class Masked(NamedTuple):
     """One upload as the secure sum takes it (:meth:`SecureRound.vector`)."""
 
     tensors: dict[str, np.ndarray]  # the tensors summed (after DP's clip, as a delta)
     flat: np.ndarray  # the same, as one float64 vector
     within: bool  # the update was within DP's clip norm (always, without DP)
+
 
 @dataclass
 class SecAggConfig:
