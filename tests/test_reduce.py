@@ -164,6 +164,46 @@ def test_stacked_rows_add_as_one_client_after_another(block_bytes, side_by_side,
     assert all(got[n].tobytes() == v.tobytes() for n, v in before.items())
 
 
+@pytest.mark.parametrize("block", [1, 7, 64, 1 << 16])
+def test_a_term_added_in_blocks_has_the_bits_of_the_whole_term(block, monkeypatch):
+    """add_weighted, in blocks through its scratch buffer, gives acc + float64(v)·w as
+    forming the whole term first does, bit for bit: float32, float64 and integer values,
+    weights far apart, a -0.0 term on a -0.0 sum, sizes that are not a multiple of the
+    block; a strided value takes the whole-term path. accumulate and weighted_mean, which
+    add through it, give the loop's bits; accumulate still checks every tensor first."""
+    from fedray.methods import base
+
+    monkeypatch.setattr(base, "TERM_BLOCK", block)
+    gen = np.random.default_rng(11)
+    values = [(gen.standard_normal((37, 5)) * 10.0 ** gen.integers(-8, 8, (37, 1))
+               ).astype(np.float32), gen.standard_normal((37, 5)),
+              gen.integers(-50, 50, (37, 5)), np.full((37, 5), -0.0, np.float32)]
+    for value, weight in zip(values, (3e-7, 1234.5, 0.1, 2.0), strict=True):
+        start = gen.standard_normal((37, 5))
+        start[0, 0] = -0.0
+        want = start + np.multiply(value, weight, dtype=np.float64)
+        got = start.copy()
+        base.add_weighted(got, value, weight)
+        assert got.tobytes() == want.tobytes()
+        strided = start.copy()
+        base.add_weighted(strided[:, ::2], value[:, ::2], weight)
+        assert strided[:, ::2].tobytes() == want[:, ::2].tobytes()
+        assert strided[:, 1::2].tobytes() == start[:, 1::2].tobytes()
+    updates = [(c, int(gen.integers(1, 40)), {"w": gen.standard_normal((9, 13)).astype(
+        np.float32), "b": gen.standard_normal(3).astype(np.float32)}) for c in range(6)]
+    want = loop_mean(updates)
+    assert all(weighted_mean(updates)[k].tobytes() == v.tobytes() for k, v in want.items())
+    acc: dict = {}
+    for _, n, d in updates:
+        accumulate(acc, d, float(n))
+    before = {k: v.copy() for k, v in acc.items()}
+    with pytest.raises(ValueError, match="'b' has shape"):
+        accumulate(acc, {"w": updates[0][2]["w"], "b": np.zeros(4, np.float32)}, 1.0)
+    with pytest.raises(TypeError):
+        accumulate(acc, {"w": updates[0][2]["w"], "b": np.array(["x", "y", "z"])}, 1.0)
+    assert all(acc[k].tobytes() == v.tobytes() for k, v in before.items())
+
+
 def loop_mean(updates, weighted=True):
     """The client-by-client float64 mean weighted_mean replaces: the oracle."""
     counts = np.array([n for _, n, _ in updates], dtype=np.float64)

@@ -40,13 +40,13 @@ BASE_HELP = ("the pretrained starting point: a `fedray pretrain` output of the c
              "causal LM hub id or directory (FAVoR)")
 WEIGHTED_HELP = "weight clients by their sample count (else uniformly)"
 
-__all__ = ["BASE_HELP", "ROW_BLOCK_BYTES", "SIDE_BY_SIDE", "WEIGHTED_HELP",
+__all__ = ["BASE_HELP", "ROW_BLOCK_BYTES", "SIDE_BY_SIDE", "TERM_BLOCK", "WEIGHTED_HELP",
            "AggregationPolicy", "Algorithm", "AsyncUpdate", "ClientContext", "ClientData",
            "ClientOutput", "ClientResult", "ClientSampler", "CohortFit", "CohortRule", "Draw",
            "EvalResult",
            "ReportSection", "StackRow", "State", "Status", "accumulate", "accumulate_rows",
-           "check_reduce", "cohort_size", "finite", "finite_rows", "require", "stack_runs",
-           "stack_slice"]
+           "add_weighted", "check_reduce", "cohort_size", "finite", "finite_rows", "require",
+           "stack_runs", "stack_slice"]
 
 
 def finite(tensors: Mapping[str, np.ndarray]) -> bool:
@@ -75,17 +75,43 @@ def accumulate(acc: dict[str, np.ndarray], tensors: Mapping[str, np.ndarray],
     (capability ``linear``), so the executors and any reference loop add the
     same bits in the same order. All or nothing: a tensor whose shape differs from the sum's
     raises before anything is added."""
-    terms = {name: np.multiply(value, weight, dtype=np.float64)
-             for name, value in tensors.items()}
-    for name, term in terms.items():
-        if name in acc and acc[name].shape != term.shape:
-            raise ValueError(f"upload tensor {name!r} has shape {term.shape}, the sum "
+    values = {name: np.asarray(value) for name, value in tensors.items()}
+    for name, value in values.items():
+        if name in acc and acc[name].shape != value.shape:
+            raise ValueError(f"upload tensor {name!r} has shape {value.shape}, the sum "
                              f"{acc[name].shape}")
-    for name, term in terms.items():
-        if name in acc:
-            acc[name] += term
+        if value.dtype.kind not in "biuf":  # not a number: fails here, before any addition
+            np.multiply(value, weight, dtype=np.float64)
+    for name, value in values.items():
+        if isinstance(acc.get(name), np.ndarray):
+            add_weighted(acc[name], value, weight)
+        elif name in acc:  # a numpy scalar (the sum of 0-d terms): not added in place
+            acc[name] += np.multiply(value, weight, dtype=np.float64)
         else:
-            acc[name] = term
+            acc[name] = np.multiply(value, weight, dtype=np.float64)
+
+
+TERM_BLOCK = 1 << 16  # float64 terms add_weighted forms at once (512 KB: stays in cache)
+
+
+def add_weighted(acc: np.ndarray, value: np.ndarray, weight: float) -> None:
+    """``acc += float64(value) · weight`` in place (``acc`` an array): the one addition of a
+    term to a float64 sum. A large tensor's term is formed and added in blocks of
+    :data:`TERM_BLOCK` numbers through a scratch buffer: each element gets the same product
+    and the same sum (the same bits) as forming the whole term first, without writing and
+    re-reading a term as large as the sum (an upload of 6.6M numbers, LEAF's FEMNIST CNN:
+    16 → 9 ms here)."""
+    value = np.asarray(value)
+    if (acc.size <= TERM_BLOCK or value.shape != acc.shape or not value.flags.c_contiguous
+            or not acc.flags.c_contiguous):
+        acc += np.multiply(value, weight, dtype=np.float64)
+        return
+    flat, src = acc.reshape(-1), value.reshape(-1)
+    scratch = np.empty(TERM_BLOCK)
+    for start in range(0, flat.size, TERM_BLOCK):
+        term = scratch[:min(TERM_BLOCK, flat.size - start)]
+        np.multiply(src[start:start + TERM_BLOCK], weight, out=term, dtype=np.float64)
+        flat[start:start + TERM_BLOCK] += term
 
 
 ROW_BLOCK_BYTES = 1 << 18  # float64 terms formed at once by accumulate_rows

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from fedray.methods.base import AggregationPolicy, State, accumulate_rows, stack_runs
+from fedray.methods.base import AggregationPolicy, State, accumulate_rows, add_weighted, stack_runs
 from fedray.services.server_opt import SGD, ServerOptimizer, norm
 
 RUN = 4  # from this many consecutive rows of one stack on, they are added as its slice
@@ -49,7 +49,7 @@ def weighted_mean(updates: list[tuple[int, int, State]], weighted: bool = True) 
             continue
         for name, acc in out.items():
             for wi, delta in zip(w[i:j], deltas[i:j], strict=True):
-                acc += wi * delta[name]
+                add_weighted(acc, delta[name], wi)
     return out
 
 
