@@ -39,6 +39,13 @@ pfl-research's CIFAR-10 benchmark (``--cifar-npz FILE``, used by ``benchmarks/gp
 users of which ``--clients`` a round, batch 10, lr 0.1, central SGD at lr 1.0 — the setup
 of pfl-research's ``image_classification/configs/baseline.yaml``.
 
+Scale mode (``--per-round K``, used by ``benchmarks/scale.py``): the population benchmark's
+workload as ``flower_sim.py``'s scale mode has it. ``--clients N`` users, K of them a round,
+MLP ``--features``-``--hidden``-``--classes`` (32-32-10 there), each user's ``--samples``
+rows drawn on demand from (seed, user id) by pfl's ``make_dataset_fn`` (nothing per user is
+held), batch 32, lr 0.05; ``MinimizeReuseUserSampler`` over the N ids, so every round trains
+K distinct users (the next K in id order, as the bound does). K must be a multiple of W.
+
 Modes:
 
 * single process (default): pfl's simulator runs the clients one after another in this
@@ -129,6 +136,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="pfl-research's CIFAR-10 setup on these images (x, y; 50 a user)")
     p.add_argument("--population", type=int, default=None,
                    help="users to sample the cohort from (default: --clients)")
+    scale = p.add_argument_group("scale mode (opt-in; see the module docstring)")
+    scale.add_argument("--per-round", type=int, default=None,
+                       help="users trained a round, of the --clients users")
+    scale.add_argument("--features", type=int, default=32)
+    scale.add_argument("--hidden", type=int, default=32)
+    scale.add_argument("--classes", type=int, default=10)
+    scale.add_argument("--samples", type=int, default=16, help="rows per user")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -151,6 +165,10 @@ def launch(args: argparse.Namespace, t0_wall: float) -> int:
         cmd += ["--cifar-npz", args.cifar_npz]
     if args.population:
         cmd += ["--population", str(args.population)]
+    if args.per_round is not None:
+        cmd += ["--per-round", str(args.per_round), "--features", str(args.features),
+                "--hidden", str(args.hidden), "--classes", str(args.classes),
+                "--samples", str(args.samples)]
     env = {**os.environ, _T0_ENV: repr(t0_wall)}
     out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
     exit_s = time.time() - t0_wall
@@ -191,6 +209,7 @@ def simulate(args: argparse.Namespace, t0_wall: float) -> dict:
     from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
     from pfl.callback.base import TrainingProcessCallback
     from pfl.common_types import Population
+    from pfl.data.dataset import Dataset
     from pfl.data.federated_dataset import FederatedDataset
     from pfl.data.sampling import MinimizeReuseUserSampler
     from pfl.hyperparam import NNTrainHyperParams
@@ -263,7 +282,22 @@ def simulate(args: argparse.Namespace, t0_wall: float) -> dict:
     torch.manual_seed(args.seed)
 
     population = args.population or args.clients
-    if args.cifar_npz:  # pfl-research's CIFAR-10 benchmark: 50 images a user, simple_cnn
+    cohort = args.clients if args.per_round is None else args.per_round
+    user_ids: list = list(range(population))
+    if args.per_round is not None:  # scale mode: each user's rows drawn when it is sampled
+        f, s, c = args.features, args.samples, args.classes
+
+        def make_user(uid):
+            gen = np.random.default_rng([args.seed, uid])
+            x = gen.standard_normal((s, f), dtype=np.float32)
+            return Dataset([x, gen.integers(0, c, size=s, dtype=np.int64)], user_id=uid)
+
+        train_data = FederatedDataset(make_user, MinimizeReuseUserSampler(user_ids))
+        net = nn.Sequential(nn.Linear(f, args.hidden), nn.ReLU(),
+                            nn.Linear(args.hidden, c))
+        expected = f * args.hidden + args.hidden + args.hidden * c + c
+        lr, batch = LR, BATCH_SIZE
+    elif args.cifar_npz:  # pfl-research's CIFAR-10 benchmark: 50 images a user, simple_cnn
         with np.load(args.cifar_npz, allow_pickle=False) as z:
             x, y = z["x"].astype(np.float32), z["y"].astype(np.int64)
         if len(x) < 50 * population or x.shape[1:] != (3, 32, 32):
@@ -287,8 +321,9 @@ def simulate(args: argparse.Namespace, t0_wall: float) -> dict:
         net = nn.Sequential(nn.Linear(IN_FEATURES, HIDDEN), nn.ReLU(),
                             nn.Linear(HIDDEN, NUM_CLASSES))
         expected, lr, batch = EXPECTED_PARAMS, LR, BATCH_SIZE
-    train_data = FederatedDataset.from_slices(
-        user_data, MinimizeReuseUserSampler(list(range(population))))
+    if args.per_round is None:
+        train_data = FederatedDataset.from_slices(user_data,
+                                                  MinimizeReuseUserSampler(user_ids))
     backend = SimulatedBackend(training_data=train_data, val_data=train_data,
                                postprocessors=[WeightByDatapoints()])
 
@@ -300,11 +335,11 @@ def simulate(args: argparse.Namespace, t0_wall: float) -> dict:
                                                            lr=CENTRAL_LR))
     algorithm_params = NNAlgorithmParams(
         central_num_iterations=args.rounds, evaluation_frequency=args.rounds + 1,
-        train_cohort_size=args.clients, val_cohort_size=None)
+        train_cohort_size=cohort, val_cohort_size=None)
     train_params = NNTrainHyperParams(local_num_epochs=LOCAL_EPOCHS,
                                       local_learning_rate=lr,
                                       local_batch_size=batch)
-    timer = RoundTimer(args.clients)
+    timer = RoundTimer(cohort)
     FedAvgNoEval().run(algorithm_params=algorithm_params, backend=backend, model=model,
                        model_train_params=train_params, callbacks=[timer])
     t_end = time.time()
@@ -317,14 +352,17 @@ def simulate(args: argparse.Namespace, t0_wall: float) -> dict:
         "rounds": args.rounds,
         "round_seconds": [round(s, 6) for s in rounds],
         "e2e_seconds": round(t_end - t0_wall, 6),
-        "workload": "cifar10" if args.cifar_npz else "femnist" if args.leaf_root else "mlp",
+        "workload": ("cifar10" if args.cifar_npz else "femnist" if args.leaf_root
+                     else "scale" if args.per_round is not None else "mlp"),
+        "per_round": cohort,
+        "population": population,
         "parameters": n_params,
         "pfl_version": pfl.__version__,
         "torch_version": torch.__version__,
         "workers": dist.world_size,
         "import_seconds": round(t_imported - t0_wall, 6),
         "threads": torch.get_num_threads(),
-        "rank0_clients_per_round": -(-args.clients // dist.world_size),
+        "rank0_clients_per_round": -(-cohort // dist.world_size),
         "_rank": dist.global_rank,
     }
 
@@ -337,9 +375,14 @@ def main(argv: list[str] | None = None) -> int:
             not args.cifar_npz and args.population != args.clients)):
         raise SystemExit("--population must be >= --clients (and only differs from it with "
                          "--cifar-npz)")
-    if args.clients % args.workers:
-        raise SystemExit("--clients must be a multiple of --workers (pfl deals the cohort "
-                         "out round-robin; otherwise the ranks' user samplers drift apart)")
+    if args.per_round is not None and not (1 <= args.per_round <= args.clients and min(
+            args.features, args.hidden, args.classes, args.samples) >= 1):
+        raise SystemExit("--per-round must be in 1..--clients, the shape >= 1")
+    cohort = args.clients if args.per_round is None else args.per_round
+    if cohort % args.workers:
+        raise SystemExit("the cohort (--per-round, else --clients) must be a multiple of "
+                         "--workers (pfl deals it out round-robin; otherwise the ranks' user "
+                         "samplers drift apart)")
     t0_wall = float(os.environ[_T0_ENV]) if args.worker else process_start_wall()
     if args.workers > 1 and not args.worker:
         return launch(args, t0_wall)

@@ -1,4 +1,5 @@
-"""Population scale: fedray and Flower from 1e4 to 1e7 clients, 100 to 10,000 per round.
+"""Population scale: fedray, Flower and pfl-research from 1e4 to 1e7 clients, 100 to 10,000
+per round.
 
 Issue #12, deliverable 5(a): for every total population N and clients sampled per round K
 (K <= N), one table row per system with setup seconds, seconds per round, the ratio of the
@@ -55,6 +56,18 @@ Systems and how each is measured:
   runs only for N <= ``--flower-max-population`` (default 100,000; its earlier runs here:
   212 s per round at 100K / 1,000), and not at a larger N for a K at which it already timed
   out or failed (its round time grows with N).
+* **pfl-research** — ``.venv-pfl/bin/python benchmarks/pfl_sim.py`` in its scale mode
+  (``--clients N --per-round K --features 32 --hidden 32 --classes 10 --samples S --rounds R
+  --threads 1 --workers W``): pfl's ``FederatedAveraging`` on a ``SimulatedBackend``, each
+  user's data drawn by pfl's ``make_dataset_fn`` from (seed, user id) when the user is
+  sampled, ``MinimizeReuseUserSampler`` (K distinct users a round, in id order), central SGD
+  at lr 1.0 (plain FedAvg). Two rows: one process with one torch thread (W = 1, the way
+  the bound runs), and ``--executors`` torchrun workers of one thread each (pfl's own
+  multi-worker simulation, "pfl-research ×2"; K must be a multiple of W). *s/round* = median
+  of pfl's round times (from a ``TrainingProcessCallback``); *setup* = the process's wall
+  time to the end of training less its rounds (interpreter start, imports, torchrun and
+  process-group set-up). Same cap (``--timeout``) as Flower. ``--no-pfl`` skips it; it is
+  skipped with a note when ``.venv-pfl`` is absent (``bash benchmarks/setup_pfl_venv.sh``).
 * **bound** — one process, plain PyTorch, one thread (``--bound-threads``): the K clients of
   a round one after another, each drawing its S x 32 samples from (seed, client id),
   loading the global weights, one epoch of SGD, its delta added to a sample-weighted sum;
@@ -103,6 +116,8 @@ import traceback
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLOWER_PY = os.path.join(ROOT, ".venv-flower", "bin", "python")
 FLOWER_SIM = os.path.join(ROOT, "benchmarks", "flower_sim.py")
+PFL_PY = os.path.join(ROOT, ".venv-pfl", "bin", "python")
+PFL_SIM = os.path.join(ROOT, "benchmarks", "pfl_sim.py")
 
 FEATURES, HIDDEN, CLASSES = 32, 32, 10
 SAMPLES_PER_CLIENT = 20
@@ -706,6 +721,44 @@ def run_flower(n: int, k: int, samples: int, args: argparse.Namespace) -> dict:
             "ok": note is None, "note": note}
 
 
+def run_pfl(n: int, k: int, samples: int, args: argparse.Namespace, workers: int) -> dict:
+    """pfl-research on the same K of N clients: one process with one torch thread (as the
+    bound), or ``workers`` torchrun workers of one thread each; data drawn per user from
+    (seed, user id) when pfl samples it (``pfl_sim.py``'s scale mode)."""
+    system = "pfl-research" + (f" ×{workers}" if workers > 1 else "")
+    tag = f"pfl{workers}-N{n}-K{k}"
+    logs = os.path.join(args.out, "logs")
+    stdout_path = os.path.join(args.out, "work", f"{tag}.stdout")
+    cmd = [PFL_PY, PFL_SIM, "--clients", str(n), "--per-round", str(k),
+           "--features", str(FEATURES), "--hidden", str(HIDDEN), "--classes", str(CLASSES),
+           "--samples", str(samples), "--rounds", str(args.rounds), "--seed", str(args.seed),
+           "--workers", str(workers), "--threads", "1"]
+    os.makedirs(os.path.dirname(stdout_path), exist_ok=True)
+    meas = run_measured(cmd, os.path.join(logs, f"{tag}.log"), args.timeout, args.min_free_gb,
+                        args.max_rss_gb, stdout_path=stdout_path)
+    result: dict = {}
+    with open(stdout_path, errors="replace") as f:
+        lines = [ln for ln in f.read().splitlines() if ln.strip().startswith("{")]
+    if lines:
+        try:
+            result = json.loads(lines[-1])
+        except json.JSONDecodeError:
+            result = {}
+    rounds = result.get("round_seconds") or []
+    note = failure_note(meas, result, os.path.join(logs, f"{tag}.log"), len(rounds),
+                        args.rounds)
+    if note is None and not result:
+        note = "failed: no result line on stdout"
+    # pfl builds its model and samplers before round 1 and reports no setup mark of its
+    # own: setup = the process's wall time to the end of training, less its rounds.
+    setup = (result["e2e_seconds"] - sum(rounds)) if rounds else None
+    return {"system": system, "population": n, "per_round": k, "samples": samples,
+            "command": cmd, "setup_seconds": setup,
+            "round_seconds_median": median(rounds) if note is None else None,
+            **{f"result_{key}": v for key, v in result.items()}, **meas,
+            "ok": note is None, "note": note}
+
+
 def _f(v: float | None, fmt: str) -> str:
     return "–" if v is None else fmt.format(v)
 
@@ -779,6 +832,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "bound's cohorts); default: unset, fedray's own rule "
                         "(max(256, ceil(K / 16)) here), which the bound then uses too")
     p.add_argument("--no-flower", action="store_true")
+    p.add_argument("--no-pfl", action="store_true",
+                   help="skip pfl-research (run when .venv-pfl exists: "
+                        "bash benchmarks/setup_pfl_venv.sh)")
     p.add_argument("--flower-max-population", type=int, default=100_000)
     p.add_argument("--timeout", type=float, default=600.0,
                    help="wall-clock cap per Flower configuration, seconds")
@@ -831,18 +887,20 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(os.path.join(args.out, "work"), exist_ok=True)
     per_client_key = has_per_client_key()
     flower = not args.no_flower and os.path.exists(FLOWER_PY)
+    pfl = not args.no_pfl and os.path.exists(PFL_PY)
     doc = {"meta": {"command": [os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]],
                     "started": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine(),
                     "args": {k: v for k, v in vars(args).items() if k != "child"},
                     "data_mode": ("synthetic_per_client" if per_client_key
                                   else "pooled synthetic_samples (fallback)"),
                     "flower": flower or ("disabled" if args.no_flower else
-                                         f"missing {FLOWER_PY}")},
+                                         f"missing {FLOWER_PY}"),
+                    "pfl": pfl or ("disabled" if args.no_pfl else f"missing {PFL_PY}")},
            "bounds": {}, "rows": []}
     rows, bounds = doc["rows"], doc["bounds"]
     json_path, md_path = (os.path.join(args.out, "scale.json"),
                           os.path.join(args.out, "scale.md"))
-    gave_up: dict[tuple[str, int], str] = {}  # (system, K) -> why larger N is not tried
+    gave_up: dict[tuple, str] = {}  # (system, [workers,] K) -> why larger N is not tried
 
     def save() -> None:
         _write_json(json_path, doc)
@@ -911,12 +969,31 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     fl = run_flower(n, k, samples, args)
                     fl["bound_key"] = bkey
+                    if args.vectorize and fed is not None:
+                        fl["vbound_key"] = fed["vbound_key"]
                     rows.append(fl)
                     say(fl)
                     if not fl["ok"]:
                         why = fl["note"].split(";")[0].split(" (")[0]
                         gave_up[("flower", k)] = (f"not run: Flower did not finish at "
                                                   f"N={n:,} ({why})")
+            for workers in sorted({1, args.executors}) if pfl else ():
+                key = ("pfl", workers, k)
+                if key in gave_up:
+                    skip(f"pfl-research ×{workers}", n, k, gave_up[key])
+                elif k % workers:
+                    skip(f"pfl-research ×{workers}", n, k,
+                         f"not run: K is not a multiple of {workers} workers")
+                else:
+                    row = run_pfl(n, k, samples, args, workers)
+                    row["bound_key"] = bkey
+                    if args.vectorize and fed is not None:
+                        row["vbound_key"] = fed["vbound_key"]
+                    rows.append(row)
+                    say(row)
+                    if not row["ok"]:
+                        gave_up[key] = (f"not run: pfl-research did not finish at N={n:,} "
+                                        f"({row['note'].split(';')[0]})")
             save()
     doc["meta"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     save()
