@@ -27,6 +27,7 @@ travel as one stacked payload (:class:`fedray.runtime.jobs.StackedUploads`).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -165,7 +166,7 @@ class Payload:
     def decode(self) -> dict[str, np.ndarray]:
         out = {}
         for name, shape, kind, bufs, extra in self._entries():
-            size = int(np.prod(shape)) if shape else 1
+            size = math.prod(shape)  # 1 for a scalar; numpy's prod costs 3 µs a call
             if kind == "int":
                 arr = bufs[0].view(np.dtype(extra[0]))
             else:
