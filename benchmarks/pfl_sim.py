@@ -52,9 +52,9 @@ Modes:
   process, torch with its default thread count (``--threads`` to change it);
 * ``--workers W`` (W >= 2): pfl's multi-worker simulation. This process (which imports
   neither torch nor pfl) launches ``torchrun --standalone --nproc_per_node W`` on this same
-  file; each worker trains its share of the cohort (pfl splits it round-robin, so N must be
-  a multiple of W) and pfl all-reduces the summed updates over gloo. torchrun sets
-  ``OMP_NUM_THREADS=1`` in each worker unless it is set.
+  file; each worker trains its share of the cohort (pfl splits it round-robin, so the cohort,
+  N or in scale mode K, must be a multiple of W) and pfl all-reduces the summed updates over
+  gloo. torchrun sets ``OMP_NUM_THREADS=1`` in each worker unless it is set.
 
 Create the virtualenv with ``bash benchmarks/setup_pfl_venv.sh`` and run::
 
@@ -283,7 +283,7 @@ def simulate(args: argparse.Namespace, t0_wall: float) -> dict:
 
     population = args.population or args.clients
     cohort = args.clients if args.per_round is None else args.per_round
-    user_ids: list = list(range(population))
+    user_ids = range(population)  # itertools.cycle keeps only the ids drawn so far
     if args.per_round is not None:  # scale mode: each user's rows drawn when it is sampled
         f, s, c = args.features, args.samples, args.classes
 
@@ -378,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.per_round is not None and not (1 <= args.per_round <= args.clients and min(
             args.features, args.hidden, args.classes, args.samples) >= 1):
         raise SystemExit("--per-round must be in 1..--clients, the shape >= 1")
+    if args.per_round is not None and (args.leaf_root or args.cifar_npz):
+        raise SystemExit("--per-round (scale mode) takes neither --leaf-root nor --cifar-npz")
     cohort = args.clients if args.per_round is None else args.per_round
     if cohort % args.workers:
         raise SystemExit("the cohort (--per-round, else --clients) must be a multiple of "
@@ -397,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     if result.pop("_rank") == 0:
         os.write(result_fd, (json.dumps(result) + "\n").encode())
     os.close(result_fd)
+    if args.worker:  # torchrun's workers now and then abort in their interpreter's teardown
+        sys.stderr.flush()  # ("terminate called without an active exception", gloo's
+        os._exit(0)  # threads), after training and the result: end them here instead
     return 0
 
 

@@ -721,11 +721,15 @@ def run_flower(n: int, k: int, samples: int, args: argparse.Namespace) -> dict:
             "ok": note is None, "note": note}
 
 
+def pfl_label(workers: int) -> str:
+    return "pfl-research" + (f" ×{workers}" if workers > 1 else "")
+
+
 def run_pfl(n: int, k: int, samples: int, args: argparse.Namespace, workers: int) -> dict:
     """pfl-research on the same K of N clients: one process with one torch thread (as the
     bound), or ``workers`` torchrun workers of one thread each; data drawn per user from
     (seed, user id) when pfl samples it (``pfl_sim.py``'s scale mode)."""
-    system = "pfl-research" + (f" ×{workers}" if workers > 1 else "")
+    system = pfl_label(workers)
     tag = f"pfl{workers}-N{n}-K{k}"
     logs = os.path.join(args.out, "logs")
     stdout_path = os.path.join(args.out, "work", f"{tag}.stdout")
@@ -980,9 +984,9 @@ def main(argv: list[str] | None = None) -> int:
             for workers in sorted({1, args.executors}) if pfl else ():
                 key = ("pfl", workers, k)
                 if key in gave_up:
-                    skip(f"pfl-research ×{workers}", n, k, gave_up[key])
+                    skip(pfl_label(workers), n, k, gave_up[key])
                 elif k % workers:
-                    skip(f"pfl-research ×{workers}", n, k,
+                    skip(pfl_label(workers), n, k,
                          f"not run: K is not a multiple of {workers} workers")
                 else:
                     row = run_pfl(n, k, samples, args, workers)

@@ -189,6 +189,10 @@ def test_a_term_added_in_blocks_has_the_bits_of_the_whole_term(block, monkeypatc
         base.add_weighted(strided[:, ::2], value[:, ::2], weight)
         assert strided[:, ::2].tobytes() == want[:, ::2].tobytes()
         assert strided[:, 1::2].tobytes() == start[:, 1::2].tobytes()
+    buf = gen.standard_normal(200)
+    want = buf[1:] + np.multiply(buf[:-1], 0.5, dtype=np.float64)
+    base.add_weighted(buf[1:], buf[:-1], 0.5)  # overlapping: the whole term first, as before
+    assert buf[1:].tobytes() == want.tobytes()
     updates = [(c, int(gen.integers(1, 40)), {"w": gen.standard_normal((9, 13)).astype(
         np.float32), "b": gen.standard_normal(3).astype(np.float32)}) for c in range(6)]
     want = loop_mean(updates)
