@@ -681,26 +681,30 @@ def flower_cpus_per_client(executors: int) -> float:
     return max(1.0, (cpus or 1) / executors)
 
 
+def run_peer(cmd: list[str], tag: str, args: argparse.Namespace) -> tuple[dict, dict]:
+    """A peer's script under :func:`run_measured` (``--timeout``, the memory guard), its
+    stderr in ``logs/TAG.log``: (the measurement, its last JSON line on stdout or {})."""
+    stdout_path = os.path.join(args.out, "work", f"{tag}.stdout")
+    os.makedirs(os.path.dirname(stdout_path), exist_ok=True)
+    meas = run_measured(cmd, os.path.join(args.out, "logs", f"{tag}.log"), args.timeout,
+                        args.min_free_gb, args.max_rss_gb, stdout_path=stdout_path)
+    with open(stdout_path, errors="replace") as f:
+        lines = [ln for ln in f.read().splitlines() if ln.strip().startswith("{")]
+    try:
+        return meas, json.loads(lines[-1]) if lines else {}
+    except json.JSONDecodeError:
+        return meas, {}
+
+
 def run_flower(n: int, k: int, samples: int, args: argparse.Namespace) -> dict:
     tag = f"flower-N{n}-K{k}"
     logs = os.path.join(args.out, "logs")
-    stdout_path = os.path.join(args.out, "work", f"{tag}.stdout")
     cpus = flower_cpus_per_client(args.executors)
     cmd = [FLOWER_PY, FLOWER_SIM, "--clients", str(n), "--per-round", str(k),
            "--features", str(FEATURES), "--hidden", str(HIDDEN), "--classes", str(CLASSES),
            "--samples", str(samples), "--rounds", str(args.rounds), "--seed", str(args.seed),
            "--num-cpus-per-client", f"{cpus:g}", "--ray-local"]
-    os.makedirs(os.path.dirname(stdout_path), exist_ok=True)
-    meas = run_measured(cmd, os.path.join(logs, f"{tag}.log"), args.timeout, args.min_free_gb,
-                        args.max_rss_gb, stdout_path=stdout_path)
-    result: dict = {}
-    with open(stdout_path, errors="replace") as f:
-        lines = [ln for ln in f.read().splitlines() if ln.strip().startswith("{")]
-    if lines:
-        try:
-            result = json.loads(lines[-1])
-        except json.JSONDecodeError:
-            result = {}
+    meas, result = run_peer(cmd, tag, args)
     progress = []
     with open(os.path.join(logs, f"{tag}.log"), errors="replace") as f:
         for ln in f:
@@ -732,22 +736,11 @@ def run_pfl(n: int, k: int, samples: int, args: argparse.Namespace, workers: int
     system = pfl_label(workers)
     tag = f"pfl{workers}-N{n}-K{k}"
     logs = os.path.join(args.out, "logs")
-    stdout_path = os.path.join(args.out, "work", f"{tag}.stdout")
     cmd = [PFL_PY, PFL_SIM, "--clients", str(n), "--per-round", str(k),
            "--features", str(FEATURES), "--hidden", str(HIDDEN), "--classes", str(CLASSES),
            "--samples", str(samples), "--rounds", str(args.rounds), "--seed", str(args.seed),
            "--workers", str(workers), "--threads", "1"]
-    os.makedirs(os.path.dirname(stdout_path), exist_ok=True)
-    meas = run_measured(cmd, os.path.join(logs, f"{tag}.log"), args.timeout, args.min_free_gb,
-                        args.max_rss_gb, stdout_path=stdout_path)
-    result: dict = {}
-    with open(stdout_path, errors="replace") as f:
-        lines = [ln for ln in f.read().splitlines() if ln.strip().startswith("{")]
-    if lines:
-        try:
-            result = json.loads(lines[-1])
-        except json.JSONDecodeError:
-            result = {}
+    meas, result = run_peer(cmd, tag, args)
     rounds = result.get("round_seconds") or []
     note = failure_note(meas, result, os.path.join(logs, f"{tag}.log"), len(rounds),
                         args.rounds)
