@@ -35,7 +35,7 @@ import numpy as np
 
 from fedray.core.registry import register_method
 from fedray.core.spec import ConfigError, spec
-from fedray.methods.base import AggregationPolicy, AsyncUpdate, State
+from fedray.methods.base import AggregationPolicy, AsyncUpdate, State, add_weighted
 from fedray.methods.fedavg import FedAvg
 from fedray.services.server_opt import SGD
 
@@ -95,7 +95,7 @@ class FedBuffPolicy(AggregationPolicy):
         for k in updates[0].upload:
             acc = np.zeros(np.shape(global_state[k]), dtype=np.float64)
             for wi, u in zip(w, updates, strict=True):
-                acc += wi * u.upload[k]
+                add_weighted(acc, u.upload[k], wi)
             delta[k] = acc
         new, metrics = self.optimizer.step(global_state, delta)
         return new, {"mean_weight": float(w.sum()), **metrics}
