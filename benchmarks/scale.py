@@ -908,6 +908,15 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"system": system, "population": n, "per_round": k, "skipped": True,
                      "ok": False, "note": note})
 
+    def peer_row(row: dict, bkey: str, fed: dict | None) -> dict:
+        """A peer's row in the table, its ratios against this (K, S)'s bounds."""
+        row["bound_key"] = bkey
+        if fed is not None and "vbound_key" in fed:
+            row["vbound_key"] = fed["vbound_key"]
+        rows.append(row)
+        say(row)
+        return row
+
     def say(row: dict) -> None:
         med = row.get("round_seconds_median")
         print(f"scale: {row['system']} N={row.get('population', '-')} K={row['per_round']}: "
@@ -964,12 +973,7 @@ def main(argv: list[str] | None = None) -> int:
                 elif ("flower", k) in gave_up:
                     skip("flower", n, k, gave_up[("flower", k)])
                 else:
-                    fl = run_flower(n, k, samples, args)
-                    fl["bound_key"] = bkey
-                    if args.vectorize and fed is not None:
-                        fl["vbound_key"] = fed["vbound_key"]
-                    rows.append(fl)
-                    say(fl)
+                    fl = peer_row(run_flower(n, k, samples, args), bkey, fed)
                     if not fl["ok"]:
                         why = fl["note"].split(";")[0].split(" (")[0]
                         gave_up[("flower", k)] = (f"not run: Flower did not finish at "
@@ -982,12 +986,7 @@ def main(argv: list[str] | None = None) -> int:
                     skip(pfl_label(workers), n, k,
                          f"not run: K is not a multiple of {workers} workers")
                 else:
-                    row = run_pfl(n, k, samples, args, workers)
-                    row["bound_key"] = bkey
-                    if args.vectorize and fed is not None:
-                        row["vbound_key"] = fed["vbound_key"]
-                    rows.append(row)
-                    say(row)
+                    row = peer_row(run_pfl(n, k, samples, args, workers), bkey, fed)
                     if not row["ok"]:
                         gave_up[key] = (f"not run: pfl-research did not finish at N={n:,} "
                                         f"({row['note'].split(';')[0]})")
