@@ -3,7 +3,9 @@ of a few sizes (random float32 updates, weights 1..300): an executor's partial s
 cohort (``accumulate`` per client against ``accumulate_rows``), the driver's mean of
 ``--mean-clients`` clients in cohorts of ``--cohort`` (``weighted_mean`` over per-client
 dicts against over ``StackRow``s) and a cohort's batch schedule (written batch by batch
-against ``cohort.schedules``). Each pair is checked bit for bit. Best of ``--repeats``, in
+against ``cohort.schedules``), and the driver's mean of large uploads with each float64 term
+formed whole against in ``add_weighted``'s cache-sized blocks (``TERM_BLOCK``; the MLP
+784-256-10 and LEAF's FEMNIST CNN). Each pair is checked bit for bit. Best of ``--repeats``, in
 milliseconds::
 
     .venv/bin/python benchmarks/reduce_cost.py
@@ -17,11 +19,16 @@ import timeit
 
 import numpy as np
 
+from fedray.methods import base
 from fedray.methods.base import StackRow, accumulate, accumulate_rows
 from fedray.methods.fedavg.policy import weighted_mean
 from fedray.models.cohort import schedules
 from fedray.models.training import cohort_batches
 
+# LEAF's FEMNIST CNN (benchmarks/femnist_workload.py's), 6,603,710 numbers an upload
+FEMNIST_CNN = {"c1.weight": (32, 1, 5, 5), "c1.bias": (32,), "c2.weight": (64, 32, 5, 5),
+               "c2.bias": (64,), "f1.weight": (2048, 3136), "f1.bias": (2048,),
+               "f2.weight": (62, 2048), "f2.bias": (62,)}
 SHAPES = {"32-32-10": (32, 32, 10), "128-64-10": (128, 64, 10), "784-64-62": (784, 64, 62),
           "784-256-10": (784, 256, 10)}
 
@@ -75,6 +82,27 @@ def driver_mean(sizes, clients: int, cohort: int, repeats: int, gen) -> dict:
             "stack_rows_ms": best(lambda: weighted_mean(as_rows), repeats)}
 
 
+def term_blocks(shapes: dict[str, tuple[int, ...]], clients: int, repeats: int, gen
+                ) -> dict:
+    """``weighted_mean`` of ``clients`` uploads of ``shapes`` with every term formed whole
+    (``TERM_BLOCK`` past the largest tensor) and in blocks (the default), per upload."""
+    ups = [(c, int(gen.integers(100, 300)), {k: gen.standard_normal(v).astype(np.float32)
+                                             for k, v in shapes.items()})
+           for c in range(clients)]
+    default, times, means = base.TERM_BLOCK, {}, {}
+    try:
+        for label, block in (("whole_term_ms", 1 << 62), ("blocks_ms", default)):
+            base.TERM_BLOCK = block
+            means[label] = weighted_mean(ups)
+            times[label] = best(lambda: weighted_mean(ups), repeats) / clients
+    finally:
+        base.TERM_BLOCK = default
+    a, b = means.values()
+    assert all(a[k].tobytes() == b[k].tobytes() for k in a)
+    return {"numbers": sum(int(np.prod(v)) for v in shapes.values()), "clients": clients,
+            **times}
+
+
 def schedule(k: int, samples: int, batch: int, repeats: int) -> dict:
     data = [(np.zeros((samples, 1), np.float32), np.zeros(samples, np.int64))] * k
     kw = dict(epochs=1, batch_size=batch, seed=0, round=1, max_steps=None, purpose="local")
@@ -111,7 +139,12 @@ def main() -> None:
            "driver_mean": {name: driver_mean(s, a.mean_clients if s[0] < 784 else 100,
                                              a.cohort, a.repeats, gen)
                            for name, s in SHAPES.items()},
-           "schedule": schedule(2_500, 16, 32, a.repeats)}
+           "schedule": schedule(2_500, 16, 32, a.repeats),
+           "term_blocks": {
+               "784-256-10": term_blocks({"0.weight": (256, 784), "0.bias": (256,),
+                                          "2.weight": (10, 256), "2.bias": (10,)}, 100,
+                                         a.repeats, gen),
+               "femnist-cnn": term_blocks(FEMNIST_CNN, 30, a.repeats, gen)}}
     print(json.dumps(out, indent=1, default=lambda v: round(v, 2)))
 
 
