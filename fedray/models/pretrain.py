@@ -96,7 +96,7 @@ def _pretrain(cfg: ExperimentConfig, out: str, resume: bool, progress: bool, ove
     import torch
 
     from fedray.data import load_dataset
-    from fedray.models.training import SGD, evaluate, get_state, random_crop_flip, set_state
+    from fedray.models.training import SGD, evaluate, get_state, set_state
     from fedray.observe.progress import Progress
 
     p = cfg.pretrain
@@ -109,12 +109,7 @@ def _pretrain(cfg: ExperimentConfig, out: str, resume: bool, progress: bool, ove
         for name in OUTPUTS:
             storage.delete(name)
     data = load_dataset(cfg.data, cfg.seed)
-    if p.classes is not None:
-        bad = [c for c in p.classes if not 0 <= c < data.num_classes]
-        if bad:
-            raise ConfigError("pretrain.classes", bad, f"class ids in 0..{data.num_classes - 1}")
-    tr = select(data.y_train, p.classes, p.fraction, cfg.seed, "pretrain-subset")
-    te = select(data.y_test, p.classes, 1.0, cfg.seed, "pretrain-test")
+    tr, te = _subsets(cfg, data)
     x, y = data.x_train[tr], data.y_train[tr]
     if p.augment and x.ndim != 4:
         raise ConfigError("pretrain.augment", True, f"false for {cfg.data.dataset} (crop+flip "
@@ -129,33 +124,15 @@ def _pretrain(cfg: ExperimentConfig, out: str, resume: bool, progress: bool, ove
         set_state(model, ck["model"])
         opt.load_state_dict(ck["optimizer"])
         start, history = ck["epoch"], ck["history"]
-    steps_per_epoch = math.ceil(len(x) / p.batch_size)
     xt, yt = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
-    loss_fn = torch.nn.CrossEntropyLoss()
     with Progress(enabled=progress).stage("pretrain", total=p.epochs, unit="epochs") as stage:
         stage.report(start)
         for epoch in range(start, p.epochs):
-            model.train()
-            perm = rng(cfg.seed, epoch, -1, "pretrain-shuffle").permutation(len(x))
-            total = 0.0
-            aug = torch_generator(cfg.seed, epoch, -1, "pretrain-augment") \
-                if p.augment and xt.dim() == 4 else None
-            with torch_seeded(cfg.seed, epoch, -1, "pretrain-torch"):
-                for b in range(steps_per_epoch):
-                    opt.lr = lr_at(epoch * steps_per_epoch + b, steps_per_epoch, p.epochs,
-                                   p.warmup_epochs, p.lr)
-                    idx = perm[b * p.batch_size:(b + 1) * p.batch_size]
-                    opt.zero_grad()
-                    xb = xt[idx] if aug is None else random_crop_flip(xt[idx], aug)
-                    loss = loss_fn(model(xb), yt[idx])
-                    loss.backward()
-                    opt.step()
-                    total += float(loss.detach())
+            loss = _epoch(cfg, model, opt, xt, yt, epoch)
             ev = evaluate(model, data.x_test[te], data.y_test[te], device)
-            history.append({"epoch": epoch + 1, "train_loss": total / steps_per_epoch,
+            history.append({"epoch": epoch + 1, "train_loss": loss,
                             "test_accuracy": ev["accuracy"], "test_loss": ev["loss"]})
-            stage.report(epoch + 1, note=f"loss {total / steps_per_epoch:.4f} "
-                                         f"acc {ev['accuracy']:.4f}")
+            stage.report(epoch + 1, note=f"loss {loss:.4f} acc {ev['accuracy']:.4f}")
             storage.write_checkpoint(epoch + 1, {
                 "epoch": epoch + 1, "model": get_state(model), "optimizer": opt.state_dict(),
                 "history": history}, keep=3)
@@ -179,6 +156,47 @@ def _pretrain(cfg: ExperimentConfig, out: str, resume: bool, progress: bool, ove
     np.savez(buf, **get_state(model))
     storage.write_bytes("base.npz", buf.getvalue())  # last: a base.npz means a whole base
     return meta
+
+
+def _subsets(cfg: ExperimentConfig, data: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The training and test samples the base sees: ``pretrain.classes`` (checked against
+    the data set's classes), the training side cut to ``pretrain.fraction``."""
+    p = cfg.pretrain
+    if p.classes is not None:
+        bad = [c for c in p.classes if not 0 <= c < data.num_classes]
+        if bad:
+            raise ConfigError("pretrain.classes", bad, f"class ids in 0..{data.num_classes - 1}")
+    return (select(data.y_train, p.classes, p.fraction, cfg.seed, "pretrain-subset"),
+            select(data.y_test, p.classes, 1.0, cfg.seed, "pretrain-test"))
+
+
+def _epoch(cfg: ExperimentConfig, model: Any, opt: Any, xt: Any, yt: Any, epoch: int) -> float:
+    """One epoch of SGD over (``xt``, ``yt``) in a permutation from (seed, epoch), the
+    learning rate warmed up then cosine-decayed per step (:func:`lr_at`), crop+flip with
+    ``pretrain.augment``; returns the mean training loss."""
+    import torch
+
+    from fedray.models.training import random_crop_flip
+
+    p = cfg.pretrain
+    steps = math.ceil(len(xt) / p.batch_size)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    model.train()
+    perm = rng(cfg.seed, epoch, -1, "pretrain-shuffle").permutation(len(xt))
+    total = 0.0
+    aug = torch_generator(cfg.seed, epoch, -1, "pretrain-augment") \
+        if p.augment and xt.dim() == 4 else None
+    with torch_seeded(cfg.seed, epoch, -1, "pretrain-torch"):
+        for b in range(steps):
+            opt.lr = lr_at(epoch * steps + b, steps, p.epochs, p.warmup_epochs, p.lr)
+            idx = perm[b * p.batch_size:(b + 1) * p.batch_size]
+            opt.zero_grad()
+            xb = xt[idx] if aug is None else random_crop_flip(xt[idx], aug)
+            loss = loss_fn(model(xb), yt[idx])
+            loss.backward()
+            opt.step()
+            total += float(loss.detach())
+    return total / steps
 
 
 def load_base(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

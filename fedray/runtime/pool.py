@@ -238,49 +238,17 @@ class ExecutorPool:
 
         The executor of a job that died is replaced; the job is re-queued on its tier, or,
         with ``requeue_dead=False``, handed back as a :class:`DeadJob` (a client that kills
-        every executor it runs on must not be re-run forever).
+        every executor it runs on must not be re-run forever). An executor busy without a
+        result for ``runtime.call_timeout_s`` is killed (its jobs die with it).
         """
-        pending = {t: deque() for t in self.executors}
-        for job in jobs:
-            if job.tier not in pending:
-                raise KeyError(f"no executors for tier {job.tier!r}")
-            pending[job.tier].append(job)
-        busy: dict[tuple[str, int, int], int] = {}
-        flight: dict[Any, tuple[str, int, int, Job]] = {}
+        calls = _Calls(self, jobs)
         limit = self.cfg.runtime.call_timeout_s
-        since: dict[tuple[str, int, int], float] = {}  # a busy executor's last sign of life
-        hung: set[tuple[str, int, int]] = set()
-
-        def fill(tier: str) -> None:
-            """Round-robin over the tier's executors, the least busy first, up to
-            ``inflight`` calls each."""
-            # while a slot boots a replacement, one call per executor: a call queued behind
-            # a hung one would die with it, and the booting slot takes the next job
-            cap = 1 if any((tier, i) in self.booting
-                           for i in range(len(self.executors[tier]))) else self.inflight
-            room = True
-            while pending[tier] and room:
-                room = False
-                keys = {i: (tier, i, self.generation.get((tier, i), 0))
-                        for i in range(len(self.executors[tier]))}
-                for index in sorted(keys, key=lambda i: busy.get(keys[i], 0)):  # idle first
-                    actor, key = self.executors[tier][index], keys[index]
-                    if (tier, index) in self.booting:
-                        continue
-                    if pending[tier] and busy.get(key, 0) < cap:
-                        job = pending[tier].popleft()
-                        flight[getattr(actor, job.method).remote(job)] = (*key, job)
-                        if not busy.get(key):
-                            since[key] = time.monotonic()
-                        busy[key] = busy.get(key, 0) + 1
-                        room = True
-
-        for tier in pending:
-            fill(tier)
-        while flight or any(pending.values()):
+        for tier in calls.pending:
+            calls.fill(tier)
+        while calls.flight or any(calls.pending.values()):
             boots = {ref: slot for slot, (ref, _) in self.booting.items()}
             waits = [x for x in (limit / 4 if limit else None, 5.0 if boots else None) if x]
-            ready, _ = ray.wait(list(flight) + list(boots), num_returns=1,
+            ready, _ = ray.wait(list(calls.flight) + list(boots), num_returns=1,
                                 timeout=min(waits) if waits else None)
             if ready and ready[0] in boots:  # a replacement came up: it takes work now
                 tier, index = boots[ready[0]]
@@ -289,38 +257,13 @@ class ExecutorPool:
                     ray.get(ready[0])
                 except (RayActorError, ActorDiedError, ActorUnavailableError):
                     self._replace(tier, index)
-                fill(tier)
+                calls.fill(tier)
                 continue
-            self._check_booting(pending)
-            if not ready:  # an executor busy without a result for call_timeout_s is killed
-                if limit is None:
-                    continue
-                now = time.monotonic()
-                for key in [k for k, t in since.items() if busy.get(k) and now - t > limit]:
-                    hung.add(key)
-                    since.pop(key)
-                    ray.kill(self.executors[key[0]][key[1]])
-                continue
-            ref = ready[0]
-            tier, index, gen, job = flight.pop(ref)
-            busy[(tier, index, gen)] -= 1
-            since[(tier, index, gen)] = time.monotonic()
-            try:
-                result = ray.get(ref)
-            except (RayActorError, ActorDiedError, ActorUnavailableError):
-                if gen == self.generation.get((tier, index), 0):
-                    self._replace(tier, index)
-                if requeue_dead:
-                    pending[tier].appendleft(job)
-                    fill(tier)
-                    continue
-                fill(tier)
-                reason = (f"ran past runtime.call_timeout_s={limit:g}s and was killed"
-                          if (tier, index, gen) in hung else "died")
-                yield DeadJob(job, executor=f"{tier}/{index}", reason=reason)
-                continue
-            fill(tier)
-            yield result
+            self._check_booting(calls.pending)
+            if ready:
+                yield from calls.collect(ready[0], requeue_dead, limit)
+            elif limit is not None:
+                calls.kill_hung(limit)
 
     def shutdown(self) -> None:
         for hs in self.executors.values():
@@ -330,3 +273,78 @@ class ExecutorPool:
                 except Exception:  # noqa: BLE001
                     pass
 
+
+
+class _Calls:
+    """The bookkeeping of one :meth:`ExecutorPool.run`: the jobs waiting per tier, the calls
+    in flight, how many each executor (tier, slot, generation) has queued, and when a busy
+    executor last showed a sign of life."""
+
+    def __init__(self, pool: ExecutorPool, jobs: list[Job]):
+        self.pool = pool
+        self.pending: dict[str, deque] = {t: deque() for t in pool.executors}
+        for job in jobs:
+            if job.tier not in self.pending:
+                raise KeyError(f"no executors for tier {job.tier!r}")
+            self.pending[job.tier].append(job)
+        self.busy: dict[tuple[str, int, int], int] = {}
+        self.flight: dict[Any, tuple[str, int, int, Job]] = {}
+        self.since: dict[tuple[str, int, int], float] = {}
+        self.hung: set[tuple[str, int, int]] = set()
+
+    def fill(self, tier: str) -> None:
+        """Round-robin over the tier's executors, the least busy first, up to ``inflight``
+        calls each."""
+        pool, busy = self.pool, self.busy
+        # while a slot boots a replacement, one call per executor: a call queued behind a
+        # hung one would die with it, and the booting slot takes the next job
+        cap = 1 if any((tier, i) in pool.booting
+                       for i in range(len(pool.executors[tier]))) else pool.inflight
+        room = True
+        while self.pending[tier] and room:
+            room = False
+            keys = {i: (tier, i, pool.generation.get((tier, i), 0))
+                    for i in range(len(pool.executors[tier]))}
+            for index in sorted(keys, key=lambda i: busy.get(keys[i], 0)):  # idle first
+                actor, key = pool.executors[tier][index], keys[index]
+                if (tier, index) in pool.booting:
+                    continue
+                if self.pending[tier] and busy.get(key, 0) < cap:
+                    job = self.pending[tier].popleft()
+                    self.flight[getattr(actor, job.method).remote(job)] = (*key, job)
+                    if not busy.get(key):
+                        self.since[key] = time.monotonic()
+                    busy[key] = busy.get(key, 0) + 1
+                    room = True
+
+    def kill_hung(self, limit: float) -> None:
+        """Kill every executor busy without a result for ``limit`` seconds; its calls then
+        fail as dead ones."""
+        now = time.monotonic()
+        for key in [k for k, t in self.since.items() if self.busy.get(k) and now - t > limit]:
+            self.hung.add(key)
+            self.since.pop(key)
+            ray.kill(self.pool.executors[key[0]][key[1]])
+
+    def collect(self, ref: Any, requeue_dead: bool, limit: float | None) -> Iterator[Any]:
+        """The finished call ``ref``: its result, or — its executor dead, replaced unless
+        already — the job re-queued (nothing yielded) or a :class:`DeadJob`."""
+        tier, index, gen, job = self.flight.pop(ref)
+        self.busy[(tier, index, gen)] -= 1
+        self.since[(tier, index, gen)] = time.monotonic()
+        try:
+            result = ray.get(ref)
+        except (RayActorError, ActorDiedError, ActorUnavailableError):
+            if gen == self.pool.generation.get((tier, index), 0):
+                self.pool._replace(tier, index)
+            if requeue_dead:
+                self.pending[tier].appendleft(job)
+                self.fill(tier)
+                return
+            self.fill(tier)
+            reason = (f"ran past runtime.call_timeout_s={limit:g}s and was killed"
+                      if (tier, index, gen) in self.hung else "died")
+            yield DeadJob(job, executor=f"{tier}/{index}", reason=reason)
+            return
+        self.fill(tier)
+        yield result

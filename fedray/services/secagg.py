@@ -216,125 +216,171 @@ def secure_sum(inputs: dict[int, np.ndarray], bits: int, threshold: int, seed: i
     if not 2 <= bits <= 62:
         raise ValueError(f"bits: 2..62 (sums and their sign fix stay in int64), got {bits}")
     drops = drops or Drops()
-    tamper = set(tamper)
     ids = sorted(inputs)
     m = len(next(iter(inputs.values()))) if inputs else 0
-    mod = np.uint64((1 << bits) - 1)
-    up = {p: dict.fromkeys(ids, 0) for p in PHASES}
-    down = {p: dict.fromkeys(ids, 0) for p in PHASES}
-    graph = neighbours(ids, k, seed, round)
-
-    masked: dict[int, np.ndarray] = {}
-
-    def fail(reason: str, included: list[int]) -> SecAggResult:
-        return SecAggResult(None, included, reason, up, down, masked, graph)
-
-    def wrap(v: np.ndarray) -> np.ndarray:
-        return v & mod
-
-    # 0. advertise keys
-    c_key = {u: _x25519(seed, round, u, "secagg-c") for u in ids}
-    s_key = {u: _x25519(seed, round, u, "secagg-s") for u in ids}
-    pub_c = {u: _raw(c_key[u].public_key()) for u in ids}
-    pub_s = {u: _raw(s_key[u].public_key()) for u in ids}
-    wrong = set(wrong_keys)
-
-    def seen_c(receiver: int, sender: int) -> bytes:
-        """The encryption key of ``sender`` as the server forwarded it to ``receiver``."""
-        if (receiver, sender) in wrong:
-            return _raw(_x25519(seed, round, sender, "secagg-substituted").public_key())
-        return pub_c[sender]
-    for u in ids:
-        up["advertise"][u] = 2 * KEY_BYTES
-        down["advertise"][u] = len(graph[u]) * (ID_BYTES + 2 * KEY_BYTES)
+    p = _Round(ids, bits, threshold, seed, round, m, neighbours(ids, k, seed, round),
+               set(wrong_keys))
+    p.advertise()
     u1 = [u for u in ids if u not in drops.before_share]
     if len(u1) < threshold:
-        return fail(f"{len(u1)} clients shared keys, the threshold is {threshold}", [])
-
-    # 1. share keys: u's shares of s_u^SK and b_u for each neighbour, sealed for it
-    b_seed = {u: rng(seed, round, u, "secagg-b").bytes(32) for u in u1}
-    sealed: dict[tuple[int, int], bytes] = {}
-    for u in u1:
-        holders = [v for v in graph[u] if v in u1]
-        gen = rng(seed, round, u, "secagg-shamir")
-        s_sh = shamir_share(int.from_bytes(_raw(s_key[u]), "little"), holders, threshold, gen)
-        b_sh = shamir_share(int.from_bytes(b_seed[u], "little"), holders, threshold, gen)
-        for v in holders:
-            key = _agree(c_key[u], seen_c(u, v), b"secagg-enc")
-            body = (u.to_bytes(ID_BYTES, "little") + v.to_bytes(ID_BYTES, "little")
-                    + s_sh[v].to_bytes(ELEMENT_BYTES, "little")
-                    + b_sh[v].to_bytes(ELEMENT_BYTES, "little"))
-            msg = _seal(key, f"{seed}:{round}:{u}:{v}".encode(), body)
-            if (u, v) in tamper:
-                msg = msg[:-1] + bytes([msg[-1] ^ 1])
-            sealed[(u, v)] = msg
-            up["share"][u] += len(msg)
-            down["share"][v] += len(msg)
+        return p.fail(f"{len(u1)} clients shared keys, the threshold is {threshold}", [])
+    p.share_keys(u1, set(tamper))
     u2 = [u for u in u1 if u not in drops.before_masked]
     if len(u2) < threshold:
-        return fail(f"{len(u2)} clients sent masked inputs, the threshold is {threshold}", [])
-
-    # 2. masked inputs
-    for u in u2:
-        y = wrap(np.asarray(inputs[u], np.uint64) + prg(b_seed[u], m, bits))
-        for v in graph[u]:
-            if v not in u1:
-                continue
-            p = prg(_agree(s_key[u], pub_s[v], b"secagg-mask"), m, bits)
-            y = wrap(y + p) if u < v else wrap(y - p)
-        masked[u] = y
-        up["masked_input"][u] = (bits * m + 7) // 8
+        return p.fail(f"{len(u2)} clients sent masked inputs, the threshold is {threshold}",
+                      [])
+    p.mask(inputs, u1, u2)
     u3 = [u for u in u2 if u not in drops.before_unmask]
     if len(u3) < threshold:
-        return fail(f"{len(u3)} clients answered the unmasking, the threshold is "
-                    f"{threshold}", u2)
+        return p.fail(f"{len(u3)} clients answered the unmasking, the threshold is "
+                      f"{threshold}", u2)
+    return p.unmask(u1, u2, u3)
 
-    # 3. unmasking: survivors open their neighbours' shares (b_v for senders, s_v for drops)
-    dropped = [v for v in u1 if v not in u2]
-    opened: dict[tuple[str, int], dict[int, int]] = {}
-    for u in u3:
-        # the server tells u which of its neighbours sent a masked input and which dropped
-        down["unmask"][u] = ID_BYTES * sum(v in u1 for v in graph[u])
-        for v in graph[u]:
-            if v not in u1 or (v, u) not in sealed:
-                continue
-            body = _open(_agree(c_key[u], seen_c(u, v), b"secagg-enc"), sealed[(v, u)])
-            if int.from_bytes(body[:ID_BYTES], "little") != v or \
-                    int.from_bytes(body[ID_BYTES:2 * ID_BYTES], "little") != u:
-                raise SecAggError(f"share from {v} to {u} names other clients")
-            at = 2 * ID_BYTES
-            s_share = int.from_bytes(body[at:at + ELEMENT_BYTES], "little")
-            b_share = int.from_bytes(body[at + ELEMENT_BYTES:], "little")
-            which = ("b", v) if v in u2 else ("s", v)
-            opened.setdefault(which, {})[u] = b_share if which[0] == "b" else s_share
-            up["unmask"][u] += ID_BYTES + ELEMENT_BYTES
-    total = np.zeros(m, np.uint64)
-    for u in u2:
-        total = wrap(total + masked[u])
-    for v in u2:
-        shares = opened.get(("b", v), {})
-        if len(shares) < threshold:
-            return fail(f"client {v}'s mask seed has {len(shares)} shares, the threshold "
-                        f"is {threshold}", u2)
-        seed_v = shamir_reconstruct(dict(list(shares.items())[:threshold]))
-        total = wrap(total - prg(seed_v.to_bytes(32, "little"), m, bits))
-    for v in dropped:
-        shares = opened.get(("s", v), {})
-        if len(shares) < threshold:
-            return fail(f"dropped client {v}'s key has {len(shares)} shares, the threshold "
-                        f"is {threshold}", u2)
+
+class _Round:
+    """One round of the protocol as the simulator plays it: every client's keys (from
+    ``rng(seed, round, client, ...)``), the neighbour graph, the bytes each client sends and
+    receives per phase, the sealed share pairs and the masked inputs — one method per
+    phase of :func:`secure_sum`, each given the clients still in it."""
+
+    def __init__(self, ids: list[int], bits: int, threshold: int, seed: int, round: int,
+                 m: int, graph: dict[int, list[int]], wrong: set[tuple[int, int]]):
+        self.bits, self.threshold, self.seed, self.round, self.m = bits, threshold, seed, round, m
+        self.graph, self.wrong = graph, wrong
+        self.mod = np.uint64((1 << bits) - 1)
+        self.up = {p: dict.fromkeys(ids, 0) for p in PHASES}
+        self.down = {p: dict.fromkeys(ids, 0) for p in PHASES}
+        self.c_key = {u: _x25519(seed, round, u, "secagg-c") for u in ids}
+        self.s_key = {u: _x25519(seed, round, u, "secagg-s") for u in ids}
+        self.pub_c = {u: _raw(self.c_key[u].public_key()) for u in ids}
+        self.pub_s = {u: _raw(self.s_key[u].public_key()) for u in ids}
+        self.b_seed: dict[int, bytes] = {}
+        self.sealed: dict[tuple[int, int], bytes] = {}
+        self.masked: dict[int, np.ndarray] = {}
+
+    def fail(self, reason: str, included: list[int]) -> SecAggResult:
+        return SecAggResult(None, included, reason, self.up, self.down, self.masked,
+                            self.graph)
+
+    def wrap(self, v: np.ndarray) -> np.ndarray:
+        return v & self.mod
+
+    def seen_c(self, receiver: int, sender: int) -> bytes:
+        """The encryption key of ``sender`` as the server forwarded it to ``receiver``."""
+        if (receiver, sender) in self.wrong:
+            return _raw(_x25519(self.seed, self.round, sender,
+                                "secagg-substituted").public_key())
+        return self.pub_c[sender]
+
+    def advertise(self) -> None:
+        """0. Each client sends its two public keys; the server sends each its
+        neighbours' (id and two keys each)."""
+        for u, vs in self.graph.items():
+            self.up["advertise"][u] = 2 * KEY_BYTES
+            self.down["advertise"][u] = len(vs) * (ID_BYTES + 2 * KEY_BYTES)
+
+    def share_keys(self, u1: list[int], tamper: set[tuple[int, int]]) -> None:
+        """1. Each u in ``u1`` Shamir-shares its mask key s_u and a fresh mask seed b_u
+        among its neighbours still in ``u1``, each share pair sealed for its holder."""
+        seed, round = self.seed, self.round
+        for u in u1:
+            self.b_seed[u] = rng(seed, round, u, "secagg-b").bytes(32)
+        for u in u1:
+            holders = [v for v in self.graph[u] if v in u1]
+            gen = rng(seed, round, u, "secagg-shamir")
+            s_sh = shamir_share(int.from_bytes(_raw(self.s_key[u]), "little"), holders,
+                                self.threshold, gen)
+            b_sh = shamir_share(int.from_bytes(self.b_seed[u], "little"), holders,
+                                self.threshold, gen)
+            for v in holders:
+                key = _agree(self.c_key[u], self.seen_c(u, v), b"secagg-enc")
+                body = (u.to_bytes(ID_BYTES, "little") + v.to_bytes(ID_BYTES, "little")
+                        + s_sh[v].to_bytes(ELEMENT_BYTES, "little")
+                        + b_sh[v].to_bytes(ELEMENT_BYTES, "little"))
+                msg = _seal(key, f"{seed}:{round}:{u}:{v}".encode(), body)
+                if (u, v) in tamper:
+                    msg = msg[:-1] + bytes([msg[-1] ^ 1])
+                self.sealed[(u, v)] = msg
+                self.up["share"][u] += len(msg)
+                self.down["share"][v] += len(msg)
+
+    def mask(self, inputs: dict[int, np.ndarray], u1: list[int], u2: list[int]) -> None:
+        """2. Each u in ``u2`` sends y_u = x_u + PRG(b_u) ± PRG(s_uv) for every neighbour v
+        that shared keys (+ for v > u, − for v < u), mod 2^bits."""
+        m, bits = self.m, self.bits
+        for u in u2:
+            y = self.wrap(np.asarray(inputs[u], np.uint64) + prg(self.b_seed[u], m, bits))
+            for v in self.graph[u]:
+                if v not in u1:
+                    continue
+                p = prg(_agree(self.s_key[u], self.pub_s[v], b"secagg-mask"), m, bits)
+                y = self.wrap(y + p) if u < v else self.wrap(y - p)
+            self.masked[u] = y
+            self.up["masked_input"][u] = (bits * m + 7) // 8
+
+    def unmask(self, u1: list[int], u2: list[int], u3: list[int]) -> SecAggResult:
+        """3. The survivors ``u3`` open their neighbours' shares (b_v of a sender, s_v of a
+        client that dropped after sharing); the server sums the masked inputs and removes
+        the masks it can reconstruct from ``threshold`` shares each — or fails."""
+        opened = self.open_shares(u1, u2, u3)
+        m, bits, t = self.m, self.bits, self.threshold
+        total = np.zeros(m, np.uint64)
+        for u in u2:
+            total = self.wrap(total + self.masked[u])
+        for v in u2:
+            shares = opened.get(("b", v), {})
+            if len(shares) < t:
+                return self.fail(f"client {v}'s mask seed has {len(shares)} shares, the "
+                                 f"threshold is {t}", u2)
+            seed_v = shamir_reconstruct(dict(list(shares.items())[:t]))
+            total = self.wrap(total - prg(seed_v.to_bytes(32, "little"), m, bits))
+        for v in (v for v in u1 if v not in u2):
+            shares = opened.get(("s", v), {})
+            if len(shares) < t:
+                return self.fail(f"dropped client {v}'s key has {len(shares)} shares, the "
+                                 f"threshold is {t}", u2)
+            key = self.reconstructed_key(v, shares)
+            for u in self.graph[v]:
+                if u in u2:  # u added +p if u < v, else -p: undo it
+                    p = prg(_agree(key, self.pub_s[u], b"secagg-mask"), m, bits)
+                    total = self.wrap(total - p) if u < v else self.wrap(total + p)
+        return SecAggResult(total, u2, None, self.up, self.down, self.masked, self.graph)
+
+    def open_shares(self, u1: list[int], u2: list[int], u3: list[int]
+                    ) -> dict[tuple[str, int], dict[int, int]]:
+        """Each survivor's opened shares, {("b" | "s", v): {holder: share}}; a ciphertext
+        that does not authenticate, or names other clients, stops the round."""
+        opened: dict[tuple[str, int], dict[int, int]] = {}
+        for u in u3:
+            # the server tells u which of its neighbours sent a masked input and which dropped
+            self.down["unmask"][u] = ID_BYTES * sum(v in u1 for v in self.graph[u])
+            for v in self.graph[u]:
+                if v not in u1 or (v, u) not in self.sealed:
+                    continue
+                body = _open(_agree(self.c_key[u], self.seen_c(u, v), b"secagg-enc"),
+                             self.sealed[(v, u)])
+                if int.from_bytes(body[:ID_BYTES], "little") != v or \
+                        int.from_bytes(body[ID_BYTES:2 * ID_BYTES], "little") != u:
+                    raise SecAggError(f"share from {v} to {u} names other clients")
+                at = 2 * ID_BYTES
+                s_share = int.from_bytes(body[at:at + ELEMENT_BYTES], "little")
+                b_share = int.from_bytes(body[at + ELEMENT_BYTES:], "little")
+                which = ("b", v) if v in u2 else ("s", v)
+                opened.setdefault(which, {})[u] = b_share if which[0] == "b" else s_share
+                self.up["unmask"][u] += ID_BYTES + ELEMENT_BYTES
+        return opened
+
+    def reconstructed_key(self, v: int, shares: dict[int, int]):
+        """Dropped client ``v``'s mask key from ``threshold`` shares, checked against the
+        public key it advertised."""
         from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-        key = X25519PrivateKey.from_private_bytes(
-            shamir_reconstruct(dict(list(shares.items())[:threshold])).to_bytes(32, "little"))
-        if _raw(key.public_key()) != pub_s[v]:
+        secret = shamir_reconstruct(dict(list(shares.items())[:self.threshold]))
+        key = X25519PrivateKey.from_private_bytes(secret.to_bytes(32, "little"))
+        if _raw(key.public_key()) != self.pub_s[v]:
             raise SecAggError(f"dropped client {v}'s reconstructed key does not match its "
                               f"advertised one")
-        for u in graph[v]:
-            if u in u2:  # u added +p if u < v, else -p: undo it
-                p = prg(_agree(key, pub_s[u], b"secagg-mask"), m, bits)
-                total = wrap(total - p) if u < v else wrap(total + p)
-    return SecAggResult(total, u2, None, up, down, masked, graph)
+        return key
 
 
 # ----------------------------------------------------------------------------- integers
