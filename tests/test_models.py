@@ -133,3 +133,45 @@ def test_the_pfl_cifar10_cnn_has_pfls_parameter_count():
     model.train()
     torch.manual_seed(0)
     assert not torch.equal(model(x), model(x))  # dropout
+
+
+READ_ONLY_SCRIPT = """
+import warnings
+import numpy as np, torch
+from torch import nn
+from fedray.models.training import evaluate, get_state, train_local
+
+gen = np.random.default_rng(0)
+x = gen.standard_normal((40, 8)).astype(np.float32)
+y = gen.integers(0, 3, 40)
+ro_x, ro_y = x.copy(), y.copy()
+ro_x.flags.writeable = ro_y.flags.writeable = False
+
+def run(a, b):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 3))
+    train_local(model, a, b, epochs=2, batch_size=8, lr=0.1, seed=0, round=1, client=0)
+    return get_state(model), evaluate(model, a, b, batch_size=16)
+
+with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    ro_state, ro_scores = run(ro_x, ro_y)
+state, scores = run(x, y)
+assert all(np.array_equal(ro_state[k], state[k]) for k in state), "states differ"
+assert ro_scores == scores, (ro_scores, scores)
+np.testing.assert_array_equal(ro_x, x)
+print("ok")
+"""
+
+
+def test_training_on_a_read_only_client_array_is_quiet_and_the_same():
+    """A client's arrays are read-only views of the memory-mapped population cache: local
+    training and scoring on them raise no warning (torch's not-writable one, turned into an
+    error here) and give what a writable copy gives. In a fresh interpreter, because torch
+    warns only once per process."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", READ_ONLY_SCRIPT], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -22,6 +22,19 @@ def get_state(model: nn.Module) -> dict[str, np.ndarray]:
             for k, v in model.state_dict().items()}
 
 
+def input_tensor(a: np.ndarray, device: Any) -> torch.Tensor:
+    """``a`` as a tensor on ``device``, without a copy where it already lives. A client's
+    arrays are views of the memory-mapped, read-only population cache, and the code that
+    trains and scores on them only reads its inputs (batches are gathered copies), so
+    torch's warning that such a tensor shares memory it may not write is silenced here, the
+    one place these tensors are made."""
+    if a.flags.writeable:
+        return torch.from_numpy(a).to(device)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+        return torch.from_numpy(a).to(device)
+
+
 def set_state(model: nn.Module, state: Mapping[str, np.ndarray]) -> None:
     """Copy ``state`` into the model in place (no re-allocation)."""
     own = model.state_dict()
@@ -212,8 +225,7 @@ def train_local(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int,
     opt = optimizer or SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     if optimizer_state is not None:
         opt.load_state_dict(optimizer_state)
-    xt = torch.from_numpy(x).to(device)
-    yt = torch.from_numpy(y).to(device)
+    xt, yt = input_tensor(x, device), input_tensor(y, device)
     model.train()
     total, steps = 0.0, 0
     with torch_seeded(seed, round, client, f"{purpose}-torch"):
@@ -293,7 +305,7 @@ class DPSGD:
                           generator=torch_generator(seed, round, client, f"{purpose}-dp-sgd",
                                                     torch.device(device).type))
         wrapped = GradSampleModule(model)
-        xt, yt = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+        xt, yt = input_tensor(x, device), input_tensor(y, device)
         model.train()
         total, steps = 0.0, 0
         try:
@@ -340,8 +352,8 @@ def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, device: str = "cpu"
         return {"loss": float("nan"), "accuracy": float("nan"), "n": 0.0}
     loss, correct = 0.0, 0
     for start in range(0, n, batch_size):
-        xb = torch.from_numpy(x[start:start + batch_size]).to(device)
-        yb = torch.from_numpy(y[start:start + batch_size]).to(device)
+        xb = input_tensor(x[start:start + batch_size], device)
+        yb = input_tensor(y[start:start + batch_size], device)
         out = model(xb)
         loss += float(nn.functional.cross_entropy(out, yb, reduction="sum"))
         correct += int((out.argmax(1) == yb).sum())
@@ -365,8 +377,8 @@ def evaluate_tokens(model: nn.Module, x: np.ndarray, y: np.ndarray, device: str 
                             device=device)
     loss, tokens, correct_all, correct, scored = 0.0, 0, 0, 0, 0
     for start in range(0, len(x), batch_size):
-        xb = torch.from_numpy(x[start:start + batch_size]).to(device)
-        yb = torch.from_numpy(y[start:start + batch_size]).to(device)
+        xb = input_tensor(x[start:start + batch_size], device)
+        yb = input_tensor(y[start:start + batch_size], device)
         out = model(xb).float()
         loss += float(nn.functional.cross_entropy(out, yb, ignore_index=IGNORE,
                                                   reduction="sum"))
@@ -410,8 +422,8 @@ def evaluate_multilabel(model: nn.Module, x: np.ndarray, y: np.ndarray, device: 
                 "micro_ap": float("nan")}
     loss, correct, scores = 0.0, 0, []
     for start in range(0, len(x), batch_size):
-        xb = torch.from_numpy(x[start:start + batch_size]).to(device)
-        yb = torch.from_numpy(y[start:start + batch_size]).to(device)
+        xb = input_tensor(x[start:start + batch_size], device)
+        yb = input_tensor(y[start:start + batch_size], device)
         out = model(xb).float()
         loss += float(nn.functional.binary_cross_entropy_with_logits(out, yb, reduction="sum"))
         p = torch.sigmoid(out)

@@ -483,44 +483,74 @@ class Hetero(Algorithm):
         """Local SGD with Ordered Dropout (and its self-distillation), ScaleFL's exits, FIARSE's
         mask and the continual objective (:class:`~fedray.methods.drod.local.LocalObjective`);
         returns (metrics, client state, BiC tensors to upload)."""
-        import torch
-
-        from fedray.core.seeding import rng, torch_generator, torch_seeded
-        from fedray.methods.drod.continual.buffer import ReservoirBuffer
         from fedray.methods.drod.continual.data import task_of_round
-        from fedray.methods.drod.continual.objectives import continual_state, old_classes
-        from fedray.methods.drod.local import LocalObjective
-        from fedray.models.training import SGD, batches
-        from fedray.models.training import random_crop_flip as augment
 
-        loc, cl, dev = self.cfg.local, self.cfg.continual, ctx.device
+        cl = self.cfg.continual
         classes = self._tasks(model.arch.num_classes)
         method = cl.method if classes is not None else "none"
         task = task_of_round(ctx.round, cl.rounds_per_task, cl.tasks) if classes else 0
         last = bool(classes) and ctx.round % cl.rounds_per_task == 0
+        objective = self._objective(ctx, model, broadcast, state, depths, masks, classes,
+                                    method, task, last)
+        metrics = self._sgd(ctx, model, grid, objective, masks, task)
+        bic = self._bic_stage2(ctx, model, objective, classes, task, last, metrics) \
+            if method == "bic" else {}
+        if objective.buffer is not None:
+            state["buffer"] = objective.buffer.state()
+            metrics["buffer_size"] = float(len(objective.buffer))
+        return metrics, state, bic
+
+    def _objective(self, ctx: ClientContext, model: Any, broadcast: State,
+                   state: dict[str, Any], depths: tuple[int, ...],
+                   masks: dict[str, np.ndarray] | None, classes: list | None, method: str,
+                   task: int, last: bool) -> Any:
+        """The client's :class:`~fedray.methods.drod.local.LocalObjective` this round: its
+        continual objective's state (replay buffer, EWC's Fisher and anchor, BiC's frozen
+        corrections and teacher), the replay and augmentation generators from (seed, round,
+        client)."""
+        import torch
+
+        from fedray.core.seeding import rng, torch_generator
+        from fedray.methods.drod.continual.buffer import ReservoirBuffer
+        from fedray.methods.drod.continual.objectives import continual_state, old_classes
+        from fedray.methods.drod.local import LocalObjective
+        from fedray.models.training import random_crop_flip as augment
+
+        loc, cl, dev = self.cfg.local, self.cfg.continual, ctx.device
         old = torch.as_tensor(old_classes(classes, task) if classes else [], dtype=torch.long)
         capacity = cl.buffer_total // self.cfg.clients.num_clients
         buffer = ReservoirBuffer(capacity, state.get("buffer")) \
             if method in ("er", "derpp", "bic") else None
-        gen = rng(ctx.seed, ctx.round, ctx.client_id, "replay")
         tgen = torch_generator(ctx.seed, ctx.round, ctx.client_id, "augment")
         net = {k: np.asarray(v).copy() for k, v in broadcast.items() if not k.startswith("bic.")}
-        x = torch.from_numpy(ctx.x_train).to(dev)
-        y = torch.from_numpy(ctx.y_train).to(dev)
         fisher, anchor = continual_state(ctx, model, state, net, masks, method, task, last,
                                          cl.ewc_samples, cl.ewc_gamma)
         bic_tensor = lambda k: torch.as_tensor(np.asarray(broadcast.get(k, [])),  # noqa: E731
                                                dtype=torch.float32)
-        objective = LocalObjective(
+        return LocalObjective(
             method=method, params=self.params, continual=cl, old=old,
             lam=len(old) / (len(old) + len(classes[task])) if classes else 0.0,
             scale=bic_tensor("bic.scale"), shift=bic_tensor("bic.shift"),
             teacher=self._bic_teacher(model, state, depths, dev)
             if method == "bic" and task > 0 else None,
-            buffer=buffer, gen=gen, replay=cl.replay_batch or loc.batch_size, fisher=fisher,
+            buffer=buffer, gen=rng(ctx.seed, ctx.round, ctx.client_id, "replay"),
+            replay=cl.replay_batch or loc.batch_size, fisher=fisher,
             anchor=anchor, depths=depths, own=model.geometry, device=dev,
-            augment=(lambda t: augment(t, tgen)) if self.params.augment and x.dim() == 4
-            else (lambda t: t))
+            augment=(lambda t: augment(t, tgen)) if self.params.augment and
+            ctx.x_train.ndim == 4 else (lambda t: t))
+
+    def _sgd(self, ctx: ClientContext, model: Any, grid: list, objective: Any,
+             masks: dict[str, np.ndarray] | None, task: int) -> dict[str, float]:
+        """The local steps: each batch (from (seed, round, client), ``local.max_steps``)
+        trains the rung Ordered Dropout drew for it; FIARSE's masked entries get no
+        gradient; replayed samples are stored after each step. Returns the metrics."""
+        import torch
+
+        from fedray.core.seeding import torch_seeded
+        from fedray.models.training import SGD, batches, input_tensor
+
+        loc, dev, buffer = self.cfg.local, ctx.device, objective.buffer
+        x, y = input_tensor(ctx.x_train, dev), input_tensor(ctx.y_train, dev)
         params = [p for p in model.parameters() if p.requires_grad]
         opt = SGD(params, lr=loc.lr, momentum=loc.momentum, weight_decay=loc.weight_decay)
         named = dict(model.named_parameters())
@@ -547,19 +577,15 @@ class Hetero(Algorithm):
                 total += float(loss.detach())
                 sub_params += rung.param_ratio
                 if buffer is not None:
-                    stored = out[:len(xb)].detach().cpu().numpy() if method == "derpp" else None
-                    buffer.add(ctx.x_train[idx], ctx.y_train[idx], gen, stored)
+                    stored = out[:len(xb)].detach().cpu().numpy() \
+                        if objective.method == "derpp" else None
+                    buffer.add(ctx.x_train[idx], ctx.y_train[idx], objective.gen, stored)
         n = max(len(steps), 1)
         metrics = {"train_loss": total / n, "steps": float(len(steps)), "task": float(task),
                    "sub_param_ratio": sub_params / n}
         if masks:
             metrics["sub_param_ratio"] = masked_param_ratio(model, masks)
-        bic = self._bic_stage2(ctx, model, objective, classes, task, last, metrics) \
-            if method == "bic" else {}
-        if buffer is not None:
-            state["buffer"] = buffer.state()
-            metrics["buffer_size"] = float(len(buffer))
-        return metrics, state, bic
+        return metrics
 
     @staticmethod
     def _bic_teacher(model: Any, state: dict[str, Any], depths: tuple[int, ...],

@@ -370,6 +370,7 @@ class Favor(Algorithm):
         import torch
 
         from fedray.methods.favor.train import lm_scores, to_torch
+        from fedray.models.training import input_tensor
 
         model = resident["model"]
         adapter = to_torch(broadcast, device)
@@ -377,7 +378,7 @@ class Favor(Algorithm):
             from fedray.methods.favor.train import mix
 
             adapter = mix(adapter, {k: torch.zeros_like(v) for k, v in adapter.items()}, 0.0)
-        ids = torch.from_numpy(np.asarray(x)).to(device)
+        ids = input_tensor(np.asarray(x), device)
         loss = correct = count = 0
         for i in range(0, len(ids), 8):
             lsum, ok, n = lm_scores(model, adapter, ids[i:i + 8])

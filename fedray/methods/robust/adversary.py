@@ -198,9 +198,10 @@ def _read_ids(path: str) -> list[int]:
             text = line.split("#", 1)[0].strip()
             if not text:
                 continue
-            if not text.isascii() or not text.isdigit():
+            if not text.isascii() or not text.isdigit() or len(text) > 18:
                 raise ConfigError("adversary.clients", path,
-                                  f"{rule}: line {n} is not a non-negative integer")
+                                  f"{rule}: line {n} is not a non-negative integer of at most "
+                                  f"18 digits")
             ids.append(int(text))
     return ids
 

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from fedray.core.seeding import rng
+from fedray.models.training import input_tensor
 
 if TYPE_CHECKING:
     from fedray.methods.base import ClientContext
@@ -101,8 +102,7 @@ def continual_state(ctx: ClientContext, model: Any, state: dict, net: dict,
         fisher = {k: torch.from_numpy(v).to(dev) for k, v in state["fisher"].items()}
         anchor = {k: torch.from_numpy(v).to(dev) for k, v in state["anchor"].items()}
     if method == "ewc" and last:  # this task's Fisher at the broadcast (global) weights
-        x = torch.from_numpy(ctx.x_train).to(dev)
-        y = torch.from_numpy(ctx.y_train).to(dev)
+        x, y = input_tensor(ctx.x_train, dev), input_tensor(ctx.y_train, dev)
         pick = torch.from_numpy(rng(ctx.seed, ctx.round, ctx.client_id, "fisher")
                                 .choice(len(x), min(samples, len(x)), replace=False))
         new = fisher_diagonal(model, x[pick], y[pick], lambda t: model(t))
