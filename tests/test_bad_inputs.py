@@ -51,6 +51,10 @@ CONFIG_CASES = [
     (["runtime.tiers=[{name: a, executors: 0}]"], "runtime.tiers[0].executors", ">= 1"),
     (["runtime.tiers=[{name: a, num_gpus: 2}]"], "runtime.tiers[0].num_gpus", "<= 1"),
     (["runtime.tiers=[{name: a, gpus: 1}]"], "runtime.tiers[0].gpus", "known keys"),
+    (["runtime.tiers=[{name: a, resources: {x: -1}}]"], "runtime.tiers[0].resources.x",
+     "an amount >= 0"),
+    (["runtime.tiers=[{name: a, resources: {CPU: 1}}]"], "runtime.tiers[0].resources.CPU",
+     "a custom resource name"),
     (["runtime.device=cuda"], "runtime.tiers[0].num_gpus", "runtime.device=cuda"),
     (["runtime.device=tpu"], "runtime.device", "one of"),
     (["runtime.deterministic=true", "runtime.tiers=[{name: g, num_gpus: 0.5}]"],
@@ -115,6 +119,13 @@ FILE_CASES = [
     ("bad.toml", b"rounds = = 3\n", "valid toml"),
     ("bad.json", b"{rounds: 3}", "valid json"),
     ("bomb.yaml", BOMB.encode(), "at most 100,000 values (YAML aliases counted expanded)"),
+    ("twice.yaml", b"name: x\nlocal: {lr: 0.5}\nrounds: 2\nlocal: {epochs: 3}\n",
+     "found the key 'local' twice"),
+    ("twice-nested.yaml", b"local:\n  lr: 0.5\n  lr: 0.1\n", "found the key 'lr' twice"),
+    ("twice.json", b'{"name": "x", "name": "y"}', "the key 'name' appears twice"),
+    ("huge.yaml", b"rounds: " + b"1" * 5000 + b"\n", "valid yaml"),
+    ("huge.json", b'{"rounds": ' + b"1" * 5000 + b"}", "valid json"),
+    ("huge.toml", b"rounds = " + b"1" * 5000 + b"\n", "valid toml"),
 ]
 
 
@@ -128,6 +139,17 @@ def test_bad_config_files(tmp_path, name, content, rule):
     assert time.monotonic() - t0 < 5  # the alias bomb is shown, not expanded
     text = str(err.value)
     assert rule in text and len(text) < 600 and "\n" not in text, text
+
+
+def test_a_yaml_merge_may_still_override_and_a_huge_override_is_one_line(tmp_path):
+    path = tmp_path / "merge.yaml"
+    path.write_bytes(b"base: &b {lr: 0.5, epochs: 2}\nlocal:\n  <<: *b\n  lr: 0.1\n")
+    from fedray.core.config import load_yaml, parse_override
+
+    assert load_yaml(path.read_text())["local"] == {"lr": 0.1, "epochs": 2}
+    with pytest.raises(ConfigError, match="'rounds'.*a value YAML can read") as err:
+        parse_override("rounds=" + "1" * 5000)
+    assert "\n" not in str(err.value) and len(str(err.value)) < 600
 
 
 def test_missing_config_file(tmp_path):
@@ -456,4 +478,90 @@ def test_a_dead_ray_address_fails_in_seconds():
     with pytest.raises(ConfigError, match="'RAY_ADDRESS'"):
         check_reachable("ray://127.0.0.1:9", "RAY_ADDRESS")
     check_reachable("auto", "RAY_ADDRESS")  # left to Ray
+    with pytest.raises(ConfigError, match="nothing answered at 127.0.0.1:9") as err:
+        check_reachable("ray://admin:hunter2@127.0.0.1:9", "runtime.ray_address")
+    assert "hunter2" not in str(err.value) and "admin" not in str(err.value)
     assert time.monotonic() - t0 < 30
+    cfg = load_config(None, [*TINY, "runtime.ray_address=ray://admin:hunter2@10.0.0.1:10001"])
+    assert cfg.to_dict()["runtime"]["ray_address"] == "ray://***@10.0.0.1:10001"  # config.yaml
+    assert cfg.runtime.ray_address == "ray://admin:hunter2@10.0.0.1:10001"
+
+
+def test_an_error_raised_in_an_actor_is_its_own_one_line():
+    """An error raised inside the driver or an executor reaches the entry process as Ray's
+    RayTaskError, whose text is the remote traceback in colour: the line a user sees is the
+    original error's, with the original's exit status."""
+    import ray.exceptions as rx
+
+    from fedray.core.storage import StateFileError
+    from fedray.observe.console import failure
+
+    inner = rx.RayTaskError("Driver.run_round", "Traceback (most recent call last):\n  File "
+                            "\"storage.py\"\n\x1b[36mray::Driver.run_round()\x1b[39m",
+                            StateFileError("checkpoints/000000.npz", "a symbolic link"))
+    nested = rx.RayTaskError("Experiment.step", "more traceback", inner.as_instanceof_cause())
+    for e in (inner, inner.as_instanceof_cause(), nested):
+        assert failure(e) == ("checkpoints/000000.npz: a symbolic link", 2)
+    line, code = failure(rx.RayTaskError("f", "\x1b[36mtb\x1b[39m", KeyError("x")))
+    assert code == 3 and line.startswith("internal error: KeyError") and "\x1b" not in line
+
+
+def _parts(**edits) -> dict:
+    parts = {"server": {"round": 1, "params": {"w": np.ones(2, np.float32)},
+                        "failed_rounds": 0},
+             "policy": {}, "ledger": {"totals": {"upload_bytes": 10, "download_bytes": 10},
+                                      "has_base": [], "sim_time": 1.5},
+             "clients": {"versions": {}}, "dispatcher": {"restarts": 0}, "sampler": {},
+             "loop": {}}
+    for path, value in edits.items():
+        *up, last = path.split("__")
+        node = parts
+        for k in up:
+            node = node[k]
+        node[last] = value
+    return parts
+
+
+@pytest.mark.parametrize("edit,needle", [
+    ({"server__round": -5}, "server.round is -5; checkpoint 1 holds round 1"),
+    ({"server__round": "one"}, "server.round is 'one'"),
+    ({"server__round": 10 ** 12}, "server.round is 1000000000000"),
+    ({"server__round": 2}, "server.round is 2"),
+    ({"server__failed_rounds": 3}, "server.failed_rounds is 3; a count of at most 1"),
+    ({"server": [1, 2]}, "part 'server' is [1, 2]; a mapping"),
+    ({"ledger__totals": {"upload_bytes": "lots"}}, "ledger.totals is"),
+    ({"ledger__sim_time": float("nan")}, "ledger.sim_time is nan"),
+])
+def test_an_edited_checkpoint_with_a_matching_digest_is_refused_before_ray(run_dir, edit,
+                                                                            needle):
+    """Whoever rewrites a checkpoint can also rewrite the digest in LATEST: the fields every
+    checkpoint holds are checked where it is read, before Ray, and nothing changes (a
+    negative round once made the resume delete the rows it should keep)."""
+    from fedray.core import checkpoint
+
+    Storage(str(run_dir)).write_checkpoint(1, {"format": checkpoint.FORMAT,
+                                               "parts": _parts(**edit)}, keep=2)
+    before = snapshot(run_dir)
+    with pytest.raises(StateFileError) as err:
+        Experiment(load_config(None, TINY), str(run_dir), resume=True)
+    assert needle in str(err.value) and "000001.npz" in str(err.value), str(err.value)
+    assert snapshot(run_dir) == before
+
+
+def test_a_well_formed_checkpoint_passes_the_checks(run_dir):
+    from fedray.core import checkpoint
+
+    Storage(str(run_dir)).write_checkpoint(1, {"format": checkpoint.FORMAT,
+                                               "parts": _parts()}, keep=2)
+    assert checkpoint.read(Storage(str(run_dir)))["server"]["round"] == 1
+
+
+def test_a_link_planted_in_a_run_dir_is_refused_before_ray(run_dir, tmp_path):
+    victim = tmp_path / "victim.npz"
+    victim.write_bytes(b"keep me")
+    (run_dir / "checkpoints" / "000000.npz").symlink_to(victim)
+    before = snapshot(run_dir)
+    with pytest.raises(StateFileError, match="000000.npz: a symbolic link inside a run "
+                                             "directory"):
+        Experiment(load_config(None, TINY), str(run_dir), resume=True)
+    assert snapshot(run_dir) == before and victim.read_bytes() == b"keep me"

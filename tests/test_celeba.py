@@ -102,6 +102,17 @@ def test_an_image_linked_out_of_the_folder_is_refused(tmp_path):
     assert_cache_empty(tmp_path)
 
 
+@pytest.mark.parametrize("linked", ["raw", "raw/img_align_celeba"])
+def test_an_image_folder_linked_out_of_the_root_is_refused(tmp_path, linked):
+    root = tmp_path / "celeba"
+    write_celeba(root)
+    os.replace(root / linked, tmp_path / "outside")
+    os.symlink(tmp_path / "outside", root / linked)
+    with pytest.raises(ConfigError, match="a folder inside data.root .* links out of it"):
+        build_client_data(cfg_of(root, tmp_path))
+    assert_cache_empty(tmp_path)
+
+
 @pytest.mark.ray
 def test_fedavg_runs_on_celeba(ray_session, tmp_path):
     from fedray.runtime import run_experiment

@@ -369,6 +369,24 @@ def test_cache_entries_are_data_inside_the_cache_dir(table_cfg, tmp_path):
         assert z["offsets"].dtype == np.int64
 
 
+def test_a_linked_populations_folder_is_refused_and_nothing_outside_changes(table_cfg,
+                                                                             tmp_path):
+    """The cache root is the user's choice; its populations folder linked elsewhere would
+    have fedray write entries there and delete stale temp files there: refused, and the
+    folder it points to keeps what it held."""
+    cfg, folder = table_cfg
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    planted = outside / ("0" * 32 + ".arrow.tmp-elsewhere-999999")
+    planted.write_bytes(b"someone else's")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(outside, folder)
+    with pytest.raises(ConfigError, match="'data.cache_dir'.*not a symbolic link"):
+        build_client_data(cfg)
+    assert sorted(os.listdir(outside)) == [planted.name] and planted.read_bytes() == \
+        b"someone else's"
+
+
 def test_a_cache_index_with_rows_out_of_order_is_rebuilt(table_cfg):
     """Offsets that go backwards, or a train/test split outside its client's rows, would
     hand a client another client's rows (or negative slices): such an index is a damaged

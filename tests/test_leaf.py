@@ -106,6 +106,8 @@ def _edit(root, split, k, change):
      "integer labels in 0..1048575"),
     ("train", lambda d: d["user_data"][d["users"][0]]["y"].__setitem__(0, 1e15),
      "integer labels in 0..1048575"),
+    ("train", lambda d: d["user_data"][d["users"][0]].__setitem__(
+        "x", [[]] * len(d["user_data"][d["users"][0]]["y"])), "non-empty lists"),
 ])
 def test_a_malformed_shard_is_one_error_naming_file_and_user(tmp_path, split, change, rule):
     root = tmp_path / "bad"

@@ -117,3 +117,46 @@ def test_pretrain_threads_are_recorded_and_restored(tmp_path):
                                           "pretrain.epochs=1", "pretrain.warmup_epochs=0"]),
                        str(tmp_path / "c"), progress=False)
     assert default["threads"] == before
+
+
+@pytest.mark.parametrize("damage,needle", [
+    (lambda d: _edit_json(d, lambda m: m.pop("model")), "base.json: the JSON"),
+    (lambda d: _edit_json(d, lambda m: m.pop("head")), "base.json: the JSON"),
+    (lambda d: (d / "base.json").write_text("[1, 2]"), "base.json: the JSON"),
+    (lambda d: _edit_npz(d, lambda s: s.update({k: np.zeros((3, 3), np.float32)
+                                                 for k in list(s)[:1]})), "is (3, 3), the"),
+    (lambda d: _edit_npz(d, lambda s: s.pop(sorted(s)[-1])), "it lacks"),
+    (lambda d: _edit_npz(d, lambda s: s.update({k: s[k].astype(np.int64)
+                                                 for k in list(s)[:1]})), "float arrays"),
+])
+def test_a_damaged_base_is_one_error_before_ray(tmp_path, damage, needle):
+    """algorithm.base's files are data read back: a base.json without the model or head,
+    or arrays that are not the run's model on this data, are refused before Ray starts
+    (they once failed inside every executor, or as a KeyError)."""
+    from fedray.core.storage import StateFileError
+    from fedray.runtime import Experiment
+
+    base = tmp_path / "base"
+    pretrain(load_config(None, BASE + ["pretrain.epochs=1"]), str(base), progress=False)
+    damage(base)
+    with pytest.raises((ConfigError, StateFileError)) as err:
+        cfg = load_config(None, [*BASE[:3], "clients.num_clients=4", "rounds=1",
+                                 f"algorithm.base={base}", "data.split_seed=0",
+                                 "eval.clients=none"])
+        Experiment(cfg, str(tmp_path / "run"))
+    assert needle in str(err.value) and "\n" not in str(err.value), str(err.value)
+    assert not (tmp_path / "run").exists()
+
+
+def _edit_json(d, change) -> None:
+    meta = json.loads((d / "base.json").read_text())
+    change(meta)
+    (d / "base.json").write_text(json.dumps(meta))
+
+
+def _edit_npz(d, change) -> None:
+    with np.load(d / "base.npz") as f:
+        state = {k: f[k] for k in f.files}
+    change(state)
+    with open(d / "base.npz", "wb") as fh:
+        np.savez(fh, **state)

@@ -11,10 +11,13 @@ same parts, so a run started by an older fedray resumes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from fedray.core.spec import ConfigError
+import numpy as np
+
+from fedray.core.spec import ConfigError, short_repr, shown
 from fedray.core.storage import StateFileError, Storage
 
 FORMAT = 2
@@ -35,9 +38,50 @@ def write(storage: Storage, index: int, parts: Mapping[str, Stateful]) -> None:
 
 
 def read(storage: Storage) -> dict[str, Any] | None:
-    """``{part: state}`` of the newest intact checkpoint (None when there is none)."""
-    ck = storage.read_checkpoint()
-    return None if ck is None else upgrade(ck)
+    """``{part: state}`` of the newest intact checkpoint (None when there is none), its
+    common fields checked (:func:`check`)."""
+    ck = storage.newest_checkpoint()
+    if ck is None:
+        return None
+    parts = upgrade(ck.state)
+    check(parts, ck.index, ck.path)
+    return parts
+
+
+def check(parts: dict[str, Any], index: int, where: str) -> None:
+    """The fields every run's checkpoint holds, as fedray writes them: each part a
+    mapping; the server's ``round`` the checkpoint's own index (checkpoint ``N`` is written
+    after round ``N``) and its ``failed_rounds`` a count no larger; the ledger's totals
+    counts and its clock a finite, non-negative number. Checked where the checkpoint is
+    read (before Ray starts), so an edited one — even with a matching digest in ``LATEST``
+    — is one error naming the field, never a resume that runs round −4 after deleting the
+    rows it should keep. A method's own parts are checked by their ``load_state_dict``."""
+    def bad(field: str, value: Any, rule: str) -> StateFileError:
+        return StateFileError(where, f"{field} is {short_repr(value)}; {rule}")
+
+    for name, state in parts.items():
+        if not isinstance(state, dict):
+            raise bad(f"part {shown(name)!r}", state, "a mapping of its fields")
+    server = parts.get("server")
+    if server is None:
+        raise StateFileError(where, "no 'server' part")
+    rnd, failed = server.get("round"), server.get("failed_rounds", 0)
+    if not _count(rnd) or rnd != index:
+        raise bad("server.round", rnd, f"checkpoint {index} holds round {index}")
+    if not _count(failed) or failed > rnd:
+        raise bad("server.failed_rounds", failed, f"a count of at most {rnd}")
+    ledger = parts.get("ledger", {})
+    totals = ledger.get("totals", {})
+    if not isinstance(totals, dict) or not all(_count(v) for v in totals.values()):
+        raise bad("ledger.totals", totals, "counts of bytes and clients (integers >= 0)")
+    sim = ledger.get("sim_time", 0.0)
+    if isinstance(sim, bool) or not isinstance(sim, int | float | np.floating) or \
+            not math.isfinite(sim) or sim < 0:
+        raise bad("ledger.sim_time", sim, "a finite number of seconds >= 0")
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int | np.integer) and not isinstance(v, bool) and v >= 0
 
 
 def restore(parts: Mapping[str, Stateful], states: Mapping[str, Any], where: str) -> None:

@@ -500,6 +500,17 @@ class PretrainConfig:
                                      "'standard crop+flip' (images only)")
 
 
+def _redacted(value: Any) -> Any:
+    """``value`` with :func:`redact` applied to every string in it (dicts and lists walked)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: _redacted(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_redacted(v) for v in value)
+    return value
+
+
 @dataclass
 class ExperimentConfig:
     name: str = spec("experiment", help="the run's name: letters, digits, '.', '_', '-' "
@@ -539,13 +550,12 @@ class ExperimentConfig:
         raise AttributeError(f"{type(self).__name__!r} has no attribute {name!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field, registered sections at the top level; a run_dir URI with credentials
-        is redacted (this is what config.yaml stores)."""
+        """Every field, registered sections at the top level; the credentials in any URI
+        (``runtime.ray_address``, ``run_dir``, ``data.root``: user info and secret query
+        values) redacted — this is what config.yaml stores."""
         out = dataclasses.asdict(self)
         out.update(out.pop("sections"))
-        if out["run_dir"]:
-            out["run_dir"] = redact(out["run_dir"])
-        return out
+        return _redacted(out)
 
     def tier_of(self, client_id: int) -> str:
         """The tier of a client (:meth:`tiers_of`)."""
@@ -586,6 +596,21 @@ class ConfigLoader(yaml.SafeLoader):
         first: [(tag, rx) for tag, rx in rules if tag != "tag:yaml.org,2002:bool"]
         for first, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        """A mapping that names a key twice is refused (PyYAML keeps the last silently, so
+        ``local:`` written twice would drop the first section); keys a merge (``<<``)
+        brings in may still be overridden."""
+        seen: set[str] = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != \
+                    "tag:yaml.org,2002:merge":
+                if key_node.value in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"found the key {key_node.value!r} twice", key_node.start_mark)
+                seen.add(key_node.value)
+        return super().construct_mapping(node, deep)
+
 
 ConfigLoader.add_implicit_resolver(
     "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
@@ -613,6 +638,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    except ValueError as e:  # an integer past Python's 4,300-digit conversion limit
+        raise ConfigError(key, raw[:40] + "...", f"a value YAML can read ({e})"[:200]) \
+            from None
     except RecursionError:
         raise ConfigError(key, raw[:40] + "...", f"a value nested at most {MAX_CONFIG_DEPTH} "
                                                  f"levels deep") from None
@@ -668,6 +696,16 @@ MAX_CONFIG_NODES = 100_000  # values after YAML aliases are expanded
 MAX_CONFIG_DEPTH = 32
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object that names a key twice is refused (``json`` keeps the last)."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"the key {k!r} appears twice in one object")
+        out[k] = v
+    return out
+
+
 def parse_text(data: bytes, fmt: str, where: str, field: str = "config file") -> dict[str, Any]:
     """A config document (``fmt``: yaml, toml or json) as a mapping, through the guards every
     config read back goes through — a file given on the command line and the
@@ -685,10 +723,11 @@ def parse_text(data: bytes, fmt: str, where: str, field: str = "config file") ->
         if fmt == "toml":
             out = tomllib.loads(text)
         elif fmt == "json":
-            out = json.loads(text)
+            out = json.loads(text, object_pairs_hook=_unique_keys)
         else:
             out = load_yaml(text)
-    except (yaml.YAMLError, tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+    except (yaml.YAMLError, ValueError) as e:  # TOML's and JSON's errors are ValueErrors,
+        # as is an integer past Python's 4,300-digit conversion limit
         reason = " ".join(str(e).split())[:200]  # one line, bounded
         raise ConfigError(field, where, f"valid {fmt}: {reason}") from None
     except RecursionError:
@@ -1010,9 +1049,21 @@ def _validate_transforms(cfg: ExperimentConfig) -> None:
                                                       "(quantize inside the chain: int8, int4)")
 
 
+RAY_OWN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
+
 def _validate_devices(cfg: ExperimentConfig) -> None:
     rt = cfg.runtime
     for i, t in enumerate(rt.tiers):
+        for name, amount in t.resources.items():
+            if name in RAY_OWN_RESOURCES or name.startswith("accelerator_type:"):
+                raise ConfigError(f"runtime.tiers[{i}].resources.{name}", amount,
+                                  "a custom resource name (CPU and GPU shares are num_cpus "
+                                  "and num_gpus, a GPU type accelerator_type; memory and "
+                                  "object_store_memory are Ray's own)")
+            if not amount >= 0:
+                raise ConfigError(f"runtime.tiers[{i}].resources.{name}", amount,
+                                  "an amount >= 0 of the custom resource per executor")
         if rt.device == "cuda" and t.num_gpus <= 0:
             raise ConfigError(f"runtime.tiers[{i}].num_gpus", t.num_gpus,
                               "a GPU share > 0 when runtime.device=cuda (an executor given no "

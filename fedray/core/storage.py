@@ -16,7 +16,7 @@ import os
 import re
 import sys
 import zipfile
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -25,6 +25,18 @@ from fedray.core.spec import redact
 
 TREE = "__tree__"
 LATEST_LINE = re.compile(r"(\d{1,9}) ([0-9a-f]{64})")  # "INDEX SHA256" in FOLDER/LATEST
+
+
+LINK_RULE = ("a symbolic link inside a run directory; fedray never reads, writes or deletes "
+             "through one (replace it with the real file or directory)")
+
+
+class Checkpoint(NamedTuple):
+    """A checkpoint read back: its index (``FOLDER/INDEX.npz``), its path and its state."""
+
+    index: int
+    path: str
+    state: Any
 
 
 class StateFileError(ValueError):
@@ -289,14 +301,24 @@ class Storage:
                                                        "(no '..', not absolute)")
         link = first_link(self.root, parts) if self.is_local else None
         if link is not None:
-            raise StateFileError(link, "a symbolic link inside a run directory; fedray never "
-                                       "reads, writes or deletes through one (replace it "
-                                       "with the real file or directory)")
+            raise StateFileError(link, LINK_RULE)
         return f"{self.root}/{rel}"
 
     @property
     def is_local(self) -> bool:
         return isinstance(self.fs, pafs.LocalFileSystem)
+
+    def check_no_links(self) -> None:
+        """Refuse a local directory that holds a symbolic link anywhere below its root
+        (fedray never makes one): checked before a run continues in it, so a planted link
+        is an error before Ray starts, not after a round has run. A
+        :class:`StateFileError` naming the first link."""
+        if not self.is_local or not os.path.isdir(self.root):
+            return
+        for top, dirs, files in os.walk(self.root):
+            for name in sorted(dirs + files):
+                if os.path.islink(os.path.join(top, name)):
+                    raise StateFileError(os.path.join(top, name), LINK_RULE)
 
     def write_bytes(self, rel: str, data: bytes, durable: bool = False) -> None:
         """Write atomically where the filesystem allows (temp file + move; the temp file is
@@ -401,10 +423,16 @@ class Storage:
 
     def read_checkpoint(self, folder: str = "checkpoints") -> Any | None:
         """The newest intact checkpoint ``FOLDER/LATEST`` names (None when there is none
-        yet). A checkpoint is read as data only when its SHA-256 matches the one in
-        ``LATEST`` (which is never used as a path); a damaged newest one is skipped for the
-        next with a warning on stderr naming it; when none is intact the error names the
-        newest."""
+        yet): :meth:`newest_checkpoint`'s state."""
+        ck = self.newest_checkpoint(folder)
+        return None if ck is None else ck.state
+
+    def newest_checkpoint(self, folder: str = "checkpoints") -> Checkpoint | None:
+        """The newest intact checkpoint ``FOLDER/LATEST`` names, with its index (None when
+        there is none yet). A checkpoint is read as data only when its SHA-256 matches the
+        one in ``LATEST`` (which is never used as a path); a damaged newest one is skipped
+        for the next with a warning on stderr naming it; when none is intact the error
+        names the newest."""
         latest = f"{folder}/LATEST"
         lines = self._latest_lines(folder)
         if not lines and not self.exists(latest):
@@ -416,10 +444,11 @@ class Storage:
             except StateFileError as e:
                 first = first or e
                 continue
+            index = int(line.split()[0])
             if first is not None:
                 print(f"fedray: {first}; using the older checkpoint {folder}/"
-                      f"{int(line.split()[0]):06d}.npz", file=sys.stderr, flush=True)
-            return obj
+                      f"{index:06d}.npz", file=sys.stderr, flush=True)
+            return Checkpoint(index, self.path(f"{folder}/{index:06d}.npz"), obj)
         raise first  # type: ignore[misc]
 
     def _read_named(self, folder: str, line: str) -> Any:

@@ -199,10 +199,10 @@ def _rows(path: str, where: str, x: Any, y: list, index: dict[str, int] | None, 
     except (ValueError, TypeError, OverflowError):
         raise bad_file(path, where, "x: equal-length lists of numbers; y: integer labels"
                        ) from None
-    if xa.ndim != 2 or ya.ndim != 1 or not np.isfinite(xa).all() or \
+    if xa.ndim != 2 or ya.ndim != 1 or xa.shape[1] == 0 or not np.isfinite(xa).all() or \
             not (ya == np.round(ya)).all() or ((ya < 0) | (ya >= MAX_CLASSES)).any():
-        raise bad_file(path, where, f"x: equal-length lists of finite numbers; y: integer labels "
-                                    f"in 0..{MAX_CLASSES - 1}")
+        raise bad_file(path, where, f"x: equal-length, non-empty lists of finite numbers; y: "
+                                    f"integer labels in 0..{MAX_CLASSES - 1}")
     return (texts if texts is not None and index is None else xa), ya.astype(np.int64), kind
 
 
@@ -211,13 +211,20 @@ def celeba_rows(path: str, where: str, names: list, images: str | None) -> np.nd
     RGB) of one user, by file name in ``images`` (LEAF's ``data/raw/img_align_celeba``,
     here ``data.root/raw/img_align_celeba``); float32 rows of (3, 84, 84) scaled to [0, 1]
     (LEAF feeds 0..255 to a network that starts with batch norm). A name must be a plain
-    file name of a regular file inside the folder (no link out of it); a file that does not
-    decode, or a decompression bomb, is one error."""
+    file name of a regular file inside the folder (no link out of it), and the folder lies
+    inside data.root (no link out of that either); a file that does not decode, or a
+    decompression bomb, is one error."""
     from PIL import Image, UnidentifiedImageError
 
     if images is None or not os.path.isdir(images):
         raise bad_file(path, where, f"CelebA's images in a folder {os.path.join(*CELEBA_IMAGES)}"
                                     f" of data.root (image names in x)")
+    root = images
+    for _ in CELEBA_IMAGES:  # images is data.root/raw/img_align_celeba
+        root = os.path.dirname(root)
+    if not resolves_inside(images, root):
+        raise bad_file(path, where, f"CelebA's images in a folder inside data.root ({images} "
+                                    f"links out of it)")
     out = np.empty((len(names), 3 * CELEBA_SIZE * CELEBA_SIZE), np.float32)
     for i, name in enumerate(names):
         full = os.path.join(images, name) if isinstance(name, str) else ""

@@ -42,13 +42,13 @@ from fedray.data.population import (
     DAMAGED_ENTRY,
     GLOBAL_TEST_RULE,
     TablePopulation,
-    _cache_root,
     _remove_stale_temps,
     _temp_name,
     batch_arrays,
     entry_paths,
     global_test_size,
     held_out_entry,
+    populations_folder,
     rows_table,
 )
 
@@ -124,7 +124,7 @@ def natural_split_population(d: DataConfig, num_clients: int, seed: int, kind: s
     key = hashlib.sha256(json.dumps([kind, stat, d.min_samples, num_clients, seed,
                                      key_extra or [], GLOBAL_TEST_RULE]).encode()
                          ).hexdigest()[:32]
-    folder = os.path.join(_cache_root(d), "populations")
+    folder = populations_folder(d)
     _remove_stale_temps(folder)
     path, index_path = (os.path.join(folder, key + ext) for ext in (".arrow", ".index.npz"))
     if all(os.path.isfile(p) and resolves_inside(p, folder) for p in (path, index_path)):

@@ -35,7 +35,7 @@ from typing import Any, Literal
 import numpy as np
 
 from fedray.core.config import DataConfig, ExperimentConfig
-from fedray.core.outputs import resolves_inside
+from fedray.core.outputs import refuse_links, resolves_inside
 from fedray.core.seeding import bounded_integers, rng, rngs
 from fedray.core.spec import ConfigError, redact, short_repr
 from fedray.core.storage import open_new
@@ -337,6 +337,13 @@ _TEMP = re.compile(r"^[0-9a-f]{32}(?:\.test)?\.(?:arrow|index\.npz|spool)\.tmp-"
 def _cache_root(d: DataConfig) -> str:
     return d.cache_dir or os.environ.get("FEDRAY_CACHE") or os.path.join(
         os.path.expanduser("~"), ".cache", "fedray")
+
+
+def populations_folder(d: DataConfig) -> str:
+    """The cache's folder of population entries, ``CACHE/populations``: the cache root is
+    the user's choice (and may be a link), the folder below it may not be one — entries
+    are written and stale temporary files deleted there, never through a link."""
+    return refuse_links(_cache_root(d), "populations", "data.cache_dir")
 
 
 def _parquet(d: DataConfig) -> bool:
@@ -874,7 +881,7 @@ class TablePopulation:
                                          d.local_test_fraction, num_clients, seed,
                                          GLOBAL_TEST_RULE]).encode()
                              ).hexdigest()[:32]
-        folder = os.path.join(_cache_root(d), "populations")
+        folder = populations_folder(d)
         _remove_stale_temps(folder)
         path = os.path.join(folder, key + ".arrow")
         index_path = os.path.join(folder, key + ".index.npz")

@@ -29,7 +29,7 @@ import numpy as np
 
 from fedray.core.config import ExperimentConfig
 from fedray.core.seeding import rng, torch_generator, torch_seeded
-from fedray.core.spec import ConfigError
+from fedray.core.spec import ConfigError, shown
 from fedray.core.storage import StateFileError, Storage, check_npz
 from fedray.observe.metrics import json_text
 
@@ -207,7 +207,39 @@ def load_base(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         raise ConfigError("algorithm.base", path,
                           "a directory written by `fedray pretrain` (holding base.npz)")
     state = _read_npz(storage, "base.npz", "a base `fedray pretrain` wrote")
-    return state, storage.read_json("base.json", "the JSON `fedray pretrain` wrote")
+    meta = storage.read_json("base.json", "the JSON `fedray pretrain` wrote")
+    heads = ("orthogonal", "kaiming", "trainable")
+    if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict) or \
+            meta.get("head") not in heads:
+        raise StateFileError(storage.path("base.json"), f"the JSON `fedray pretrain` writes: "
+                                                        f"an object with the base's model "
+                                                        f"(a mapping) and its head (one of "
+                                                        f"{', '.join(heads)})")
+    bad = next((k for k, v in state.items() if v.dtype.kind != "f"), None)
+    if bad is not None:
+        raise StateFileError(storage.path("base.npz"), f"float arrays as `fedray pretrain` "
+                                                       f"writes ({shown(bad)!r} is "
+                                                       f"{state[bad].dtype})")
+    return state, meta
+
+
+def check_base_state(base: str | None, cfg: ExperimentConfig, data: Any) -> None:
+    """Refuse, before Ray starts, a base whose arrays are not the configured model's on
+    this data (every entry of its state dict, of the same shape), which would otherwise
+    fail inside every executor."""
+    if base is None:
+        return
+    state, _ = load_base(base)
+    want = build_base_model(cfg, data.input_shape, data.num_classes).state_dict()
+    for key in sorted(want):
+        if key not in state:
+            raise ConfigError("algorithm.base", base, f"a base of this run's model on this "
+                                                      f"data (it lacks {shown(key)!r})")
+        if tuple(state[key].shape) != tuple(want[key].shape):
+            raise ConfigError("algorithm.base", base, f"a base of this run's model on this "
+                                                      f"data ({shown(key)!r} is "
+                                                      f"{tuple(state[key].shape)}, the "
+                                                      f"model's {tuple(want[key].shape)})")
 
 
 def _read_npz(storage: Storage, name: str, what: str) -> dict[str, np.ndarray]:

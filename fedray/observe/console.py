@@ -13,6 +13,7 @@ import io
 import json
 import logging
 import os
+import re
 import sys
 import warnings
 from collections.abc import Iterator
@@ -192,13 +193,27 @@ class JobParser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # colour codes Ray puts in remote tracebacks
+
+
+def original(e: BaseException) -> BaseException:
+    """The error an actor raised, for one raised through Ray: a ``RayTaskError`` carries
+    the remote traceback in its text and the original exception as ``cause`` (unwrapped
+    through nested calls: the entry process -> the driver actor -> an executor)."""
+    while type(e).__name__.startswith("RayTaskError") and isinstance(
+            getattr(e, "cause", None), BaseException) and e.cause is not e:
+        e = e.cause
+    return e
+
+
 def failure(e: BaseException) -> tuple[str, int]:
     """The one line and exit status of an error that ended a command or job: bad input
     (ValueError: config, state file, usage) 2, a failed run (RuntimeError the runtime
     raises with its reason) 1, a signal 130/143, anything else an internal error 3."""
     from fedray.core.spec import redact
 
-    text = " ".join(str(e).split())[:2000]
+    e = original(e)
+    text = " ".join(ANSI.sub("", str(e)).split())[:2000]
     if isinstance(e, Stopped):
         return redact(text), e.code
     if isinstance(e, KeyboardInterrupt):

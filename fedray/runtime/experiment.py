@@ -74,7 +74,7 @@ def check_reachable(address: str, field: str, timeout: float = 10.0) -> None:
     to Ray."""
     import socket
 
-    hostport = address.split("://", 1)[-1].split("/", 1)[0]
+    hostport = address.split("://", 1)[-1].split("/", 1)[0].rpartition("@")[2]  # no user info
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
         return
@@ -170,6 +170,7 @@ class Experiment:
             if not self.storage.exists("config.yaml"):
                 raise ConfigError("--resume", self.run_dir, "a run directory holding "
                                                             "config.yaml")
+            self.storage.check_no_links()
             states = checkpoint.read(self.storage)
         elif not overwrite and not self.storage.is_empty():
             raise ConfigError("run_dir", self.run_dir, "an empty or new directory (this one "

@@ -108,9 +108,11 @@ class FedAvg(Algorithm):
 
     @classmethod
     def check_data(cls, cfg: Any, data: Any) -> None:
-        """``algorithm.base`` has not seen any sample this run tests on."""
-        from fedray.models.pretrain import check_base_split
+        """``algorithm.base`` holds this run's model on this data and has not seen any
+        sample this run tests on."""
+        from fedray.models.pretrain import check_base_split, check_base_state
 
+        check_base_state(cfg.algorithm.get("base"), cfg, data)
         check_base_split(cfg.algorithm.get("base"), cfg, data)
 
     @classmethod
