@@ -240,6 +240,13 @@ def _corrupt_summary(tmp):
     return ["report", run, "--out", os.path.join(tmp, "rep")]
 
 
+def _ids_file(tmp: str, line: str) -> list[str]:
+    path = os.path.join(tmp, "ids.txt")
+    with open(path, "w") as f:
+        f.write(line + "\n")
+    return ["config", "-s", f"adversary.clients={path}"]
+
+
 def _args(*argv):
     return lambda tmp: list(argv)
 
@@ -299,6 +306,8 @@ CLI_CASES = [
                                    "local.lr=grid:0.1"), 2, "'--name'"),
     ("adversary ids: /etc/passwd", _args("config", "-s", "adversary.clients=/etc/passwd"), 2,
      "line 1 is not a non-negative integer"),
+    ("adversary ids: a 5,000-digit id", lambda tmp: _ids_file(tmp, "1" * 5000), 2,
+     "line 1 is not a non-negative integer of at most 18 digits"),
     ("pretrain into a used --out", lambda tmp: ["pretrain", CONFIG, "-o",
                                                 write_run(os.path.join(tmp, "run"))], 2,
      "--overwrite"),
