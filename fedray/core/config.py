@@ -855,6 +855,28 @@ def check_name(name: Any, field: str) -> str:
 def validate(cfg: ExperimentConfig) -> None:
     """Cross-field rules, the registered sections, the model and the method's parameters."""
     check_name(cfg.name, "name")
+    _validate_clients(cfg)
+    _validate_data(cfg)
+    _validate_population(cfg)
+    if cfg.eval.clients == "all" and cfg.clients.num_clients > EVAL_ALL_MAX:
+        raise ConfigError("eval.clients", "all", f"sampled or none above {EVAL_ALL_MAX:,} "
+                          f"clients (all evaluates every one of the {cfg.clients.num_clients:,} "
+                          f"clients every round)")
+    for section in [cfg.fleet, cfg.dp, cfg.tracking, *cfg.sections.values()]:
+        if hasattr(section, "validate"):
+            section.validate(cfg)
+    _validate_codecs(cfg)
+    _validate_transforms(cfg)
+    model = dict(cfg.model)
+    name = model.pop("name", "mlp")
+    cfg.model = {"name": name, **check_kwargs(registry.model_entry(name), model, "model")}
+    _validate_sizes(cfg.model)
+    _resolve_method(cfg)
+
+
+def _validate_clients(cfg: ExperimentConfig) -> None:
+    """The sample against the population, the tiers (named, unique, their resources) and
+    each client's tier (listed or by shares)."""
     c = cfg.clients
     if c.per_round is not None and c.per_round > c.num_clients:
         raise ConfigError("clients.per_round", c.per_round,
@@ -883,6 +905,11 @@ def validate(cfg: ExperimentConfig) -> None:
         for i, t in enumerate(c.tiers):
             if t not in names:
                 raise ConfigError(f"clients.tiers[{i}]", t, f"one of the tiers {names}")
+
+
+def _validate_data(cfg: ExperimentConfig) -> None:
+    """The dataset's own checks, the partition's and the drift's against the dataset and
+    the rounds, local DP-SGD's noise."""
     dataset = registry.dataset(cfg.data.dataset)
     if dataset.check is not None:
         dataset.check(cfg)
@@ -893,27 +920,14 @@ def validate(cfg: ExperimentConfig) -> None:
     if cfg.data.drift_round is not None and cfg.data.drift_round > cfg.rounds:
         raise ConfigError("data.drift_round", cfg.data.drift_round,
                           f"a round in 1..rounds = {cfg.rounds}")
-
     if cfg.local.dp_noise_multiplier == 0:
         raise ConfigError("local.dp_noise_multiplier", 0, "> 0 (0 adds no noise: ε = ∞; "
                                                           "leave it unset for no DP-SGD)")
-    _validate_population(cfg)
-    if cfg.eval.clients == "all" and c.num_clients > EVAL_ALL_MAX:
-        raise ConfigError("eval.clients", "all", f"sampled or none above {EVAL_ALL_MAX:,} "
-                          f"clients (all evaluates every one of the {c.num_clients:,} clients "
-                          f"every round)")
-    for section in [cfg.fleet, cfg.dp, cfg.tracking, *cfg.sections.values()]:
-        if hasattr(section, "validate"):
-            section.validate(cfg)
 
-    _validate_codecs(cfg)
-    _validate_transforms(cfg)
 
-    model = dict(cfg.model)
-    name = model.pop("name", "mlp")
-    cfg.model = {"name": name, **check_kwargs(registry.model_entry(name), model, "model")}
-    _validate_sizes(cfg.model)
-
+def _resolve_method(cfg: ExperimentConfig) -> None:
+    """``cfg.algorithm`` as the method's parameters (keys renamed or retired refused, its
+    own ``validate``), ``cfg.server`` resolved for the method, then the method's checks."""
     algo = dict(cfg.algorithm)
     aname = algo.pop("name", DEFAULT_METHOD)
     method_cls = registry.method(aname, path="algorithm.name")
