@@ -318,8 +318,11 @@ def test_resume_of_a_missing_dir_is_refused_and_creates_nothing(tmp_path):
 def test_resume_may_change_rounds_only(run_dir):
     assert resume_config(str(run_dir), ["rounds=5"]).rounds == 5
     assert resume_config(str(run_dir), ["rounds=2"]).rounds == 2
-    with pytest.raises(ConfigError, match="at least the 2 rounds the run was started with"):
+    with pytest.raises(ConfigError, match="at least the 2 rounds the run has on record"):
         resume_config(str(run_dir), ["rounds=1"])
+    Storage(str(run_dir)).write_checkpoint(6, {"round": 6}, keep=2)  # it has run 6 rounds
+    with pytest.raises(ConfigError, match="at least the 6 rounds the run has on record"):
+        resume_config(str(run_dir), ["rounds=5"])
     with pytest.raises(ConfigError, match="only rounds=N may change"):
         resume_config(str(run_dir), ["local.lr=0.5"])
 

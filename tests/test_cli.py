@@ -270,6 +270,11 @@ def test_every_json_command_prints_one_strict_json_object(small_run, tmp_path, m
     assert res.exit_code == 0 and "2 rounds in" in res.stdout  # without --json: for people
     assert f"files in {tmp_path / 'run'}:" in res.stdout and "rounds.parquet" in res.stdout
     assert "[stage 1/1] json" not in res.stdout  # progress: stderr only
+    import yaml  # the raised rounds are the run's now: recorded, and never lowered again
+
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["rounds"] == 2
+    res = runner.invoke(app, ["run", "--resume", str(tmp_path / "run"), "-s", "rounds=1"])
+    assert res.exit_code == 2 and "at least the 2 rounds the run has on record" in res.output
     res = runner.invoke(app, ["-v", "config", "--json"])  # the global option
     assert res.exit_code == 0 and strict_json(res.stdout)["rounds"] > 0
 

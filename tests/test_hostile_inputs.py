@@ -215,6 +215,7 @@ def _wrong_shape_checkpoint(tmp):
     state = ck.read(s)
     key = sorted(state["server"]["params"])[0]
     state["server"]["params"][key] = np.zeros((3, 3), np.float32)
+    state["server"]["round"] = 2  # checkpoint 2 holds round 2: only the shape is foreign
     ck.write(s, 2, {"server": _State(state["server"])})
     return ["run", "--resume", run, "--no-progress"]
 
@@ -683,3 +684,34 @@ def test_sigterm_stops_a_run_with_one_line_and_resume_stays_bitwise(ray_session,
 
     a, b = final(tmp_path / "full"), final(tmp_path / "cut")
     assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_a_signal_that_ray_wrapped_still_stops_the_run_as_a_signal(tmp_path, monkeypatch):
+    """A SIGINT that arrives while Ray's compiled code runs (``ray.get`` of the driver's
+    setup, the seconds a user is most likely to press Ctrl-C) is raised there and comes
+    out as Ray's SystemError caused by the signal's Stopped: still the stop's one line and
+    exit status, and the new run directory removed — not an internal error, exit 3."""
+    from fedray.core.config import load_config
+    from fedray.observe.console import Stopped, failure
+    from fedray.runtime import experiment
+
+    def start(self):
+        self.storage.write_bytes("config.yaml", b"name: x\n")  # the run dir exists
+        try:
+            raise Stopped("SIGINT", 130)
+        except Stopped as stop:
+            raise SystemError("<built-in method __new__> returned a result with an "
+                              "exception set") from stop
+
+    monkeypatch.setattr(experiment.Experiment, "start", start)
+    run = tmp_path / "run"
+    with pytest.raises(Stopped) as err:
+        experiment.run_experiment(load_config(None, ["clients.num_clients=4", "rounds=1"]),
+                                  str(run), progress=False)
+    line, code = failure(err.value)
+    assert code == 130 and "stopped by SIGINT before its first checkpoint" in line, line
+    assert not run.exists()
+    try:
+        raise SystemError("wrapped") from Stopped("SIGTERM", 143)
+    except SystemError as wrapped:
+        assert failure(wrapped) == ("stopped by SIGTERM", 143)

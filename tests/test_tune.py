@@ -249,3 +249,32 @@ def test_interrupted_sweep_resumes(ray_session, tmp_path):
     # resumed from a checkpoint
     assert any(0 < s["rounds_this_session"] < 20 for s in sessions), [
         (r["trial"], s["rounds_this_session"]) for r, s in zip(res.table, sessions, strict=True)]
+
+
+def test_the_sweep_progress_counts_the_rounds_trials_really_ran():
+    """Four trials of 4 rounds, three stopped by ASHA after round 1: the bar ends at 7 of
+    7 rounds (it once said 16/16 although 7 ran), and counts 4 for a trial not yet seen."""
+    from types import SimpleNamespace
+
+    from fedray.front.tune import rounds_callback
+
+    class Stage:
+        def __init__(self):
+            self.shown = []
+
+        def report(self, done, total=None, note=None):
+            self.shown.append((done, total, note))
+
+    stage = Stage()
+    cb = rounds_callback(stage, rounds=4, n_trials=4)
+    trials = [SimpleNamespace(trial_id=f"t{i}") for i in range(4)]
+    cb.on_trial_result(0, trials, trials[0], {"round": 1})
+    assert stage.shown[-1][:2] == (1, 16)
+    for t in trials[1:]:
+        cb.on_trial_result(0, trials, t, {"round": 1})
+        cb.on_trial_complete(0, trials, t)  # stopped early by the scheduler
+    assert stage.shown[-1] == (4, 7, "3/4 trials ended")
+    for r in (2, 3, 4):
+        cb.on_trial_result(0, trials, trials[0], {"round": r})
+    cb.on_trial_complete(0, trials, trials[0])
+    assert stage.shown[-1] == (7, 7, "4/4 trials ended")

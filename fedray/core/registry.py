@@ -179,8 +179,9 @@ CAPABILITIES = {
     "transforms": "update transforms (payload.transforms): the upload has the broadcast's "
                   "tensor shapes",
     "continual": "a continual task stream (continual.tasks)",
-    "linear": "runtime.reduce=executors: the step depends on the uploads only through "
-              "Σ w_i Δ_i and Σ w_i (AggregationPolicy.weight / aggregate_sum)",
+    "linear": "the step depends on the uploads only through Σ w_i Δ_i and Σ w_i "
+              "(AggregationPolicy.weight / aggregate_sum), as summing on the executors "
+              "(runtime.reduce=executors) and secure aggregation (secagg.enabled) need",
     "asynchronous": "an event queue in simulated time instead of rounds (buffer_size)",
     "client_state": "per-client state kept between a client's rounds (optimizer state, "
                     "private adapters, replay buffers)",

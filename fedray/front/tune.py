@@ -466,27 +466,36 @@ def ended_callback(store: Any, head: dict[str, Any], ended: frozenset[int]) -> A
 
 
 def rounds_callback(stage: Any, rounds: int, n_trials: int) -> Any:
-    """A Tune callback (it runs in this process) that reports the rounds done over all
-    trials to ``stage``: a trial's latest round, all of its rounds once it ended. Tune
-    pickles it with the sweep's state (never read back): the stage stays behind."""
+    """A Tune callback (it runs in this process) that reports the rounds run over all
+    trials to ``stage``: done is the rounds the trials ran; the total counts ``rounds`` for
+    a trial still running or not started and, for one that ended (finished, stopped early
+    by the scheduler, or failed), the rounds it ran — so a sweep whose scheduler stopped
+    trials ends at its true count, not at rounds × trials. Tune pickles it with the
+    sweep's state (never read back): the stage stays behind."""
     from ray import tune
 
     class RoundsDone(tune.Callback):
         def __init__(self, stage: Any, rounds: int, n_trials: int) -> None:
             self.stage, self.rounds, self.n_trials = stage, rounds, n_trials
-            self.done: dict[str, int] = {}
+            self.ran: dict[str, int] = {}
+            self.ended: set[str] = set()
 
         def __getstate__(self) -> dict:
             return self.__dict__ | {"stage": None}
 
-        def _report(self, trial: Any, done: int) -> None:
+        def _report(self, trial: Any, ran: int | None = None, ended: bool = False) -> None:
             if self.stage is None:
                 return
-            self.done[trial.trial_id] = done
-            ended = sum(v == self.rounds for v in self.done.values())
-            self.stage.report(sum(self.done.values()),
-                              self.rounds * max(self.n_trials, len(self.done)),
-                              note=f"{ended}/{self.n_trials} trials ended")
+            if ran is not None:
+                self.ran[trial.trial_id] = max(ran, self.ran.get(trial.trial_id, 0))
+            else:
+                self.ran.setdefault(trial.trial_id, 0)
+            if ended:
+                self.ended.add(trial.trial_id)
+            unseen = max(self.n_trials - len(self.ran), 0)
+            total = sum(r if t in self.ended else self.rounds for t, r in self.ran.items())
+            self.stage.report(sum(self.ran.values()), total + unseen * self.rounds,
+                              note=f"{len(self.ended)}/{self.n_trials} trials ended")
 
         def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
                             **info: Any) -> None:
@@ -494,11 +503,11 @@ def rounds_callback(stage: Any, rounds: int, n_trials: int) -> Any:
 
         def on_trial_complete(self, iteration: int, trials: list, trial: Any,
                               **info: Any) -> None:
-            self._report(trial, self.rounds)
+            self._report(trial, ended=True)
 
         def on_trial_error(self, iteration: int, trials: list, trial: Any,
                            **info: Any) -> None:
-            self._report(trial, self.rounds)
+            self._report(trial, ended=True)
 
     return RoundsDone(stage, rounds, n_trials)
 

@@ -197,13 +197,32 @@ ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # colour codes Ray puts in remote t
 
 
 def original(e: BaseException) -> BaseException:
-    """The error an actor raised, for one raised through Ray: a ``RayTaskError`` carries
-    the remote traceback in its text and the original exception as ``cause`` (unwrapped
-    through nested calls: the entry process -> the driver actor -> an executor)."""
+    """The error that really ended the command: a signal's :class:`Stopped` (or
+    KeyboardInterrupt) wherever it hides in the chain (:func:`interrupted`); else, for one
+    raised through Ray, the error the actor raised — a ``RayTaskError`` carries the remote
+    traceback in its text and the original exception as ``cause`` (unwrapped through nested
+    calls: the entry process -> the driver actor -> an executor)."""
+    stop = interrupted(e)
+    if stop is not None:
+        return stop
     while type(e).__name__.startswith("RayTaskError") and isinstance(
             getattr(e, "cause", None), BaseException) and e.cause is not e:
         e = e.cause
     return e
+
+
+def interrupted(e: BaseException) -> BaseException | None:
+    """The :class:`Stopped` or KeyboardInterrupt behind ``e`` (itself, or its cause or
+    context, a few links deep), or None. A signal that arrives while Ray's compiled code
+    runs (``ray.get`` during a driver's setup) raises there and comes out as Ray's
+    ``SystemError`` with the signal's exception as its cause."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen and len(seen) < 16:
+        if isinstance(e, Stopped | KeyboardInterrupt):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def failure(e: BaseException) -> tuple[str, int]:

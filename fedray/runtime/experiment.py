@@ -24,7 +24,7 @@ from fedray.core.config import ExperimentConfig, load_config, migrate_stored, pa
 from fedray.core.spec import ConfigError, redact, shown
 from fedray.core.storage import Storage, read_marker
 from fedray.methods.base import cohort_size
-from fedray.observe.console import Stopped
+from fedray.observe.console import Stopped, interrupted
 from fedray.observe.metrics import json_text
 from fedray.observe.progress import Progress
 from fedray.observe.tracking import Tracker
@@ -231,6 +231,16 @@ class Experiment:
         if hasattr(self.data, "partition_table"):  # the partition, computed once
             self.storage.write_parquet("partition.parquet", self.data.partition_table())
 
+    def _record_rounds(self) -> None:
+        """A resume that raised ``rounds`` writes it into ``config.yaml`` (the one key a
+        resume may change), so the run directory says how far the run goes: a later
+        ``--resume`` continues to it, and ``-s rounds=N`` below it is refused."""
+        stored = stored_config(self.storage)
+        if stored.get("rounds") != self.given.rounds:
+            self.storage.write_bytes("config.yaml", yaml.safe_dump(
+                {**stored, "rounds": self.given.rounds}, sort_keys=False).encode(),
+                durable=True)
+
     def stopped(self, e: BaseException) -> Stopped:
         """The :class:`Stopped` a signal ends this run with: which signal, the last
         checkpointed round and the command that continues from it."""
@@ -323,6 +333,8 @@ class Experiment:
             self.info = ray.get(self.driver.setup.remote(self.resume))
             if self.replacing:
                 self._write_run_files()
+            if self.resume:
+                self._record_rounds()
             if self.tracker is not None:
                 self.tracker.start(self.cfg.to_dict(), self.info["round"])
         except Exception:
@@ -467,11 +479,11 @@ def run_experiment(cfg: ExperimentConfig, run_dir: str | None = None, *, resume:
                 if on_round is not None:
                     on_round(row)
         return exp.close()
-    except (Stopped, KeyboardInterrupt) as e:
+    except BaseException as e:
+        stop = interrupted(e)  # a signal inside Ray's compiled code comes out wrapped
         exp.discard()
-        raise exp.stopped(e) from None
-    except BaseException:
-        exp.discard()
+        if stop is not None:
+            raise exp.stopped(stop) from None
         raise
     finally:
         exp.release()
@@ -795,11 +807,15 @@ def resume_config(run_dir: str, overrides: list[str] = ()) -> ExperimentConfig:
         if not text.startswith("rounds="):
             raise ConfigError(text.split("=")[0], text, "only rounds=N may change on --resume")
     cfg = load_config(None, overrides, base=base)
-    if overrides:  # only rounds=N: never below the stored run's
+    if overrides:  # only rounds=N: never below the stored run's nor the rounds it has run
         stored = load_config(None, [], base=base).rounds
-        if cfg.rounds < stored:
-            raise ConfigError("rounds", cfg.rounds, f"at least the {stored} rounds the run "
-                                                    f"was started with (--resume may only "
+        try:
+            ran = storage.latest_index() or 0
+        except (ValueError, OSError):  # a planted LATEST: the resume itself refuses it
+            ran = 0
+        if cfg.rounds < max(stored, ran):
+            raise ConfigError("rounds", cfg.rounds, f"at least the {max(stored, ran)} rounds "
+                                                    f"the run has on record (--resume may only "
                                                     f"raise it)")
     return cfg
 
