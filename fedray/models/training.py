@@ -22,6 +22,9 @@ def get_state(model: nn.Module) -> dict[str, np.ndarray]:
             for k, v in model.state_dict().items()}
 
 
+NOT_WRITABLE = "The given NumPy array is not writable"  # torch's warning, read-only arrays
+
+
 def input_tensor(a: np.ndarray, device: Any) -> torch.Tensor:
     """``a`` as a tensor on ``device``, without a copy where it already lives. A client's
     arrays are views of the memory-mapped, read-only population cache, and the code that
@@ -31,7 +34,7 @@ def input_tensor(a: np.ndarray, device: Any) -> torch.Tensor:
     if a.flags.writeable:
         return torch.from_numpy(a).to(device)
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+        warnings.filterwarnings("ignore", NOT_WRITABLE)
         return torch.from_numpy(a).to(device)
 
 
@@ -43,7 +46,7 @@ def set_state(model: nn.Module, state: Mapping[str, np.ndarray]) -> None:
         raise KeyError(f"state lacks {sorted(missing)[:5]}")
     with torch.no_grad(), warnings.catch_warnings():
         # a broadcast decoded from the object store is read-only; copy_ only reads it
-        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+        warnings.filterwarnings("ignore", NOT_WRITABLE)
         for k, v in own.items():
             v.copy_(torch.from_numpy(np.asarray(state[k])).reshape(v.shape))
 
