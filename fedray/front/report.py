@@ -213,9 +213,37 @@ def _finish(ax: Any, **labels: Any) -> None:
 def _accuracy_plots(runs: list[dict], groups: list[dict], out_dir: str) -> list[dict]:
     """The figures (see the module docstring); each as :func:`fedray.observe.plots.save_figure`
     describes it."""
-    plt = _plt()
-    figures = []
     what = _what(groups, runs)
+    figures = [_per_round_plot(runs, groups, what, out_dir),
+               _cost_plot(runs, groups, what, out_dir, "cum_bytes", "Accuracy vs communication",
+                          axis_label("cumulative bytes sent, upload + download", "log scale",
+                                     "← cheaper"), log=True)]
+    timed = [g for g in groups if all("cum_sim_seconds" in r["rounds"] for r in g["runs"])]
+    if timed:  # the virtual clock (fedray.services.fleet): what a deployment would wait for
+        longest = max(float(r["rounds"]["cum_sim_seconds"].max()) for g in timed
+                      for r in g["runs"])
+        unit, scale = (("seconds", 1.0) if longest < 120 else
+                       ("minutes", 60.0) if longest < 7200 else ("hours", 3600.0))
+        figures.append(_cost_plot(
+            runs, timed, what, out_dir, "cum_sim_seconds", "Accuracy vs simulated time",
+            axis_label("simulated time on the fleet clock", unit, "← faster"), scale=scale))
+    private = [g for g in groups if all("dp_epsilon" in r["rounds"] for r in g["runs"])]
+    if private:  # client-level DP (fedray.services.privacy): what each accuracy cost in privacy
+        figures.append(_cost_plot(
+            runs, private, what, out_dir, "dp_epsilon", "Accuracy vs privacy spent",
+            "client-level ε so far (at the run's δ; ← more private)"))
+    figures += _attack_plots(groups, what, out_dir)
+    figures += _secagg_plots(groups, out_dir)
+    tiered = [g for g in groups if all(_tiers(r) for r in g["runs"])]
+    if tiered:
+        figures.append(_tier_plot(runs, tiered, what, out_dir))
+    return figures
+
+
+def _per_round_plot(runs: list[dict], groups: list[dict], what: str, out_dir: str) -> dict:
+    """Global and personalized accuracy against the round, side by side; one run's band is
+    its spread over clients, several seeds' bars their spread over seeds."""
+    plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.4), sharey=True)
     seeded = any(len(g["runs"]) > 1 for g in groups)
     for g in groups:
@@ -237,60 +265,42 @@ def _accuracy_plots(runs: list[dict], groups: list[dict], out_dir: str) -> list[
                            f"(mean over clients; {'; '.join(p for p in (band, spread) if p)})",
             xlabel="round", ylabel=axis_label("personalized accuracy", FRACTION, UP))
     fig.suptitle(f"Accuracy per round: {what}")
-    figures.append(save_figure(fig, out_dir, "accuracy_vs_round.png"))
+    return save_figure(fig, out_dir, "accuracy_vs_round.png")
 
+
+_COST_FILES = {"cum_bytes": "accuracy_vs_bytes.png", "cum_sim_seconds": "accuracy_vs_sim_time.png",
+               "dp_epsilon": "accuracy_vs_epsilon.png"}
+
+
+def _cost_plot(runs: list[dict], groups: list[dict], what: str, out_dir: str, x: str,
+               title: str, xlabel: str, scale: float = 1.0, log: bool = False) -> dict:
+    """Global accuracy against the rounds' cumulative cost column ``x`` (bytes sent, the
+    fleet clock's seconds, the client-level ε spent), ``x`` divided by ``scale``."""
+    plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.6))
     for g in groups:
-        _draw(ax, g["label"], [_frame(r, "global_accuracy", "cum_bytes") for r in g["runs"]])
-    ax.set_xscale("log")
+        frames = [_frame(r, "global_accuracy", x) for r in g["runs"]]
+        _draw(ax, g["label"], [f.assign(x=f["x"] / scale) for f in frames] if scale != 1.0
+              else frames)
+    if log:
+        ax.set_xscale("log")
     _chance_lines(ax, runs)
-    _finish(ax, title=_title("Accuracy vs communication", what),
-            xlabel=axis_label("cumulative bytes sent, upload + download", "log scale",
-                              "← cheaper"), ylabel=ACCURACY)
-    figures.append(save_figure(fig, out_dir, "accuracy_vs_bytes.png"))
+    _finish(ax, title=_title(title, what), xlabel=xlabel, ylabel=ACCURACY)
+    return save_figure(fig, out_dir, _COST_FILES[x])
 
-    timed = [g for g in groups if all("cum_sim_seconds" in r["rounds"] for r in g["runs"])]
-    if timed:  # the virtual clock (fedray.services.fleet): what a deployment would wait for
-        longest = max(float(r["rounds"]["cum_sim_seconds"].max()) for g in timed
-                      for r in g["runs"])
-        unit, scale = (("seconds", 1.0) if longest < 120 else
-                       ("minutes", 60.0) if longest < 7200 else ("hours", 3600.0))
-        fig, ax = plt.subplots(figsize=(7, 4.6))
-        for g in timed:
-            frames = [_frame(r, "global_accuracy", "cum_sim_seconds") for r in g["runs"]]
-            _draw(ax, g["label"], [f.assign(x=f["x"] / scale) for f in frames])
-        _chance_lines(ax, runs)
-        _finish(ax, title=_title("Accuracy vs simulated time", what),
-                xlabel=axis_label("simulated time on the fleet clock", unit, "← faster"),
-                ylabel=ACCURACY)
-        figures.append(save_figure(fig, out_dir, "accuracy_vs_sim_time.png"))
 
-    private = [g for g in groups if all("dp_epsilon" in r["rounds"] for r in g["runs"])]
-    if private:  # client-level DP (fedray.services.privacy): what each accuracy cost in privacy
-        fig, ax = plt.subplots(figsize=(7, 4.6))
-        for g in private:
-            _draw(ax, g["label"], [_frame(r, "global_accuracy", "dp_epsilon")
-                                   for r in g["runs"]])
-        _chance_lines(ax, runs)
-        _finish(ax, title=_title("Accuracy vs privacy spent", what),
-                xlabel="client-level ε so far (at the run's δ; ← more private)",
-                ylabel=ACCURACY)
-        figures.append(save_figure(fig, out_dir, "accuracy_vs_epsilon.png"))
-
-    figures += _attack_plots(groups, what, out_dir)
-    figures += _secagg_plots(groups, out_dir)
-    tiered = [g for g in groups if all(_tiers(r) for r in g["runs"])]
-    if tiered:
-        fig, ax = plt.subplots(figsize=(7, 4.6))
-        for g in tiered:
-            for tier in _tiers(g["runs"][0]):
-                _draw(ax, f"{g['label']} · {tier}", [_tier_frame(r, tier) for r in g["runs"]])
-        _chance_lines(ax, runs)
-        _finish(ax, title=_title("Personalized accuracy per capacity tier (mean over the "
-                                 "tier's evaluated clients)", what),
-                xlabel="round", ylabel=axis_label("personalized accuracy", FRACTION, UP))
-        figures.append(save_figure(fig, out_dir, "accuracy_per_tier.png"))
-    return figures
+def _tier_plot(runs: list[dict], groups: list[dict], what: str, out_dir: str) -> dict:
+    """Personalized accuracy per capacity tier against the round (DROD's fleets)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.6))
+    for g in groups:
+        for tier in _tiers(g["runs"][0]):
+            _draw(ax, f"{g['label']} · {tier}", [_tier_frame(r, tier) for r in g["runs"]])
+    _chance_lines(ax, runs)
+    _finish(ax, title=_title("Personalized accuracy per capacity tier (mean over the "
+                             "tier's evaluated clients)", what),
+            xlabel="round", ylabel=axis_label("personalized accuracy", FRACTION, UP))
+    return save_figure(fig, out_dir, "accuracy_per_tier.png")
 
 
 def _attack_plots(groups: list[dict], what: str, out_dir: str) -> list[dict]:

@@ -202,11 +202,25 @@ def _epoch(cfg: ExperimentConfig, model: Any, opt: Any, xt: Any, yt: Any, epoch:
 def load_base(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """(state dict as float32 numpy, metadata) of a base written by :func:`pretrain`;
     ``path`` is its directory (local or a pyarrow.fs URI)."""
+    meta = load_base_meta(path)
+    storage = Storage(path)
+    state = _read_npz(storage, "base.npz", "a base `fedray pretrain` wrote")
+    bad = next((k for k, v in state.items() if v.dtype.kind != "f"), None)
+    if bad is not None:
+        raise StateFileError(storage.path("base.npz"), f"float arrays as `fedray pretrain` "
+                                                       f"writes ({shown(bad)!r} is "
+                                                       f"{state[bad].dtype})")
+    return state, meta
+
+
+def load_base_meta(path: str) -> dict[str, Any]:
+    """The metadata (``base.json``: the model's config and its head) of the base
+    :func:`pretrain` wrote in directory ``path``, without reading its arrays: what a config
+    check needs."""
     storage = Storage(path)
     if not storage.exists("base.npz"):
         raise ConfigError("algorithm.base", path,
                           "a directory written by `fedray pretrain` (holding base.npz)")
-    state = _read_npz(storage, "base.npz", "a base `fedray pretrain` wrote")
     meta = storage.read_json("base.json", "the JSON `fedray pretrain` wrote")
     heads = ("orthogonal", "kaiming", "trainable")
     if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict) or \
@@ -215,12 +229,7 @@ def load_base(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
                                                         f"an object with the base's model "
                                                         f"(a mapping) and its head (one of "
                                                         f"{', '.join(heads)})")
-    bad = next((k for k, v in state.items() if v.dtype.kind != "f"), None)
-    if bad is not None:
-        raise StateFileError(storage.path("base.npz"), f"float arrays as `fedray pretrain` "
-                                                       f"writes ({shown(bad)!r} is "
-                                                       f"{state[bad].dtype})")
-    return state, meta
+    return meta
 
 
 def check_base_state(base: str | None, cfg: ExperimentConfig, data: Any) -> None:

@@ -60,16 +60,13 @@ def cold_start(params: Any, shared: dict[str, np.ndarray], initial: dict[str, np
     """One row per (K, arm): accuracy, macro-F1 and target similarity over the ``authors``
     with K shots (the others are skipped and counted, see the module docstring; ``lm``:
     the LoRA-wrapped base and its tokenizer when the caller holds them)."""
-    import torch
-
     from fedray.core.seeding import derive_seed
     from fedray.data.blogtext import prompt_and_reference
-    from fedray.methods.favor import style_metrics as sm
     from fedray.methods.favor.asce import embed, load_asce
     from fedray.methods.favor.evaluate import generate
-    from fedray.methods.favor.lm import blocks, load_lm, with_lora
+    from fedray.methods.favor.lm import load_lm, with_lora
     from fedray.methods.favor.method import lora_spec
-    from fedray.methods.favor.train import StageConfig, compose, private_stage, to_numpy, to_torch
+    from fedray.methods.favor.train import StageConfig
 
     if lm is None:
         base, tok = load_lm(params.base, device)
@@ -98,35 +95,53 @@ def cold_start(params: Any, shared: dict[str, np.ndarray], initial: dict[str, np
         protos = {i: embed(enc, etok, shots[i], device=device) for i in eligible}
         src = np.concatenate(list(protos.values()))
         src_y = [i for i, p in protos.items() for _ in p]
+        starts = {"shared_init_private": shared, "random_init_private": random_init,
+                  "local_from_base": initial}
         for arm in ARMS:
             gens, gen_y = [], []
             for i in eligible:
-                if arm == "shared_only":
-                    adapter = shared
-                else:
-                    start = {"shared_init_private": shared, "random_init_private": random_init,
-                             "local_from_base": initial}[arm]
-                    ids = torch.from_numpy(blocks(tok, shots[i], params.block_length))
-                    reps = 1
-                    while not len(ids):  # shorter than one block (K = 1): repeat the shots
-                        reps *= 2
-                        ids = torch.from_numpy(blocks(tok, shots[i] * reps,
-                                                      params.block_length))
-                    res, _ = private_stage(model, to_torch(start, device), ids.to(device),
-                                           ids.to(device), None, cfg, 0.0, seed, k, i,
-                                           ramp=params.ramp)
-                    adapter = to_numpy(compose(to_torch(start, device), res))
+                adapter = shared if arm == "shared_only" else _private_from(
+                    model, tok, starts[arm], shots[i], params, cfg, seed, k, i, device)
                 texts = generate(model, tok, adapter, prompts[i], params.new_tokens,
                                  derive_seed(seed, k, i, "cold-start-generate"), device)
                 gens += texts
                 gen_y += [i] * len(texts)
-            zg = embed(enc, etok, gens, device=device)
-            acc = sm.prototype_accuracy(zg, gen_y, src, src_y)
-            ids_, proto = sm.prototypes(src, src_y)  # rows in sorted author order
-            at = {int(a): j for j, a in enumerate(ids_)}
-            own = proto[[at[y] for y in gen_y]]
-            target = float(np.mean(np.sum(sm.normalize(zg) * own, 1)))
-            rows.append({"K": k, "arm": arm, "sep_accuracy": acc["author_accuracy"],
-                         "macro_f1": acc["macro_f1"], "target_similarity": target,
+            rows.append({"K": k, "arm": arm,
+                         **_scores(embed(enc, etok, gens, device=device), gen_y, src, src_y),
                          "generations": len(gens), **count})
     return rows
+
+
+def _private_from(model: Any, tok: Any, start: dict[str, np.ndarray], shots: list[str],
+                  params: Any, cfg: Any, seed: int, k: int, author: int, device: str
+                  ) -> dict[str, np.ndarray]:
+    """``start`` plus a private residual trained on the author's ``shots`` with the
+    private-stage budget (no ASCE); shots shorter than one block (K = 1) are repeated."""
+    import torch
+
+    from fedray.methods.favor.lm import blocks
+    from fedray.methods.favor.train import compose, private_stage, to_numpy, to_torch
+
+    ids = torch.from_numpy(blocks(tok, shots, params.block_length))
+    reps = 1
+    while not len(ids):
+        reps *= 2
+        ids = torch.from_numpy(blocks(tok, shots * reps, params.block_length))
+    res, _ = private_stage(model, to_torch(start, device), ids.to(device), ids.to(device),
+                           None, cfg, 0.0, seed, k, author, ramp=params.ramp)
+    return to_numpy(compose(to_torch(start, device), res))
+
+
+def _scores(zg: np.ndarray, gen_y: list[int], src: np.ndarray, src_y: list[int]
+            ) -> dict[str, float]:
+    """Separation accuracy and macro-F1 of the generations' embeddings ``zg`` against the
+    shots' prototypes, and the target similarity: the mean cosine of a generation to its
+    own author's prototype."""
+    from fedray.methods.favor import style_metrics as sm
+
+    acc = sm.prototype_accuracy(zg, gen_y, src, src_y)
+    ids, proto = sm.prototypes(src, src_y)  # rows in sorted author order
+    at = {int(a): j for j, a in enumerate(ids)}
+    own = proto[[at[y] for y in gen_y]]
+    return {"sep_accuracy": acc["author_accuracy"], "macro_f1": acc["macro_f1"],
+            "target_similarity": float(np.mean(np.sum(sm.normalize(zg) * own, 1)))}

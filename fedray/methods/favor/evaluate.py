@@ -6,7 +6,7 @@ the final global adapter mixed with its local one at its gate, FedAvg/FedProx/
 Global ASCE the final global adapter. A roster author that no federated round trained
 (never sampled in R rounds of K of N, or sampled but every attempt failed) has no personal
 adapter: ``algorithm.unsampled`` decides (the paper's BlogText protocol leaves this case
-open; its §3.5 only says that clients not sampled *in a round* keep their latest
+open; its §3.4 (Inference) only says that clients not sampled *in a round* keep their latest
 personalized endpoint): ``global`` (default) deploys the final global adapter for it and
 scores it like everyone — what a deployed system would serve a silent author — while
 ``exclude`` neither generates for it nor scores it, so every score is about authors the
@@ -29,6 +29,7 @@ reported as unavailable.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -144,8 +145,6 @@ def evaluate_style(run_dir: str | None, data: Any, params: Any, seed: int,
     with its prompt and human continuation is written to ``archive``/generations.parquet
     (a directory or URI) for post-hoc rescoring. ``progress(generations done,
     generations)`` follows the generation, author by author."""
-    from fedray.data.blogtext import is_degenerate
-    from fedray.methods.favor.asce import embed, load_asce
     from fedray.methods.favor.lm import load_lm, with_lora
     from fedray.methods.favor.method import lora_spec
 
@@ -158,42 +157,73 @@ def evaluate_style(run_dir: str | None, data: Any, params: Any, seed: int,
     scored = [c for c in range(data.num_clients) if policy == "global" or c not in never]
     base, tok = load_lm(params.base, device)
     model = with_lora(base, lora_spec(params, dropout=0.0))
-    gens, gen_y, refs, archived, kept, total = [], [], [], [], 0, 0
-    planned = sum(len(data.prompts[c]) for c in scored)
-    for cid in scored:
-        adapter = personal.get(cid, glob)
-        texts = generate(model, tok, adapter, data.prompts[cid], params.new_tokens,
-                         derive_seed(seed, -1, cid, "generate"), device)
-        for g, p, r in zip(texts, data.prompts[cid], data.references[cid], strict=True):
-            total += 1
-            bad = is_degenerate(g, min_tokens)
-            archived.append({"client": cid, "author": data.authors[cid], "prompt": p,
-                             "generation": g, "reference": r, "degenerate": bad})
-            if bad:
-                continue
-            kept += 1
-            gens.append(g)
-            gen_y.append(cid)
-            refs.append(r)
-        if progress is not None:
-            progress(total, planned)
+    made = _generate_kept(model, tok, data, scored, personal, glob, params, seed, device,
+                          min_tokens, progress)
     if archive is not None:
         from fedray.core.storage import Storage
 
-        Storage(archive).write_parquet("generations.parquet", archived)
+        Storage(archive).write_parquet("generations.parquet", made.archived)
+    out: dict[str, Any] = {"generations": len(made.archived), "kept": len(made.texts),
+                           "personalized_clients": len(personal), "unsampled": policy,
+                           "never_sampled": len(never), "scored_authors": len(scored),
+                           "excluded_authors": data.num_clients - len(scored)}
+    if len(set(made.authors)) < 2:
+        return out | {"error": "fewer than two authors have non-degenerate generations"}
+    return out | _scores(made, data, params, device, None if policy == "global" else scored)
+
+
+@dataclass
+class _Generations:
+    """The kept (non-degenerate) generations with their authors and human continuations,
+    and every generation's archive row, kept or not."""
+
+    texts: list[str] = field(default_factory=list)
+    authors: list[int] = field(default_factory=list)
+    references: list[str] = field(default_factory=list)
+    archived: list[dict] = field(default_factory=list)
+
+
+def _generate_kept(model: Any, tok: Any, data: Any, scored: list[int], personal: dict,
+                   glob: dict, params: Any, seed: int, device: str, min_tokens: int,
+                   progress: Callable[[int, int], None] | None) -> _Generations:
+    """Each scored author continues its prompts with its deployed adapter (its personal
+    one, else the global one), seeded by (seed, author); degenerate generations are
+    archived but not kept."""
+    from fedray.data.blogtext import is_degenerate
+
+    made = _Generations()
+    planned = sum(len(data.prompts[c]) for c in scored)
+    for cid in scored:
+        texts = generate(model, tok, personal.get(cid, glob), data.prompts[cid],
+                         params.new_tokens, derive_seed(seed, -1, cid, "generate"), device)
+        for g, p, r in zip(texts, data.prompts[cid], data.references[cid], strict=True):
+            bad = is_degenerate(g, min_tokens)
+            made.archived.append({"client": cid, "author": data.authors[cid], "prompt": p,
+                                  "generation": g, "reference": r, "degenerate": bad})
+            if not bad:
+                made.texts.append(g)
+                made.authors.append(cid)
+                made.references.append(r)
+        if progress is not None:
+            progress(len(made.archived), planned)
+    return made
+
+
+def _scores(made: _Generations, data: Any, params: Any, device: str,
+            classes: list[int] | None) -> dict[str, Any]:
+    """The module docstring's scores of the kept generations against the authors' source
+    texts: attribution (over ``classes``, else every author), verification in ASCE space
+    and with stylometric features (same-topic negatives where the corpus has them),
+    cluster separation and SemSim."""
+    from fedray.methods.favor.asce import embed, load_asce
+
+    gens, gen_y = made.texts, made.authors
     enc, etok = load_asce(params.asce, device)
     src = [t for s in data.sources for t in s]
     src_y = [c for c, s in enumerate(data.sources) for _ in s]
     zs = np.concatenate(data.source_z)
-    out: dict[str, Any] = {"generations": total, "kept": kept,
-                           "personalized_clients": len(personal), "unsampled": policy,
-                           "never_sampled": len(never), "scored_authors": len(scored),
-                           "excluded_authors": data.num_clients - len(scored)}
-    if len(set(gen_y)) < 2:
-        return out | {"error": "fewer than two authors have non-degenerate generations"}
     zg = embed(enc, etok, gens, device=device)
-    out |= sm.prototype_accuracy(zg, gen_y, zs, src_y,
-                                 classes=None if policy == "global" else scored)
+    out = sm.prototype_accuracy(zg, gen_y, zs, src_y, classes=classes)
     gg = sm.verification(zg, gen_y)
     out |= {"gen_gen_auc": gg["auc"], "gen_gen_eer": gg["eer"]}
     topic = np.asarray(data.topics)
@@ -209,6 +239,6 @@ def evaluate_style(run_dir: str | None, data: Any, params: Any, seed: int,
             "gen_source_negatives": "same-topic" if negatives is not None else "any-author",
             "silhouette": sm.silhouette(zg, gen_y),
             "centroid_distance": sm.centroid_distance(zg, gen_y),
-            "semsim": semsim(gens, refs), "bertscore": None, "mauve": None}
+            "semsim": semsim(gens, made.references), "bertscore": None, "mauve": None}
     return out
 
