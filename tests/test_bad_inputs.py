@@ -31,6 +31,14 @@ CONFIG_CASES = [
     (["eval.global_test=1"], "eval.global_test", "true or false"),
     (["locall.lr=0.1"], "locall", "known keys of 'config'"),
     (["local.lrr=0.1"], "local.lrr", "known keys of 'local'"),
+    (["local.keep_optimizer_state=true"], "local.keep_optimizer_state",
+     "plain SGD keeps no state"),
+    (["eval.finetune_epochs=1", "algorithm.name=favor", "algorithm.base=x"],
+     "eval.finetune_epochs", "lacks the 'finetune' capability"),
+    (["eval.local_before_after=true", "algorithm.name=flite", "algorithm.identity_check=false"],
+     "eval.local_before_after", "lacks the 'before_after' capability"),
+    (["algorithm.name=favor", "algorithm.base=x", "algorithm.variant=pfedme",
+      "algorithm.align=true"], "algorithm.align", "has no alignment loss"),
     (["local.lr"], "local.lr", "key.sub=value"),
     (["=3"], "=3", "a dotted key"),
     (["data.partition=bogus"], "data.partition", "one of"),
@@ -82,7 +90,8 @@ CONFIG_CASES = [
     (["algorithm.name=flite", "algorithm.r=0"], "algorithm.r", ">= 1"),
     # runtime.vectorize=on where cohorts cannot run (tests/test_vectorize.py has the CLI's)
     (["runtime.vectorize=on", "algorithm.name=drod", "model.name=sliceable_resnet18",
-      "continual.tasks=2", "continual.rounds_per_task=5", "continual.method=er"],
+      "continual.tasks=2", "continual.rounds_per_task=5", "continual.method=er",
+      "data.partition=dirichlet"],
      "runtime.vectorize",
      "continual.method=er replays"),
     (["runtime.vectorize=on", "algorithm.name=fedbuff"], "runtime.vectorize", "vectorizable"),
@@ -568,3 +577,47 @@ def test_a_link_planted_in_a_run_dir_is_refused_before_ray(run_dir, tmp_path):
                                              "directory"):
         Experiment(load_config(None, TINY), str(run_dir), resume=True)
     assert snapshot(run_dir) == before and victim.read_bytes() == b"keep me"
+
+
+@pytest.mark.parametrize("method,key,value,instead", [
+    (["algorithm.name=favor", "algorithm.base=x"], "local.lr", "0.1", "algorithm.lora_lr"),
+    (["algorithm.name=favor", "algorithm.base=x"], "local.batch_size", "8",
+     "algorithm.micro_batch"),
+    (["algorithm.name=favor", "algorithm.base=x"], "local.max_steps", "3", "algorithm.max_steps"),
+    (["algorithm.name=flite", "algorithm.identity_check=false"], "local.keep_optimizer_state",
+     "true", "afresh"),
+    (["algorithm.name=flite", "algorithm.identity_check=false"], "local.weight_decay", "0.01",
+     "algorithm.weight_decay"),
+    ("configs/drod_split_digits.yaml", "local.keep_optimizer_state", "true",
+     "momentum starts at zero"),
+])
+def test_a_local_knob_the_method_does_not_read_is_refused(method, key, value, instead):
+    """A local.* value the method ignores would run a different experiment than asked for
+    without a word: one line naming the key, its default and the method's own knob."""
+    path, method = (os.path.join(ROOT, method), []) if isinstance(method, str) else (None,
+                                                                                    method)
+    with pytest.raises(ConfigError) as e:
+        load_config(path, [*method, f"{key}={value}"])
+    msg = str(e.value)
+    assert e.value.path == key and "does not read it" in msg and instead in msg, msg
+    assert "\n" not in msg
+    load_config(path, method)  # the method's own defaults pass
+    if "algorithm.name=flite" in method:  # and so do the local knobs it reads
+        load_config(None, [*method, "local.batch_size=8", "local.epochs=2", "local.bf16=true"])
+
+
+@pytest.mark.parametrize("key,value,rule", [("data.split_seed", "3", "80/10/10"),
+                                            ("data.local_test_fraction", "0.5", "80/10/10"),
+                                            ("data.alpha", "0.1", "algorithm.gini"),
+                                            ("data.partition", "dirichlet", "natural id")])
+def test_blogtext_refuses_the_split_knobs_it_does_not_read(tmp_path, key, value, rule):
+    """FAVoR's BlogText authors are its clients, each split 80/10/10 (FAVoR §4), their
+    imbalance set by algorithm.gini: the array datasets' split knobs would change nothing."""
+    csv = tmp_path / "blog.csv"
+    csv.write_text("id,gender,age,topic,sign,date,text\n")
+    favor = ["data.dataset=blogtext", f"data.root={csv}", "algorithm.name=favor",
+             "algorithm.base=x", "algorithm.asce=y"]
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [*favor, f"{key}={value}"])
+    assert e.value.path == key and rule in str(e.value), str(e.value)
+    load_config(None, favor)

@@ -22,7 +22,8 @@ from fedray.models.training import random_crop_flip as augment
 
 
 def cl_cfg(**extra):
-    base = {"rounds": 10, "clients.num_clients": 4, "data.alpha": 0.5,
+    base = {"rounds": 10, "clients.num_clients": 4, "data.partition": "dirichlet",
+            "data.alpha": 0.5,
             "model.name": "sliceable_resnet18", "model.width": 4, "algorithm.name": "drod",
             "continual.tasks": 5, "continual.rounds_per_task": 2, "continual.buffer_total": 20}
     base.update(extra)
@@ -67,6 +68,38 @@ def test_class_order_and_bad_continual_configs():
         cl_cfg(**{"algorithm.name": "fedavg", "model.name": "mlp"})
     with pytest.raises(ConfigError, match="eval.every"):
         cl_cfg(**{"eval.every": 3})
+
+
+@pytest.mark.parametrize("key,value,rule", [
+    ("data.partition", "iid", "dirichlet with a task stream"),
+    ("data.partition", "pathological", "dirichlet with a task stream"),
+    ("data.feature_skew", 0.5, "does not read it"),
+    ("data.drift_round", 3, "does not read it"),
+])
+def test_a_task_stream_refuses_the_data_knobs_it_does_not_read(key, value, rule):
+    """Each task is split by Dirichlet(data.alpha): another partition, a feature skew or a
+    label drift would change nothing, so the config names the key instead."""
+    with pytest.raises(ConfigError) as e:
+        cl_cfg(**{key: value})
+    assert e.value.path == key and rule in str(e.value), str(e.value)
+
+
+def test_a_stored_task_stream_with_the_old_default_partition_resumes_as_what_it_ran(tmp_path):
+    """Until the partition was checked, a task stream stored data.partition iid (the
+    default) and split its tasks by Dirichlet all the same: --resume reads it as
+    dirichlet; a run without a task stream keeps its iid."""
+    import yaml
+
+    from fedray.core.config import migrate_stored
+    from fedray.runtime.experiment import resume_config
+
+    cfg = cl_cfg()
+    stored = yaml.safe_load(yaml.safe_dump(cfg.to_dict()))
+    stored["data"]["partition"] = "iid"
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(stored))
+    assert resume_config(str(tmp_path)).data.partition == "dirichlet"
+    plain = dict(stored, continual=dict(stored["continual"], tasks=0))
+    assert migrate_stored(plain)["data"]["partition"] == "iid"
     with pytest.raises(ConfigError, match="buffer_total"):
         cl_cfg(**{"continual.buffer_total": 2})
     with pytest.raises(ValueError):

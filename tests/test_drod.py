@@ -26,7 +26,7 @@ TIERS = ("[{name: t100, executors: 1, num_cpus: 0.25, capacity: 1.0},"
 
 def drod_cfg(**extra):
     base = {"name": "drod-test", "rounds": 4, "seed": 3, "clients.num_clients": 6,
-            "data.alpha": 0.5, "data.local_test_fraction": 0.2,
+            "data.partition": "dirichlet", "data.alpha": 0.5, "data.local_test_fraction": 0.2,
             "model.name": "sliceable_resnet18", "model.width": 8,
             "algorithm.name": "drod", "local.batch_size": 8, "local.epochs": 1,
             "local.lr": 0.05, "continual.tasks": 2, "continual.rounds_per_task": 2,

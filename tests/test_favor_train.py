@@ -247,3 +247,37 @@ def test_the_configured_ramp_reaches_kappa_through_client_round(lm, tmp_path, mo
         alg.client_update(ClientContext(3, 1, 0, "lm", x, x, x[:2], x[:2], res, extra={
             "target": np.eye(8, dtype=np.float32)[0]}), alg.init_global_state(res, 0))
         assert seen and set(seen) == {0.37}, (variant, seen)
+
+
+def test_lora_fedprox_uses_fedprox_own_half_mu(tmp_path):
+    """FedProx's proximal term is μ/2 ‖A − A_t‖² (Li et al. 2020, eq. 2), as the registered
+    ``fedprox`` has it; the shared stage's term has no ½ (FAVoR eq. 8), so the ``fedprox``
+    variant's client update is the shared stage at prox = μ/2, not at μ."""
+    from fedray.core.config import load_config
+    from fedray.core.registry import build_method
+    from fedray.methods.base import ClientContext
+    from fedray.methods.favor.train import to_torch
+
+    path, vocab = _tiny_qwen(tmp_path)
+    mu = 40.0
+    cfg = load_config(None, [f"algorithm.{k}={v}" for k, v in {
+        "name": "favor", "base": path, "variant": "fedprox", "lambda_prox": mu,
+        "lora_rank": 2, "lora_alpha": 4, "micro_batch": 2, "accumulation": 2,
+        "shared_epochs": 2}.items()])
+    alg = build_method(cfg)
+    res = alg.build_resident((12,), 0, "cpu")
+    x = np.random.default_rng(0).integers(0, vocab, (8, 12))
+    g = alg.init_global_state(res, 0)
+    g = {k: v + np.float32(0.05) for k, v in g.items()}  # away from A_t = 0 after a step
+    out = alg.client_update(ClientContext(3, 1, 0, "lm", x, x, x[:2], x[:2], res), g)
+    ids, start = torch.from_numpy(x), to_torch(g, "cpu")
+    shared = alg._stages()[0]
+
+    def delta(prox):
+        end, _ = shared_stage(res["model"], start, ids, ids, shared, prox, seed=0, round=1,
+                              client=3)
+        return {k: (end[k] - start[k]).numpy() for k in start}
+
+    half, whole = delta(mu / 2), delta(mu)
+    assert all(np.array_equal(out.upload[k], half[k]) for k in half)
+    assert any(not np.array_equal(half[k], whole[k]) for k in half)

@@ -274,6 +274,11 @@ def test_bad_fleet_and_population_settings():
              (["data.synthetic_per_client=5"], "data.synthetic_per_client"),
              (["data.dataset=parquet", "data.root=/nonexistent"], "data.root"),
              (["algorithm.name=fedbuff", "fleet.deadline_s=10"], "fleet.deadline_s"),
+             # an asynchronous rule keeps algorithm.concurrency clients in flight: the
+             # sampling of synchronous rounds and their minimum would change nothing
+             (["algorithm.name=fedbuff", "clients.fraction=0.5"], "clients.fraction"),
+             (["algorithm.name=fedasync", "clients.per_round=3"], "clients.per_round"),
+             (["algorithm.name=fedbuff", "runtime.min_accepted=2"], "runtime.min_accepted"),
              (["algorithm.name=fedbuff", "clients.num_clients=4",
                "algorithm.concurrency=5"], "algorithm.concurrency"),
              (["algorithm.name=fedbuff", "clients.num_clients=4", "algorithm.concurrency=2",

@@ -268,3 +268,17 @@ def test_fedavg_trains_the_char_lstm_on_leaf_shakespeare(ray_session, tmp_path):
                    "runtime.tiers=[{name: default, executors: 1, num_cpus: 0.5}]")
     summary = run_experiment(cfg, str(tmp_path / "run"), progress=False)
     assert summary["rounds"] == 1 and 0 <= summary["final_global_accuracy"] <= 1
+
+
+@pytest.mark.parametrize("key,value", [("data.partition", "dirichlet"), ("data.alpha", "0.1"),
+                                       ("data.feature_skew", "0.5"),
+                                       ("data.drift_round", "1")])
+def test_a_natural_split_refuses_the_label_partition_knobs(tmp_path, key, value):
+    """One client per LEAF user: a label partition, skew or drift would change nothing, so
+    the config names the key instead of running another experiment than asked for."""
+    root = tmp_path / "leaf"
+    write_leaf(root, {"u0": (6, 2), "u1": (5, 2)})
+    with pytest.raises(ConfigError) as e:
+        leaf_cfg(root, tmp_path, f"{key}={value}")
+    assert e.value.path == key and "one client per natural id" in str(e.value), str(e.value)
+    assert leaf_cfg(root, tmp_path).data.partition == "iid"

@@ -262,12 +262,34 @@ def test_laplace_noise_scales_and_determinism():
     assert np.array_equal(a, b)
     scales = sorted(v["orders/noise_scale"] for v in da["per_client"].values())
     assert np.allclose(scales, [0.01 * k for k in range(1, 7)])
-    assert math.isclose(da["epsilon_max"], 5.0 / 0.01)
+    assert "epsilon_max" not in da  # the scale follows the rank: no ε holds (docstring)
     loud = OrdersParams(dp_b0=100.0, weighting="inverse")
     _, _, dl = orders_step(prev, d, ids, 1, OrdersState(), loud, rng=np.random.default_rng(1))
     true_order = np.argsort(-np.linalg.norm(d, axis=1))
     noisy_order = sorted(ids, key=lambda c: dl["per_client"][c]["orders/rank"])
     assert list(true_order) != noisy_order
+
+
+def test_a_frozen_rank_under_noise_releases_nothing_of_its_norm():
+    """freeze_top gives w_k = 0, so b_k = b_0 / w_k = ∞: the noisy norm is the formula's
+    limit, ±∞ by the draw's sign (it was the exact norm, no noise at all)."""
+    prev = np.zeros(4, np.float32)
+    d = np.random.default_rng(4).normal(size=(6, 4)).astype(np.float32)
+    ids = np.arange(6)
+    p = OrdersParams(dp_b0=0.01, freeze_top=2, weighting="inverse", participation_threshold=1)
+    seen = set()
+    for seed in range(8):
+        _, _, diag = orders_step(prev, d, ids, 1, OrdersState(), p,
+                                 rng=np.random.default_rng(seed))
+        rows = diag["per_client"].values()
+        frozen = [r for r in rows if math.isinf(r["orders/noise_scale"])]
+        assert len(frozen) == 2 and all(math.isinf(r["orders/noisy_norm"]) for r in frozen)
+        assert all(math.isfinite(r["orders/noisy_norm"]) for r in rows if r not in frozen)
+        by_rank = sorted(rows, key=lambda r: r["orders/rank"])
+        assert [r["orders/noisy_norm"] for r in by_rank] == sorted(
+            (r["orders/noisy_norm"] for r in rows), reverse=True)
+        seen |= {r["orders/noisy_norm"] for r in frozen}
+    assert seen == {math.inf, -math.inf}
 
 
 def test_freeze_top_and_maturity_map():

@@ -475,9 +475,12 @@ class TrackingConfig:
 
 @dataclass
 class PretrainConfig:
-    """Central pretraining of a shared base (``fedray pretrain``); the FLITE paper's recipe:
-    SGD momentum 0.9, lr 0.05 with a 3-epoch linear warmup then cosine decay, weight decay
-    5e-4, batch 128."""
+    """Central pretraining of a shared base (``fedray pretrain``); the FLITE paper's recipe
+    (App. 0.C): SGD momentum 0.9, lr 0.05 with a 3-epoch linear warmup then cosine decay,
+    weight decay 5e-4, batch 128, 100 epochs. Two parts of that recipe are opt-in here, not
+    defaults: its crop+flip augmentation (``augment``, images only) and its GroupNorm with 32
+    groups (``model.groups``; the ResNets' default of 8 is DROD's rule).
+    ``jobs/flite_cifar100.py`` sets both, as the paper does."""
 
     epochs: int = spec(100, ge=1, help="epochs of central training")
     lr: float = spec(0.05, gt=0, help="peak SGD learning rate (after the warmup; cosine decay "
@@ -913,6 +916,8 @@ def _validate_data(cfg: ExperimentConfig) -> None:
     dataset = registry.dataset(cfg.data.dataset)
     if dataset.check is not None:
         dataset.check(cfg)
+    if dataset.natural_ids:
+        _check_natural_split(cfg, dataset.kind)
     if cfg.data.partition == "pathological" and not dataset.natural_ids and \
             cfg.data.classes_per_client > num_classes(cfg):
         raise ConfigError("data.classes_per_client", cfg.data.classes_per_client,
@@ -923,6 +928,27 @@ def _validate_data(cfg: ExperimentConfig) -> None:
     if cfg.local.dp_noise_multiplier == 0:
         raise ConfigError("local.dp_noise_multiplier", 0, "> 0 (0 adds no noise: ε = ∞; "
                                                           "leave it unset for no DP-SGD)")
+
+
+# the label partitions' knobs, and the input/label transforms of a partitioned array split
+_PARTITION_KEYS = ("partition", "alpha", "classes_per_client", "shards_per_client",
+                   "inner_sizes", "quantity_alpha", "feature_skew", "drift_round")
+
+
+def _check_natural_split(cfg: ExperimentConfig, kind: str) -> None:
+    """A dataset split by its own natural ids (a table's writers or users, BlogText's
+    authors) reads none of the label partitions' knobs: another value would change nothing.
+    BlogText's authors also keep their fixed 80/10/10 post split (FAVoR §4)."""
+    who = f"data.dataset={cfg.data.dataset}"
+    natural = "one client per natural id (writer, user, author)"
+    unread = dict.fromkeys(_PARTITION_KEYS, natural)
+    if kind == "method":
+        skew = "its authors' skew is algorithm.gini"
+        unread |= {"alpha": skew, "local_test_fraction": "each author's posts split "
+                                                         "80/10/10, seeded by the run's seed",
+                   "split_seed": "each author's posts split 80/10/10, seeded by the run's "
+                                 "seed"}
+    check_unread(cfg, "data", unread, who)
 
 
 def _resolve_method(cfg: ExperimentConfig) -> None:
@@ -988,10 +1014,31 @@ def resolve_server(server: Any, method: type) -> dict[str, Any]:
     return {"optimizer": name, **dataclasses.asdict(params)}
 
 
+def check_unread(cfg: ExperimentConfig, section: str, unread: dict[str, str],
+                 who: str) -> None:
+    """Refuse a value other than its default for each key of section ``section`` in
+    ``unread`` (key → what ``who`` uses instead): a knob that changes nothing runs another
+    experiment than the one asked for, without a word."""
+    values = getattr(cfg, section)
+    defaults = type(values)()
+    for key, instead in unread.items():
+        value, default = getattr(values, key), getattr(defaults, key)
+        if value != default:
+            shown = "unset" if default is None else json.dumps(default)
+            raise ConfigError(f"{section}.{key}", value, f"its default, {shown}, for {who}, "
+                                                         f"which does not read it ({instead})")
+
+
 def migrate_stored(data: dict[str, Any]) -> dict[str, Any]:
     """A ``config.yaml`` an earlier version stored, in today's keys (``--resume`` of a run
     started before the server optimizers): ``algorithm.server_lr`` is ``server.lr`` of the
-    method's own optimizer; a method may move more (``Algorithm.upgrade_config``)."""
+    method's own optimizer; a method may move more (``Algorithm.upgrade_config``). A task
+    stream stored with ``data.partition`` iid (the default, accepted until 2026-12) split its
+    tasks by Dirichlet all the same: it is recorded as what ran, dirichlet."""
+    cont, d = data.get("continual"), data.get("data")
+    if isinstance(cont, dict) and cont.get("tasks") and isinstance(d, dict) and \
+            d.get("partition", "iid") == "iid":
+        data = dict(data, data=dict(d, partition="dirichlet"))
     algo = data.get("algorithm")
     if not isinstance(algo, dict) or "server" in data:
         return data
@@ -1131,6 +1178,11 @@ def keys() -> list[Knob]:
         registry.model_entry(name), "model.", "a keyword of the model's builder (fedray "
                                               "models show NAME)")])
     methods = registry.methods()
+    for k in rows:  # a local.* knob some methods do not read (refused with them)
+        unread = [name for name, cls in methods.items()
+                  if k.key.removeprefix("local.") in getattr(cls, "unread_local", {})]
+        if k.key.startswith("local.") and unread:
+            k.help += f" (not read by {', '.join(unread)}: refused with them)"
     rows.append(Knob("algorithm.name", "one of " + ", ".join(methods), DEFAULT_METHOD,
                      "the method (fedray methods lists each one's capabilities)"))
     rows += merged([(name, k) for name, cls in methods.items()

@@ -194,6 +194,10 @@ CAPABILITIES = {
               "weighted mean",
     "attack": "model-poisoning attacks (adversary.attack): the upload is an update Δ with the "
               "broadcast's shapes, and its clients train on the context's labelled samples",
+    "before_after": "eval.local_before_after: its client update scores the broadcast and the "
+                    "trained model on the client's local test split (acc_before, acc_after)",
+    "finetune": "eval.finetune_epochs: its clients score the global model after local "
+                "fine-tuning (Algorithm.finetune_evaluate)",
 }
 
 

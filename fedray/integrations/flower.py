@@ -64,7 +64,7 @@ TIER_KEY = "orders.tier"
 # Round-level diagnostics of orders_step put into the returned MetricRecord (when finite).
 ROUND_METRICS = ("ranked", "excluded", "coefficient_sum", "negative_coefficients",
                  "update_norm", "smoothed_norm_mean", "norm_skewness", "noise_scale_min",
-                 "noise_scale_max", "noise_scale_mean", "epsilon_max")
+                 "noise_scale_max", "noise_scale_mean")
 
 
 class OrdersStrategy(FedAvg):

@@ -628,6 +628,13 @@ def _check_cohort_memory(cfg: Any, fit: CohortFit, rule: CohortRule) -> None:
                           f"this machine has {have[0] / 1e9:.1f} GB available")
 
 
+def check_unread_local(cfg: Any, method: type) -> None:
+    """Refuse a ``local.*`` value the method would ignore (``method.unread_local``)."""
+    from fedray.core.config import check_unread
+
+    check_unread(cfg, "local", method.unread_local, method.name)
+
+
 class Algorithm:
     """A federated method: typed parameters, a client update and an aggregation policy.
 
@@ -645,6 +652,9 @@ class Algorithm:
     # parameters renamed since an earlier version (old -> new): an error naming the new
     # key in a config, moved silently in a run's stored config.yaml (--resume)
     renamed_keys: ClassVar[dict[str, str]] = {}
+    # ``local.*`` keys the method's client half does not read, each with what it uses
+    # instead: :func:`check_unread_local` refuses any other value than the key's default
+    unread_local: ClassVar[dict[str, str]] = {}
 
     @classmethod
     def upgrade_config(cls, algorithm: dict[str, Any], server: dict[str, Any]) -> None:
@@ -678,6 +688,11 @@ class Algorithm:
             require(cls, "dp_sgd", "local.dp_noise_multiplier", cfg.local.dp_noise_multiplier)
         if cfg.payload.transforms:
             require(cls, "transforms", "payload.transforms", cfg.payload.transforms)
+        if cfg.eval.local_before_after:
+            require(cls, "before_after", "eval.local_before_after", True)
+        if cfg.eval.finetune_epochs:
+            require(cls, "finetune", "eval.finetune_epochs", cfg.eval.finetune_epochs)
+        check_unread_local(cfg, cls)
         check_reduce(cfg, cls)
         if cfg.runtime.vectorize != "off":
             cohort_size(cfg, cls, *cls.input_of(cfg))

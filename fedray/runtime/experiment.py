@@ -773,7 +773,8 @@ def _resolved(stored: Any) -> Any:
     """A stored config with the defaults of this version filled in (keys added since it was
     written are not differences); as stored when it no longer loads."""
     try:
-        return yaml.safe_load(yaml.safe_dump(load_config(None, [], base=stored).to_dict()))
+        cfg = load_config(None, [], base=migrate_stored(stored))
+        return yaml.safe_load(yaml.safe_dump(cfg.to_dict()))
     except (ConfigError, TypeError, ValueError):
         return stored
 

@@ -303,6 +303,7 @@ class Hetero(Algorithm):
     name = "hetero"
     Params = HeteroParams
     capabilities = frozenset({"continual", "client_state", "vectorizable"})
+    unread_local = {"keep_optimizer_state": "its SGD's momentum starts at zero each round"}
 
     def compute_cost(self, tier: Any) -> float:
         """The tier's budget ρ (its sub-model's share of the full model's parameters or

@@ -1,4 +1,4 @@
-"""ASCE, the author-style contrastive encoder (FAVoR §3.2, appendix B.13).
+"""ASCE, the Angular Style Classification Encoder (FAVoR §3.2, appendix B.13).
 
 Architecture: a pretrained text encoder → attention-mask mean pooling of its final-layer
 token embeddings → dropout 0.1 → linear to 256 → LayerNorm → ℓ2 normalisation (eq. 3).
@@ -96,7 +96,8 @@ def train_asce(texts: Sequence[str], labels: Sequence, backbone: str | None = No
                ) -> tuple[StyleEncoder, Any, dict[str, float]]:
     """Fit the encoder and an ArcFace head on (text, author); return the frozen encoder
     (head discarded), its tokenizer and the training metrics. The paper leaves epochs,
-    learning rates, batch and length unspecified: these defaults are ours (AdamW).
+    learning rates, batch and length unspecified: these defaults are ours (Adam, no weight
+    decay).
     ``progress(batches done, batches)`` follows the training."""
     from fedray.core.seeding import derive_seed, rng
     from fedray.models.training import Adam

@@ -3,7 +3,8 @@
 Every method trains LoRA factors on a frozen base LM (``algorithm.base``: a hub id or a
 directory; 4-bit NF4 on CUDA) and uploads only the delta of its *shared* adapter; the
 server takes the uniform mean of the deltas times η_g (eqs. 14–15, :class:`FedAvgPolicy`
-with ``weighted=False``). What a client keeps and evaluates with differs:
+with ``weighted=False``; η_g is ``server.lr``, default 1: the paper gives no value).
+What a client keeps and evaluates with differs:
 
 ============  ====================================================================
 ``variant``   client round
@@ -12,7 +13,8 @@ favor         shared stage (task + λ_prox prox) → upload; private residual fr
               shared endpoint with λ_align κ_t alignment (λ_align = 0: w/o ASCE);
               keeps {shared endpoint, residual}, evaluates with their sum
 fedavg        shared stage only (λ_prox = 0), evaluates with the global adapter
-fedprox       shared stage with prox μ = ``lambda_prox``, global adapter
+fedprox       shared stage with FedProx's μ/2 ‖A − A_t‖², μ = ``lambda_prox``; global
+              adapter
 pfedme        pFedMe: a personalized θ solves the Moreau envelope around the local
               copy w of the global adapter each step; w's delta is uploaded; evaluates θ
 feddpa        FedDPA: global adapter trained alone → upload; a local adapter mixed
@@ -49,6 +51,13 @@ from fedray.methods.fedavg.policy import FedAvgPolicy
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
+def fedprox_weight(mu: float) -> float:
+    """The shared stage's ``prox`` (its term is ``prox · ‖A − A_t‖²``, eq. 8 without a ½)
+    for LoRA-FedProx: FedProx's proximal term is μ/2 ‖w − w_t‖² (Li et al. 2020, eq. 2),
+    as the registered ``fedprox`` method has it, so the weight is μ/2."""
+    return mu / 2
+
+
 @dataclass
 class FavorParams:
     base: str | None = spec(None, help=BASE_HELP)
@@ -68,15 +77,20 @@ class FavorParams:
     private_epochs: int = spec(2, ge=1, help="local epochs of the private (personal) stage")
     max_steps: int | None = spec(None, ge=1, help="cap on optimizer steps per stage")
     lambda_prox: float = spec(0.01, ge=0, help="λ_prox of the shared stage (not given in "
-                                               "the paper; μ for fedprox)")
+                                               "the paper); FedProx's μ for the fedprox "
+                                               "variant (its term μ/2 ‖A − A_t‖²)")
     lambda_align: float = spec(0.3, ge=0, help="λ_align of the alignment loss")
     align: bool | None = spec(None, help="use the ASCE alignment loss (default: on for favor "
                                          "and global_asce; on for ditto/local = Ditto + ASCE /"
                                          " local-only + ASCE; off = FAVoR w/o ASCE)")
-    lambda_ditto: float = spec(0.1, ge=0, help="Ditto's λ (personal-to-global pull)")
-    lambda_pfedme: float = spec(15.0, gt=0, help="pFedMe's λ (Moreau-envelope pull)")
-    pfedme_inner_steps: int = spec(5, ge=1, help="pFedMe's inner steps K per local step")
-    pfedme_inner_lr: float = spec(0.01, gt=0, help="pFedMe's personal learning rate")
+    lambda_ditto: float = spec(0.1, ge=0, help="Ditto's λ (personal-to-global pull; not "
+                                                "given in the paper)")
+    lambda_pfedme: float = spec(15.0, gt=0, help="pFedMe's λ (Moreau-envelope pull; not "
+                                                   "given in the paper)")
+    pfedme_inner_steps: int = spec(5, ge=1, help="pFedMe's inner steps K per local "
+                                                         "step (not given in the paper)")
+    pfedme_inner_lr: float = spec(0.01, gt=0, help="pFedMe's personal learning rate "
+                                                           "(not given in the paper)")
     ramp: float = spec(0.05, ge=0, le=1, help="κ_t ramp share of the private steps")
     proj_hidden: int = spec(256, ge=1, help="projection head hidden width")
     # data pipeline (FAVoR §4): used when data.dataset = blogtext
@@ -84,7 +98,8 @@ class FavorParams:
     asce_authors: int = spec(50, ge=0, help="authors held out to train the style encoder")
     gini: float = spec(0.25, ge=0, lt=1, help="target Gini of the word allocation")
     allocation_fraction: float = spec(0.6, gt=0, le=1, help="share of the roster's train "
-                                                            "words allocated")
+                                                            "words allocated (not given in "
+                                                            "the paper)")
     block_length: int = spec(256, ge=8, help="tokens per training block")
     prompt_tokens: int = spec(96, ge=1, help="tokens of an evaluation prompt")
     new_tokens: int = spec(220, ge=1, help="tokens generated per evaluation prompt")
@@ -94,11 +109,18 @@ class FavorParams:
                        "global adapter and score them; exclude = neither generate for nor "
                        "score them (still in the attribution gallery). Their count is "
                        "reported as never_sampled")
-    reference_texts: int = spec(16, ge=1, help="posts in each author's reference set")
+    reference_texts: int = spec(16, ge=1, help="posts in each author's reference set "
+                                                   "D_ref (eq. 6; its size is not given in "
+                                                   "the paper)")
 
     def validate(self, cfg: Any) -> None:
         if not self.base:
             raise ConfigError("algorithm.base", self.base, "a hub id or a model directory")
+        if self.align and self.variant in ("fedavg", "fedprox", "pfedme", "feddpa"):
+            raise ConfigError("algorithm.align", True, f"unset or false for variant "
+                                                       f"{self.variant}, whose client round "
+                                                       f"has no alignment loss (favor, "
+                                                       f"global_asce, ditto and local take it)")
         from fedray.core.storage import absolute
 
         if os.path.isdir(self.base):  # a local model (not a hub id): absolute, since the
@@ -145,6 +167,14 @@ class Favor(Algorithm):
     renamed_keys = {"rank": "lora_rank", "alpha": "lora_alpha", "lr": "lora_lr"}
     # the shared adapters' mean is a pseudo-gradient like FedAvg's (linear, any optimizer)
     capabilities = frozenset({"linear", "client_state", "server_optimizer", "vectorizable"})
+    unread_local = {
+        "epochs": "algorithm.shared_epochs and algorithm.private_epochs",
+        "batch_size": "algorithm.micro_batch blocks × algorithm.accumulation",
+        "lr": "the LoRA factors' Adam rate is algorithm.lora_lr",
+        "momentum": "its optimizer is Adam", "weight_decay": "its Adam has none",
+        "max_steps": "algorithm.max_steps", "keep_optimizer_state": "its Adam starts afresh "
+                                                                    "each stage",
+        "bf16": "the LM computes in bf16 on CUDA (QLoRA) and fp32 on the CPU"}
     server_optimizer = "sgd"
 
     @classmethod
@@ -274,7 +304,7 @@ class Favor(Algorithm):
                                           ramp=p.ramp)
             kept = [{k: to_numpy(a) for k, a in state.items()} for _, state, _ in rounds]
         else:
-            prox = p.lambda_prox if v == "fedprox" else 0.0
+            prox = fedprox_weight(p.lambda_prox) if v == "fedprox" else 0.0
             ends, metrics = cohort.shared_stage(model, server, authors, shared, prox,
                                                 first.seed, first.round)
             rounds = [({k: e[k] - server[k] for k in server}, None, m)
@@ -325,8 +355,8 @@ class Favor(Algorithm):
         return {k: end[k] - r.server[k] for k in r.server}, metrics, None
 
     def round_fedprox(self, r: _Round) -> tuple:
-        """LoRA-FedProx: the shared stage with prox μ = ``lambda_prox``."""
-        return self.round_fedavg(r, self.params.lambda_prox)
+        """LoRA-FedProx: the shared stage with FedProx's μ/2 ‖A − A_t‖², μ = ``lambda_prox``."""
+        return self.round_fedavg(r, fedprox_weight(self.params.lambda_prox))
 
     def round_global_asce(self, r: _Round) -> tuple:
         """The shared stage with the alignment loss, no private branch, no prox."""

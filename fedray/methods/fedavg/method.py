@@ -35,15 +35,13 @@ def check_base(base: str | None, model_cfg: dict | None = None) -> str | None:
     another directory)."""
     if base is None:
         return None
-    from fedray.core.storage import Storage, absolute
-    from fedray.models.pretrain import load_base
+    from fedray.core.storage import absolute
+    from fedray.models.pretrain import load_base_meta
 
     base = absolute(base)
-    if not Storage(base).exists("base.npz"):
-        raise ConfigError("algorithm.base", base,
-                          "a directory written by `fedray pretrain` (holding base.npz)")
+    meta = load_base_meta(base)
     if model_cfg is not None:
-        _same_model(base, load_base(base)[1], model_cfg)
+        _same_model(base, meta, model_cfg)
     return base
 
 
@@ -86,12 +84,16 @@ class FedAvg(Algorithm):
     Params = FedAvgParams
     capabilities = frozenset({"dp", "dp_sgd", "transforms", "linear", "client_state",
                               "server_optimizer", "vectorizable", "robust", "attack",
-                              "multilabel"})
+                              "multilabel", "before_after", "finetune"})
     server_optimizer = "sgd"
 
     @classmethod
     def check(cls, cfg: Any) -> None:
         super().check(cfg)
+        if cfg.local.keep_optimizer_state and not cfg.local.momentum:
+            raise ConfigError("local.keep_optimizer_state", True,
+                              "false with local.momentum = 0 (plain SGD keeps no state "
+                              "between a client's rounds)")
         if cfg.local.dp_noise_multiplier is not None:
             shape, classes = cls.input_of(cfg)
             if shape is not None:  # a table read at run time: the executor checks the model

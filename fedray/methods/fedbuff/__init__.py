@@ -58,12 +58,15 @@ def _check(cfg: Any, name: str, concurrency: int) -> None:
     if concurrency > cfg.clients.num_clients:
         raise ConfigError("algorithm.concurrency", concurrency,
                           f"at most clients.num_clients = {cfg.clients.num_clients}")
-    for key, value, off in (("fleet.deadline_s", cfg.fleet.deadline_s, None),
-                            ("fleet.overcommit", cfg.fleet.overcommit, 0.0),
-                            ("fleet.min_reports", cfg.fleet.min_reports, 0)):
-        if value != off:
-            raise ConfigError(key, value, f"unset for {name}: deadlines, over-commitment and "
-                                          f"report minimums are rules of synchronous rounds")
+    from fedray.core.config import check_unread
+
+    rule = "a rule of synchronous rounds"
+    in_flight = f"algorithm.concurrency = {concurrency} clients are always in flight"
+    check_unread(cfg, "fleet", {"deadline_s": rule, "overcommit": rule, "min_reports": rule},
+                 name)
+    check_unread(cfg, "clients", {"fraction": in_flight, "per_round": in_flight}, name)
+    check_unread(cfg, "runtime", {"min_accepted": "an asynchronous rule has no rounds to "
+                                                  "fail"}, name)
 
 
 def fedbuff_coefficients(staleness: list[int] | np.ndarray, reducer: str = "buffer"

@@ -68,9 +68,6 @@ class FliteParams:
                               "false without algorithm.base (the server has no θ^pre)")
         if cfg is None:
             return
-        if cfg.local.momentum:
-            raise ConfigError("local.momentum", cfg.local.momentum,
-                              "0 for FLITE (its optimizer is Adam on the latents)")
         if self.base is not None:
             from fedray.methods.flite.factors import check_dims
             from fedray.methods.flite.identity import mapped_names
@@ -122,7 +119,11 @@ class Flite(FedAvg):
     # up absolute values, per-layer scopes rename it; its codec is payload.upload), no server
     # optimizer (the new latent is the mean, Eq. 2), not linear (the identity check needs
     # every latent); no local DP-SGD (Adam on the latents, through the mapping)
-    capabilities = frozenset({"dp", "client_state", "vectorizable"})
+    capabilities = frozenset({"dp", "client_state", "vectorizable", "finetune"})
+    unread_local = {"lr": "its Adam's rate on the latents is algorithm.lr",
+                    "momentum": "its optimizer is Adam on the latents",
+                    "weight_decay": "its Adam's is algorithm.weight_decay",
+                    "keep_optimizer_state": "its Adam starts afresh each round"}
     server_optimizer = None
 
     @classmethod
@@ -145,7 +146,10 @@ class Flite(FedAvg):
         return {"z": np.zeros(resident.D, dtype=np.float32)}
 
     def _train(self, ctx: ClientContext, broadcast, epochs: int, purpose: str) -> dict:
-        """Set z ← z̄ and train only the latents (Adam, wd, clip) for ``epochs``."""
+        """Set z ← z̄ and train only the latents (Adam, wd, clip) for ``epochs``. The Adam
+        is new each round, its moments at zero: the paper does not say whether a client's
+        optimizer state survives between rounds, and a fresh one is the stateless client
+        cross-device FL assumes (a sampled client need not have been sampled before)."""
         from fedray.models.training import Adam, train_local
 
         mapping, p, loc = ctx.resident, self.params, self.cfg.local

@@ -32,7 +32,11 @@ One round t, with the uploads Δθ_i = θ_i^local − θ_{t−1} of the particip
    round ``threshold`` on. ``warmup="none"`` keeps the literal rule.
 4. rank: s descending (i_1 = largest smoothed norm); ties broken by ascending client id.
 5. weights for k = 1..N (N = ranked clients): ``inverse`` 1/k, ``smoothed_inverse``
-   1/(k+α), ``sigmoid`` 1/(1+exp(β(k−γ))) with γ = N/3 unless given. ``freeze_top`` = m
+   1/(k+α), ``sigmoid`` 1/(1+exp(β(k−γ))) with γ = N/3 unless given. The text's table
+   glosses N as "本轮参与数" (this round's participants), and the same N bounds the rank
+   sum of step 6; the two differ once the participation rule leaves clients out, and we
+   take the ranked count for both (as the project's restatement does), so that γ puts the
+   sigmoid's centre at a third of the ranks that receive a weight. ``freeze_top`` = m
    sets w_k = 0 for k ≤ m (the text's "freeze the top users" diagnostic, §5.2).
 6. aggregate (§2.2): θ_t = θ_{t−1} + η Σ_k w_k (Δθ_{i_k} − Δθ_{i_{k+1}}), Δθ_{i_{N+1}} = 0,
    computed in its telescoped form Σ_k c_k Δθ_{i_k} with c_1 = w_1, c_k = w_k − w_{k−1}
@@ -51,13 +55,20 @@ Extensions (§6):
 - Laplace noise on the ranked norms, scale b_k = b_0 / w_k (``dp_b0``), then re-ranking by
   the noisy norms. This perturbs *only the ordering*: the updates themselves are summed
   exactly, so the released model is not differentially private. With ``dp_clip`` = C the
-  norms are clipped to C first, and each noisy norm is an ε_k = C / b_k Laplace release of
-  that client's clipped norm (reported per round); without clipping the sensitivity is
-  unbounded and no ε exists. Note that b_k = b_0 / w_k, as written, gives the *top* ranks
-  (largest w_k) the *smallest* noise — the opposite of the text's stated intent that
-  high-weight users get more privacy; we implement the formula and report the scales.
+  norms are clipped to C first. **No ε is reported, because none holds**: the scale b_k
+  follows the client's rank, which is computed from every client's noise-free norm, so
+  two neighbouring inputs can give a client Laplace noise of different scales, and the
+  ratio of two Laplace densities of different scales is unbounded in the tails (not even
+  C / min b_k bounds it). The per-client scales are reported. A rank with w_k = 0
+  (``freeze_top``) has b_k = ∞: its noisy norm is the formula's limit, ±∞ by the sign of
+  the Laplace draw, which carries nothing of the norm (re-ranking puts +∞ first, −∞
+  last). Note that b_k = b_0 / w_k, as written, gives the *top* ranks (largest w_k) the
+  *smallest* noise — the opposite of the text's stated intent that high-weight users get
+  more privacy; we implement the formula and report the scales.
 - hierarchical ORDERS: ORDERS within each capacity tier, then the mean of the tier
-  updates weighted by the tier's ranked-client count.
+  updates weighted by the tier's ranked-client count (the text: "组内用户数", the
+  group's users; counting its ranked clients keeps the tier shares summing to 1 when
+  the participation rule leaves a whole tier unranked).
 - personalization maturity map: per client, the trajectory of its smoothed norm over the
   rounds it took part in; over the last ``maturity_window`` points: least-squares slope,
   curvature (2 × the quadratic coefficient), steady state (their mean).
@@ -103,7 +114,8 @@ class OrdersParams:
                            "rank weights (a usable variant)")
     freeze_top: int = spec(0, ge=0, help="w_k = 0 for the top m ranks (diagnostic)")
     dp_b0: float = spec(0.0, ge=0, help="Laplace noise base scale b_0 on ranked norms (0: off)")
-    dp_clip: float | None = spec(None, gt=0, help="clip norms to C before the noise (gives ε)")
+    dp_clip: float | None = spec(None, gt=0, help="clip norms to C before the noise (no ε "
+                                                  "follows: the scale depends on the rank)")
     hierarchical: bool = spec(False, help="ORDERS per tier, then tier mean by ranked count")
     maturity_window: int = spec(5, ge=2, help="points of the maturity-map fit")
     client_norms: bool = spec(True, help="clients report their norm with the upload (the "
@@ -311,7 +323,8 @@ def _rank(ids: np.ndarray, smoothed: np.ndarray, eligible: np.ndarray,
                                                                         p.dp_clip)
             gen = rng if rng is not None else np.random.default_rng(0)
             draw = gen.laplace(0.0, 1.0, size=n)
-            noise = np.where(np.isfinite(b), b * draw, 0.0)
+            with np.errstate(invalid="ignore"):  # b = ∞: the limit, ±∞ by the draw's sign
+                noise = np.where(np.isfinite(b), b * draw, np.copysign(np.inf, draw))
             out.noisy[order] = base + noise
             out.scale[order] = b
             order = idx[np.lexsort((ids[idx], -out.noisy[idx]))]
@@ -356,8 +369,6 @@ def _diagnostics(ids: np.ndarray, raw: np.ndarray, smoothed: np.ndarray,
     if p.dp_b0 > 0 and finite_b.size:
         diag.update(noise_scale_min=float(finite_b.min()), noise_scale_max=float(
             finite_b.max()), noise_scale_mean=float(finite_b.mean()))
-        if p.dp_clip is not None:
-            diag["epsilon_max"] = float(p.dp_clip / finite_b.min())
     return diag
 
 

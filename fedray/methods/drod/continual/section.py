@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fedray.core import registry
-from fedray.core.config import num_classes
+from fedray.core.config import check_unread, num_classes
 from fedray.core.spec import ConfigError, spec
 
 
@@ -15,7 +15,8 @@ class ContinualConfig:
     """Federated class-incremental learning (DROD §3): the classes are cut, in a fixed order,
     into ``tasks`` disjoint tasks that reach every client at the same round boundaries;
     one shared head, no task id. Each task's samples are split among the clients with
-    Dirichlet(``data.alpha``), redrawn per task."""
+    Dirichlet(``data.alpha``), redrawn per task: ``data.partition`` must say dirichlet, and
+    the data knobs a stream does not read (feature skew, label drift) stay unset."""
 
     tasks: int = spec(0, ge=0, help="number of tasks (0: no task stream)")
     rounds_per_task: int = spec(1, ge=1, help="communication rounds per task")
@@ -66,6 +67,13 @@ class ContinualConfig:
             raise ConfigError("continual.buffer_total", self.buffer_total,
                               f"0 or at least one exemplar per client "
                               f"({cfg.clients.num_clients})")
+        if cfg.data.partition != "dirichlet":
+            raise ConfigError("data.partition", cfg.data.partition,
+                              "dirichlet with a task stream (each task's samples are split by "
+                              "Dirichlet(data.alpha), redrawn per task: DROD §3)")
+        check_unread(cfg, "data", {"feature_skew": "a task stream's inputs are the dataset's",
+                                   "drift_round": "a task stream drifts by its tasks"},
+                     "a task stream")
 
 
 registry.register_section("continual", ContinualConfig)
