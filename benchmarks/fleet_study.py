@@ -35,6 +35,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -50,8 +51,9 @@ FLEET_ARMS = {
     "FedAvg + over-commit + deadline": {
         "algorithm": {"name": "fedavg"}, "clients": {"per_round": 10},
         "fleet": {"overcommit": 0.3, "min_reports": 5}},
+    # FedBuff samples nobody: concurrency clients are always in flight
     "FedBuff": {"algorithm": {"name": "fedbuff", "concurrency": 13, "buffer_size": 10},
-                "clients": {"per_round": 10}},
+                "clients": {}},
 }
 DROD_ARMS = {"DROD θ=0.5": {"name": "drod", "theta": 0.5},
              "Width × FjORD": {"name": "fjord"},
@@ -67,7 +69,8 @@ def fleet_config(arm: str, seed: int, args) -> dict:
              "availability_period_s": 86400.0, **spec.get("fleet", {})}
     if "overcommit" in fleet:
         fleet["deadline_s"] = args.deadline
-    return {"name": f"fleet-{arm}-s{seed}", "seed": seed, "rounds": args.rounds,
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", arm).strip("-")  # a run name is a plain name
+    return {"name": f"fleet-{slug}-s{seed}", "seed": seed, "rounds": args.rounds,
             "data": {"dataset": "digits", "partition": "dirichlet", "alpha": 0.5},
             "clients": {"num_clients": 100, **spec["clients"]},
             "model": {"name": "mlp", "hidden": [64]}, "algorithm": spec["algorithm"],

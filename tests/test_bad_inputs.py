@@ -621,3 +621,22 @@ def test_blogtext_refuses_the_split_knobs_it_does_not_read(tmp_path, key, value,
         load_config(None, [*favor, f"{key}={value}"])
     assert e.value.path == key and rule in str(e.value), str(e.value)
     load_config(None, favor)
+
+
+def test_a_run_stored_before_a_key_was_refused_still_resumes(tmp_path):
+    """A run stored with a key its method never read (accepted before the key was refused)
+    resumes with that key at its default, what the run read; a new run is refused."""
+    import yaml
+
+    from fedray.runtime.experiment import resume_config
+
+    new = ["algorithm.name=fedbuff", "algorithm.concurrency=4", "clients.fraction=0.5"]
+    with pytest.raises(ConfigError, match="clients.fraction"):
+        load_config(None, new)
+    stored = yaml.safe_load(yaml.safe_dump(load_config(None, new[:2]).to_dict()))
+    stored["clients"]["fraction"] = 0.5
+    stored["local"]["keep_optimizer_state"] = True  # without momentum: nothing was kept
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(stored))
+    cfg = resume_config(str(tmp_path))
+    assert cfg.clients.fraction == 1.0 and cfg.local.keep_optimizer_state is False
+    assert cfg.algorithm["concurrency"] == 4

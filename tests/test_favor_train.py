@@ -281,3 +281,21 @@ def test_lora_fedprox_uses_fedprox_own_half_mu(tmp_path):
     half, whole = delta(mu / 2), delta(mu)
     assert all(np.array_equal(out.upload[k], half[k]) for k in half)
     assert any(not np.array_equal(half[k], whole[k]) for k in half)
+
+
+@pytest.mark.parametrize("variant,max_steps,want", [
+    ("favor", None, [30, 9]), ("fedavg", None, [10, 3]), ("local", None, [20, 6]),
+    ("favor", 1, [8, 7]),  # each stage capped at 1 step × 2 × 2 blocks
+])
+def test_the_fleet_clock_counts_favors_own_stages(variant, max_steps, want):
+    """FAVoR's local work is its stages' epochs (the shared stage, then the private one for
+    the variants that train a personal adapter), not local.epochs, which it does not read."""
+    from fedray.core.config import load_config
+    from fedray.core.registry import build_method
+
+    over = {"name": "favor", "base": "x", "variant": variant, "shared_epochs": 1,
+            "private_epochs": 2, "micro_batch": 2, "accumulation": 2}
+    if max_steps:
+        over["max_steps"] = max_steps
+    alg = build_method(load_config(None, [f"algorithm.{k}={v}" for k, v in over.items()]))
+    assert alg.samples_seen(np.array([10, 3])).tolist() == want

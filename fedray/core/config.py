@@ -18,12 +18,15 @@ by name.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import json
 import os
 import re
 import sys
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -948,7 +951,7 @@ def _check_natural_split(cfg: ExperimentConfig, kind: str) -> None:
                                                          "80/10/10, seeded by the run's seed",
                    "split_seed": "each author's posts split 80/10/10, seeded by the run's "
                                  "seed"}
-    check_unread(cfg, "data", unread, who)
+    check_unread(cfg.data, "data", unread, who)
 
 
 def _resolve_method(cfg: ExperimentConfig) -> None:
@@ -1014,30 +1017,48 @@ def resolve_server(server: Any, method: type) -> dict[str, Any]:
     return {"optimizer": name, **dataclasses.asdict(params)}
 
 
-def check_unread(cfg: ExperimentConfig, section: str, unread: dict[str, str],
-                 who: str) -> None:
-    """Refuse a value other than its default for each key of section ``section`` in
-    ``unread`` (key → what ``who`` uses instead): a knob that changes nothing runs another
-    experiment than the one asked for, without a word."""
-    values = getattr(cfg, section)
+_STORED: contextvars.ContextVar[bool] = contextvars.ContextVar("fedray_stored", default=False)
+
+
+@contextlib.contextmanager
+def as_stored() -> Iterator[None]:
+    """Load the config of a run that already ran (``--resume``, a job continuing its run
+    directory): a key :func:`check_unread` would refuse is recorded at its default instead,
+    since the run never read it, so a run stored before a key was refused resumes."""
+    token = _STORED.set(True)
+    try:
+        yield
+    finally:
+        _STORED.reset(token)
+
+
+def check_unread(values: Any, section: str, unread: dict[str, str], who: str) -> None:
+    """Refuse a value other than its default for each key of ``values`` (the dataclass of
+    config section ``section``) in ``unread`` (key → what ``who`` uses instead): a knob that
+    changes nothing runs another experiment than the one asked for, without a word. Under
+    :func:`as_stored` the key is set back to its default (what the run read)."""
     defaults = type(values)()
     for key, instead in unread.items():
         value, default = getattr(values, key), getattr(defaults, key)
-        if value != default:
-            shown = "unset" if default is None else json.dumps(default)
-            raise ConfigError(f"{section}.{key}", value, f"its default, {shown}, for {who}, "
-                                                         f"which does not read it ({instead})")
+        if value == default:
+            continue
+        if _STORED.get():
+            setattr(values, key, default)
+            continue
+        shown = "unset" if default is None else json.dumps(default)
+        raise ConfigError(f"{section}.{key}", value, f"its default, {shown}, for {who}, "
+                                                     f"which does not read it ({instead})")
 
 
 def migrate_stored(data: dict[str, Any]) -> dict[str, Any]:
     """A ``config.yaml`` an earlier version stored, in today's keys (``--resume`` of a run
     started before the server optimizers): ``algorithm.server_lr`` is ``server.lr`` of the
     method's own optimizer; a method may move more (``Algorithm.upgrade_config``). A task
-    stream stored with ``data.partition`` iid (the default, accepted until 2026-12) split its
-    tasks by Dirichlet all the same: it is recorded as what ran, dirichlet."""
+    stream stored with another ``data.partition`` than dirichlet (accepted until 2026-12)
+    split its tasks by Dirichlet all the same: it is recorded as what ran, dirichlet."""
     cont, d = data.get("continual"), data.get("data")
     if isinstance(cont, dict) and cont.get("tasks") and isinstance(d, dict) and \
-            d.get("partition", "iid") == "iid":
+            d.get("partition", "iid") != "dirichlet":
         data = dict(data, data=dict(d, partition="dirichlet"))
     algo = data.get("algorithm")
     if not isinstance(algo, dict) or "server" in data:

@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-from fedray.core.registry import require
+from fedray.core.registry import CAPABILITIES, require
 
 State = dict[str, np.ndarray]
 
@@ -628,13 +628,6 @@ def _check_cohort_memory(cfg: Any, fit: CohortFit, rule: CohortRule) -> None:
                           f"this machine has {have[0] / 1e9:.1f} GB available")
 
 
-def check_unread_local(cfg: Any, method: type) -> None:
-    """Refuse a ``local.*`` value the method would ignore (``method.unread_local``)."""
-    from fedray.core.config import check_unread
-
-    check_unread(cfg, "local", method.unread_local, method.name)
-
-
 class Algorithm:
     """A federated method: typed parameters, a client update and an aggregation policy.
 
@@ -653,7 +646,8 @@ class Algorithm:
     # key in a config, moved silently in a run's stored config.yaml (--resume)
     renamed_keys: ClassVar[dict[str, str]] = {}
     # ``local.*`` keys the method's client half does not read, each with what it uses
-    # instead: :func:`check_unread_local` refuses any other value than the key's default
+    # instead: :func:`fedray.core.config.check_unread` refuses any other value than the
+    # key's default
     unread_local: ClassVar[dict[str, str]] = {}
 
     @classmethod
@@ -688,11 +682,13 @@ class Algorithm:
             require(cls, "dp_sgd", "local.dp_noise_multiplier", cfg.local.dp_noise_multiplier)
         if cfg.payload.transforms:
             require(cls, "transforms", "payload.transforms", cfg.payload.transforms)
-        if cfg.eval.local_before_after:
-            require(cls, "before_after", "eval.local_before_after", True)
-        if cfg.eval.finetune_epochs:
-            require(cls, "finetune", "eval.finetune_epochs", cfg.eval.finetune_epochs)
-        check_unread_local(cfg, cls)
+        from fedray.core.config import check_unread
+
+        for cap, key in (("before_after", "local_before_after"), ("finetune", "finetune_epochs")):
+            if cap not in cls.capabilities:  # an evaluation the method's client half lacks
+                check_unread(cfg.eval, "eval", {key: f"it lacks the {cap!r} capability: "
+                                                     f"{CAPABILITIES[cap]}"}, cls.name)
+        check_unread(cfg.local, "local", cls.unread_local, cls.name)
         check_reduce(cfg, cls)
         if cfg.runtime.vectorize != "off":
             cohort_size(cfg, cls, *cls.input_of(cfg))
@@ -776,6 +772,15 @@ class Algorithm:
         """Personalized accuracy after ``epochs`` of local fine-tuning of the broadcast model
         on the client's train split (nothing is uploaded or kept)."""
         raise NotImplementedError
+
+    def samples_seen(self, num_samples: np.ndarray) -> np.ndarray:
+        """Samples each client's local training processes, for the fleet clock's compute time
+        (from an int64 array of the clients' sample counts): ``local.epochs`` over its data,
+        capped by ``local.max_steps`` batches of ``local.batch_size``. A method that trains
+        by its own schedule says so here."""
+        loc = self.cfg.local
+        seen = num_samples * loc.epochs
+        return np.minimum(seen, loc.max_steps * loc.batch_size) if loc.max_steps else seen
 
     def compute_cost(self, tier: Any) -> float:
         """Training FLOPs per sample of a client of ``tier`` relative to the full model: the

@@ -69,7 +69,8 @@ class Driver:
             clients=ClientStates(algorithm.uses_client_state or chain.stateful),
             tiers=tiers, fleet=fleet, privacy=privacy, metrics=MetricsWriter(self.storage),
             adversary=adversary_of(cfg),
-            secagg=SecureAggregator(cfg, privacy) if cfg.secagg.enabled else None)
+            secagg=SecureAggregator(cfg, privacy) if cfg.secagg.enabled else None,
+            work=algorithm.samples_seen)
         self.loop: SyncLoop | AsyncLoop = (AsyncLoop() if policy.buffer_size is not None
                                            else SyncLoop())
 

@@ -20,7 +20,13 @@ import yaml
 
 import fedray.runtime.warm as warm
 from fedray.core import checkpoint
-from fedray.core.config import ExperimentConfig, load_config, migrate_stored, parse_text
+from fedray.core.config import (
+    ExperimentConfig,
+    as_stored,
+    load_config,
+    migrate_stored,
+    parse_text,
+)
 from fedray.core.spec import ConfigError, redact, shown
 from fedray.core.storage import Storage, read_marker
 from fedray.methods.base import cohort_size
@@ -773,7 +779,8 @@ def _resolved(stored: Any) -> Any:
     """A stored config with the defaults of this version filled in (keys added since it was
     written are not differences); as stored when it no longer loads."""
     try:
-        cfg = load_config(None, [], base=migrate_stored(stored))
+        with as_stored():
+            cfg = load_config(None, [], base=migrate_stored(stored))
         return yaml.safe_load(yaml.safe_dump(cfg.to_dict()))
     except (ConfigError, TypeError, ValueError):
         return stored
@@ -807,9 +814,11 @@ def resume_config(run_dir: str, overrides: list[str] = ()) -> ExperimentConfig:
     for text in overrides:
         if not text.startswith("rounds="):
             raise ConfigError(text.split("=")[0], text, "only rounds=N may change on --resume")
-    cfg = load_config(None, overrides, base=base)
+    with as_stored():  # keys the run never read load as their defaults (what it read)
+        cfg = load_config(None, overrides, base=base)
     if overrides:  # only rounds=N: never below the stored run's nor the rounds it has run
-        stored = load_config(None, [], base=base).rounds
+        with as_stored():
+            stored = load_config(None, [], base=base).rounds
         try:
             ran = storage.latest_index() or 0
         except (ValueError, OSError):  # a planted LATEST: the resume itself refuses it

@@ -55,7 +55,8 @@ class FedExP(FedAvg):
     """FedAvg's clients, FedExP's extrapolating server."""
 
     name = "fedexp"
-    capabilities = frozenset({"transforms", "client_state", "server_optimizer", "vectorizable"})
+    capabilities = frozenset({"transforms", "client_state", "server_optimizer", "vectorizable",
+                              "before_after", "finetune"})
 
     @dataclass
     class Params:

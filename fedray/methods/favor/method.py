@@ -117,10 +117,12 @@ class FavorParams:
         if not self.base:
             raise ConfigError("algorithm.base", self.base, "a hub id or a model directory")
         if self.align and self.variant in ("fedavg", "fedprox", "pfedme", "feddpa"):
-            raise ConfigError("algorithm.align", True, f"unset or false for variant "
-                                                       f"{self.variant}, whose client round "
-                                                       f"has no alignment loss (favor, "
-                                                       f"global_asce, ditto and local take it)")
+            from fedray.core.config import check_unread
+
+            check_unread(self, "algorithm", {"align": "its client round has no alignment "
+                                                      "loss; favor, global_asce, ditto and "
+                                                      "local take it"},
+                         f"variant {self.variant}")
         from fedray.core.storage import absolute
 
         if os.path.isdir(self.base):  # a local model (not a hub id): absolute, since the
@@ -195,6 +197,23 @@ class Favor(Algorithm):
     @property
     def uses_client_state(self) -> bool:  # type: ignore[override]
         return self.params.variant in ("favor", "ditto", "local", "pfedme", "feddpa")
+
+    def samples_seen(self, num_samples: np.ndarray) -> np.ndarray:
+        """The fleet clock's work of a client round: the shared stage's epochs over the
+        author's blocks, plus the private stage's for the variants that train a personal
+        adapter each round, each stage capped by ``algorithm.max_steps`` optimizer steps of
+        ``micro_batch`` × ``accumulation`` blocks (pFedMe's inner steps and FedDPA's gate are
+        not counted: an estimate, as the clock's cost model is)."""
+        p = self.params
+        stages = [p.shared_epochs] if p.variant != "local" else []
+        if p.variant in ("favor", "ditto", "local", "feddpa"):
+            stages.append(p.private_epochs)
+        cap = p.max_steps * p.micro_batch * p.accumulation if p.max_steps else None
+        seen = np.zeros_like(num_samples)
+        for epochs in stages:
+            one = num_samples * epochs
+            seen = seen + (np.minimum(one, cap) if cap else one)
+        return seen
 
     def lora(self):
         return lora_spec(self.params)

@@ -90,10 +90,13 @@ class FedAvg(Algorithm):
     @classmethod
     def check(cls, cfg: Any) -> None:
         super().check(cfg)
-        if cfg.local.keep_optimizer_state and not cfg.local.momentum:
-            raise ConfigError("local.keep_optimizer_state", True,
-                              "false with local.momentum = 0 (plain SGD keeps no state "
-                              "between a client's rounds)")
+        if not cfg.local.momentum:
+            from fedray.core.config import check_unread
+
+            check_unread(cfg.local, "local", {"keep_optimizer_state": "plain SGD keeps no "
+                                                                      "state between a "
+                                                                      "client's rounds"},
+                         f"{cls.name} without local.momentum")
         if cfg.local.dp_noise_multiplier is not None:
             shape, classes = cls.input_of(cfg)
             if shape is not None:  # a table read at run time: the executor checks the model

@@ -62,10 +62,10 @@ def _check(cfg: Any, name: str, concurrency: int) -> None:
 
     rule = "a rule of synchronous rounds"
     in_flight = f"algorithm.concurrency = {concurrency} clients are always in flight"
-    check_unread(cfg, "fleet", {"deadline_s": rule, "overcommit": rule, "min_reports": rule},
+    check_unread(cfg.fleet, "fleet", {"deadline_s": rule, "overcommit": rule, "min_reports": rule},
                  name)
-    check_unread(cfg, "clients", {"fraction": in_flight, "per_round": in_flight}, name)
-    check_unread(cfg, "runtime", {"min_accepted": "an asynchronous rule has no rounds to "
+    check_unread(cfg.clients, "clients", {"fraction": in_flight, "per_round": in_flight}, name)
+    check_unread(cfg.runtime, "runtime", {"min_accepted": "an asynchronous rule has no rounds to "
                                                   "fail"}, name)
 
 

@@ -71,7 +71,7 @@ class ContinualConfig:
             raise ConfigError("data.partition", cfg.data.partition,
                               "dirichlet with a task stream (each task's samples are split by "
                               "Dirichlet(data.alpha), redrawn per task: DROD §3)")
-        check_unread(cfg, "data", {"feature_skew": "a task stream's inputs are the dataset's",
+        check_unread(cfg.data, "data", {"feature_skew": "a task stream's inputs are the dataset's",
                                    "drift_round": "a task stream drifts by its tasks"},
                      "a task stream")
 
