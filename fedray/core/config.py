@@ -946,11 +946,9 @@ def _check_natural_split(cfg: ExperimentConfig, kind: str) -> None:
     natural = "one client per natural id (writer, user, author)"
     unread = dict.fromkeys(_PARTITION_KEYS, natural)
     if kind == "method":
-        skew = "its authors' skew is algorithm.gini"
-        unread |= {"alpha": skew, "local_test_fraction": "each author's posts split "
-                                                         "80/10/10, seeded by the run's seed",
-                   "split_seed": "each author's posts split 80/10/10, seeded by the run's "
-                                 "seed"}
+        split = "each author's posts split 80/10/10, seeded by the run's seed"
+        unread |= {"alpha": "its authors' skew is algorithm.gini",
+                   "local_test_fraction": split, "split_seed": split}
     check_unread(cfg.data, "data", unread, who)
 
 
@@ -1200,9 +1198,10 @@ def keys() -> list[Knob]:
                                               "models show NAME)")])
     methods = registry.methods()
     for k in rows:  # a local.* knob some methods do not read (refused with them)
+        key = k.key.removeprefix("local.")
         unread = [name for name, cls in methods.items()
-                  if k.key.removeprefix("local.") in getattr(cls, "unread_local", {})]
-        if k.key.startswith("local.") and unread:
+                  if key != k.key and key in cls.unread_local]
+        if unread:
             k.help += f" (not read by {', '.join(unread)}: refused with them)"
     rows.append(Knob("algorithm.name", "one of " + ", ".join(methods), DEFAULT_METHOD,
                      "the method (fedray methods lists each one's capabilities)"))

@@ -628,6 +628,13 @@ def _check_cohort_memory(cfg: Any, fit: CohortFit, rule: CohortRule) -> None:
                           f"this machine has {have[0] / 1e9:.1f} GB available")
 
 
+def local_work(num_samples: np.ndarray, epochs: int, cap: int | None) -> np.ndarray:
+    """Samples processed by ``epochs`` passes over each client's ``num_samples``, capped at
+    ``cap`` samples (a step cap times the samples a step takes; None: no cap)."""
+    seen = num_samples * epochs
+    return np.minimum(seen, cap) if cap else seen
+
+
 class Algorithm:
     """A federated method: typed parameters, a client update and an aggregation policy.
 
@@ -779,8 +786,8 @@ class Algorithm:
         capped by ``local.max_steps`` batches of ``local.batch_size``. A method that trains
         by its own schedule says so here."""
         loc = self.cfg.local
-        seen = num_samples * loc.epochs
-        return np.minimum(seen, loc.max_steps * loc.batch_size) if loc.max_steps else seen
+        return local_work(num_samples, loc.epochs,
+                          loc.max_steps * loc.batch_size if loc.max_steps else None)
 
     def compute_cost(self, tier: Any) -> float:
         """Training FLOPs per sample of a client of ``tier`` relative to the full model: the

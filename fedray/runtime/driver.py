@@ -70,7 +70,7 @@ class Driver:
             tiers=tiers, fleet=fleet, privacy=privacy, metrics=MetricsWriter(self.storage),
             adversary=adversary_of(cfg),
             secagg=SecureAggregator(cfg, privacy) if cfg.secagg.enabled else None,
-            work=algorithm.samples_seen)
+            samples_seen=algorithm.samples_seen)
         self.loop: SyncLoop | AsyncLoop = (AsyncLoop() if policy.buffer_size is not None
                                            else SyncLoop())
 

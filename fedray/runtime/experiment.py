@@ -816,9 +816,8 @@ def resume_config(run_dir: str, overrides: list[str] = ()) -> ExperimentConfig:
             raise ConfigError(text.split("=")[0], text, "only rounds=N may change on --resume")
     with as_stored():  # keys the run never read load as their defaults (what it read)
         cfg = load_config(None, overrides, base=base)
+        stored = load_config(None, [], base=base).rounds if overrides else cfg.rounds
     if overrides:  # only rounds=N: never below the stored run's nor the rounds it has run
-        with as_stored():
-            stored = load_config(None, [], base=base).rounds
         try:
             ran = storage.latest_index() or 0
         except (ValueError, OSError):  # a planted LATEST: the resume itself refuses it

@@ -61,8 +61,9 @@ class RoundParts:
     metrics: MetricsWriter
     adversary: Any = None
     secagg: Any = None
-    # the method's Algorithm.samples_seen: its local work per client, for the fleet clock
-    work: Any = None
+    # the method's Algorithm.samples_seen: the samples each client's local training
+    # processes (from an int64 array of the clients' sample counts), for the fleet clock
+    samples_seen: Any = None
 
     def evaluate(self, r: int, sampled: list[int]) -> Evaluation:
         """Scores of round ``r`` when ``eval.every`` (or the last round) says so: the
@@ -132,11 +133,6 @@ class RoundParts:
         accepted, metrics = self.adversary.collude(accepted)
         extra.update(metrics)
         return accepted
-
-    def samples_seen(self, num_samples: np.ndarray) -> np.ndarray:
-        """Samples each client's local training processes (the method's
-        :meth:`~fedray.methods.base.Algorithm.samples_seen`)."""
-        return self.work(num_samples)
 
     def next_online(self, r: int) -> float:
         """When the clock jumps to while no client is online: the next session start (not

@@ -45,7 +45,14 @@ import numpy as np
 
 from fedray.core.registry import register_method
 from fedray.core.spec import ConfigError, spec
-from fedray.methods.base import BASE_HELP, Algorithm, ClientContext, ClientOutput, CohortFit
+from fedray.methods.base import (
+    BASE_HELP,
+    Algorithm,
+    ClientContext,
+    ClientOutput,
+    CohortFit,
+    local_work,
+)
 from fedray.methods.fedavg.policy import FedAvgPolicy
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -209,11 +216,8 @@ class Favor(Algorithm):
         if p.variant in ("favor", "ditto", "local", "feddpa"):
             stages.append(p.private_epochs)
         cap = p.max_steps * p.micro_batch * p.accumulation if p.max_steps else None
-        seen = np.zeros_like(num_samples)
-        for epochs in stages:
-            one = num_samples * epochs
-            seen = seen + (np.minimum(one, cap) if cap else one)
-        return seen
+        return sum((local_work(num_samples, epochs, cap) for epochs in stages),
+                   np.zeros_like(num_samples))
 
     def lora(self):
         return lora_spec(self.params)

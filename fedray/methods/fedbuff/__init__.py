@@ -65,8 +65,8 @@ def _check(cfg: Any, name: str, concurrency: int) -> None:
     check_unread(cfg.fleet, "fleet", {"deadline_s": rule, "overcommit": rule, "min_reports": rule},
                  name)
     check_unread(cfg.clients, "clients", {"fraction": in_flight, "per_round": in_flight}, name)
-    check_unread(cfg.runtime, "runtime", {"min_accepted": "an asynchronous rule has no rounds to "
-                                                  "fail"}, name)
+    check_unread(cfg.runtime, "runtime", {"min_accepted": "an asynchronous rule has no "
+                                                          "rounds to fail"}, name)
 
 
 def fedbuff_coefficients(staleness: list[int] | np.ndarray, reducer: str = "buffer"

@@ -71,9 +71,9 @@ class ContinualConfig:
             raise ConfigError("data.partition", cfg.data.partition,
                               "dirichlet with a task stream (each task's samples are split by "
                               "Dirichlet(data.alpha), redrawn per task: DROD §3)")
-        check_unread(cfg.data, "data", {"feature_skew": "a task stream's inputs are the dataset's",
-                                   "drift_round": "a task stream drifts by its tasks"},
-                     "a task stream")
+        check_unread(cfg.data, "data",
+                     {"feature_skew": "a task stream's inputs are the dataset's",
+                      "drift_round": "a task stream drifts by its tasks"}, "a task stream")
 
 
 registry.register_section("continual", ContinualConfig)
