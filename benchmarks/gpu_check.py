@@ -597,15 +597,33 @@ def fleet_check(name: str, cfg: Any, ref_cfg: Any, run_dir: str, tolerance: floa
     return row, rows
 
 
+def minilm() -> tuple[Any, Any, str]:
+    """(encoder, tokenizer, what it is): the shipped MiniLM, or — where its weights were
+    left behind (``benchmarks/device_bundle.py`` carries the package without its 91 MB of
+    weights to a lent GPU machine) — the same architecture from its config with random
+    weights."""
+    from fedray.methods.favor.asce import default_backbone, load_backbone
+
+    path = default_backbone()
+    if os.path.exists(os.path.join(path, "model.safetensors")):
+        return (*load_backbone(path), "shipped MiniLM-L6")
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    return (AutoModel.from_config(AutoConfig.from_pretrained(path)),
+            AutoTokenizer.from_pretrained(path), "MiniLM-L6 from its config, random weights "
+                                                 "(weights not carried)")
+
+
 def prepare_favor(work_dir: str, clients: int, lm: Any) -> dict[str, str]:
     """The embedded default's inputs (what ``prepare_embedded`` makes), the quick way: a
     synthetic roster in BlogText's schema, the tiny Qwen2 LM pretrained on disjoint authors
-    (``pretrain_tiny``), and as ASCE the shipped MiniLM with an *untrained* projection,
-    saved by ``save_asce`` in the format FAVoR loads — the check needs style targets of the
-    right shape, not good ones, and training ASCE takes most of a minute on 2 cores."""
+    (``pretrain_tiny``), and as ASCE the shipped MiniLM (:func:`minilm`) with an *untrained*
+    projection, saved by ``save_asce`` in the format FAVoR loads — the check needs style
+    targets of the right shape, not good ones, and training ASCE takes most of a minute on
+    2 cores."""
     from fedray.data.authors import generate_corpus
     from fedray.data.blogtext import load_authors
-    from fedray.methods.favor.asce import StyleEncoder, load_backbone, save_asce
+    from fedray.methods.favor.asce import StyleEncoder, save_asce
     from fedray.methods.favor.lm import pretrain_tiny
 
     csv = generate_corpus(os.path.join(work_dir, "authors.csv"), clients, 0, posts=(10, 12))
@@ -614,10 +632,10 @@ def prepare_favor(work_dir: str, clients: int, lm: Any) -> dict[str, str]:
     texts = [t for a in load_authors(pre, lambda t: 1, min_tokens=1, seed=0) for t in a.train]
     base = pretrain_tiny(texts, os.path.join(work_dir, "base_lm"), lm)
     torch.manual_seed(0)
-    backbone, tokenizer = load_backbone()
+    backbone, tokenizer, encoder = minilm()
     asce = os.path.join(work_dir, "asce")
     save_asce(StyleEncoder(backbone), tokenizer, asce, {"trained": False})
-    return {"csv": str(csv), "base": base, "asce": asce}
+    return {"csv": str(csv), "base": base, "asce": asce, "encoder": encoder}
 
 
 def check_favor_fleet(dry: bool, tmp: str) -> list[dict[str, Any]]:
@@ -654,6 +672,7 @@ def check_favor_fleet(dry: bool, tmp: str) -> list[dict[str, Any]]:
     row, rows = fleet_check("favor_qlora_fleet", cfg, ref_cfg,
                             os.path.join(tmp, "favor-fleet"), None, dry, data,
                             trained=lambda n: n * passes, loss="shared_loss")
+    row["asce_encoder"] = prep["encoder"]
     row["quantization"] = ("off: CPU dry run (bitsandbytes 4-bit needs CUDA), fp32" if dry
                            else "nf4 4-bit, double quant, bf16 compute")
     # the fewest 4-bit layers any executor's resident LM had (0 on the CPU)
@@ -907,11 +926,12 @@ def failed_row(name: str, e: Exception) -> dict[str, Any]:
     return {"check": name, "ok": False, "error": f"{type(e).__name__}: {e}"}
 
 
-def run_steps(steps: dict, device: str, dry: bool, tmp: str, seconds: dict[str, float]
-              ) -> list[dict[str, Any]]:
-    """Each step's rows, printed as they come, and its wall time into ``seconds``; a step
-    that raises is one failed row (one failed check must not hide the rest)."""
-    rows = []
+def run_steps(steps: dict, device: str, dry: bool, tmp: str, seconds: dict[str, float],
+              rows: list[dict[str, Any]], save: Callable[[], None]) -> None:
+    """Each step's rows appended to ``rows``, printed as they come, and saved (``save``:
+    a device call cut off at its time limit still brings back what finished), its wall time
+    into ``seconds``; a step that raises is one failed row (one failed check must not hide
+    the rest)."""
     for name, step in steps.items():
         t0 = time.perf_counter()
         try:
@@ -922,7 +942,7 @@ def run_steps(steps: dict, device: str, dry: bool, tmp: str, seconds: dict[str, 
         for r in new:
             print(json.dumps(r), flush=True)
         rows += new
-    return rows
+        save()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -950,24 +970,28 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     os.makedirs(args.out, exist_ok=True)
+
+    def save() -> None:
+        env["seconds"] = round(time.perf_counter() - t0, 1)
+        with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
+            json.dump({"env": env, "rows": rows}, f, indent=1)
+        with open(os.path.join(args.out, "GPU_CHECK.md"), "w") as f:
+            f.write(markdown(rows, env))
+
     with tempfile.TemporaryDirectory() as tmp:
-        rows += run_steps({k: v for k, v in LOCAL_STEPS.items() if k not in args.skip},
-                          device, args.dry_run, tmp, env["step_seconds"])
+        run_steps({k: v for k, v in LOCAL_STEPS.items() if k not in args.skip}, device,
+                  args.dry_run, tmp, env["step_seconds"], rows, save)
         ray_steps = {k: v for k, v in RAY_STEPS.items() if k not in args.skip}
         if ray_steps:
             if device == "cuda":
                 torch.cuda.empty_cache()  # the executors get the GPU, not this process's cache
             try:
                 with connected_ray(args.dry_run):
-                    rows += run_steps(ray_steps, device, args.dry_run, tmp,
-                                      env["step_seconds"])
+                    run_steps(ray_steps, device, args.dry_run, tmp, env["step_seconds"],
+                              rows, save)
             except Exception as e:  # noqa: BLE001 — Ray did not start: say so in the table
                 rows.append(failed_row("ray", e))
-    env["seconds"] = round(time.perf_counter() - t0, 1)
-    with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
-        json.dump({"env": env, "rows": rows}, f, indent=1)
-    with open(os.path.join(args.out, "GPU_CHECK.md"), "w") as f:
-        f.write(markdown(rows, env))
+    save()
     failed = [r["check"] for r in rows if not r["ok"]]
     print(json.dumps({"ok": not failed, "failed": failed, "out": args.out}))
     return 1 if failed else 0

@@ -8,6 +8,10 @@
 #   bash benchmarks/gpu_check.sh --out runs/gpu_check             # on a GPU machine
 #   bash benchmarks/gpu_check.sh --dry-run --out /tmp/gpu_check   # anywhere: the script only
 #   bash benchmarks/gpu_check.sh --out runs/gpu_check --skip favor  # leave checks out
+# On a lent machine without Ray or bitsandbytes (this project's): build the bundle here
+# (.venv/bin/python benchmarks/device_bundle.py build), carry .devbundle, and run
+#   bash .devbundle/run.sh --out "$OUT/gpu_check"
+# Results are saved after every check, so a call cut off at its limit keeps what finished.
 # Exit 0 when every check passed; results in OUT/gpu_check.json and OUT/GPU_CHECK.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."

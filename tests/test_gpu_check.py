@@ -1,6 +1,8 @@
 """benchmarks/gpu_check.sh, the GPU machine's check, in --dry-run on the CPU against the
 session's Ray (one declared GPU): every check runs and passes, so a lent GPU's time goes to
-the GPU, not to debugging the script."""
+the GPU, not to debugging the script. The check's own process runs in the simulated device
+environment (``benchmarks/device_bundle.py simulate``: the lent machine's packages and the
+bundle that travels there, nothing else), so an import the device lacks fails here."""
 
 from __future__ import annotations
 
@@ -19,17 +21,23 @@ WARM_RUNS = False  # conftest.warm_runs: its checks run in a subprocess on the s
 
 
 def gpu_check(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PY=sys.executable, **(env or {}))
+    env = {**os.environ, "PY": sys.executable, **(env or {})}
     return subprocess.run(["bash", "benchmarks/gpu_check.sh", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
 def dry_run(ray_session, tmp_path_factory):
-    """One dry run of every check (a minute or two): (completed process, report, out dir)."""
+    """One dry run of every check (a minute or two) with the device's packages only:
+    (completed process, report, out dir)."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import device_bundle
+
     out = tmp_path_factory.mktemp("gpu_check")
+    python = device_bundle.simulate(str(tmp_path_factory.mktemp("device") / "venv"))
     res = gpu_check("--dry-run", "--out", str(out),
-                    env={"RAY_ADDRESS": ray_session.get_runtime_context().gcs_address})
+                    env={"RAY_ADDRESS": ray_session.get_runtime_context().gcs_address,
+                         "PY": python, "PYTHONPATH": ROOT})
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return res, json.loads((out / "gpu_check.json").read_text()), out
 
@@ -93,6 +101,8 @@ def test_dry_run_fleets_on_fractional_gpus(dry_run):
     favor = fleet(rows, "favor_qlora_fleet", {"lm": 0.125})
     assert len(favor["executors"]) == 2  # the GPU run's 8, scaled to a 2-core machine
     assert favor["linear4bit_layers"] == 0 and favor["quantization"].startswith("off")
+    # the bundle carries MiniLM without its weights: the check builds it from its config
+    assert favor["asce_encoder"].startswith("MiniLM-L6 from its config, random weights")
     drod = fleet(rows, "drod_fleet_gpu", {"t100": 0.5, "t025": 0.25, "t006": 0.125})
     assert [drod["tiers"][t]["capacity"] for t in ("t100", "t025", "t006")] == [
         1.0, 0.251, 0.064]
