@@ -35,6 +35,10 @@ when the bundle would not fit a call. On the device, one call carrying ``.devbun
 
     bash .devbundle/run.sh --out "$OUT/gpu_check"
 
+and, if that call was cut off at its time limit, the same command again at once (the
+machine stays warm for seconds only): it runs the checks that had not passed yet and
+reports all of them (``gpu_check --state``, kept on the machine beside the unpacked bundle).
+
 ``simulate DIR`` makes a virtual environment at DIR holding, of this venv's packages, only
 what the image has and what the bundle carries (pruned as carried), so that a dry run of
 the check sees the packages the device will have, in every process (Ray's too)::
@@ -163,6 +167,7 @@ def unpack(wheel: str, site: str) -> tuple[int, int]:
 RUN = """#!/usr/bin/env bash
 # Written by benchmarks/device_bundle.py: unpack the bundle, then the GPU check, on a lent
 # machine (its python3 holds PyTorch). Arguments go to gpu_check.sh (e.g. --out "$OUT/x").
+# A second call on the same machine skips the checks that passed in the first (--state).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SITE=${DEVICE_SITE:-/tmp/fedray-site}
@@ -175,7 +180,7 @@ export PYTHONPATH="$SITE/fedray:$PWD${PYTHONPATH:+:$PYTHONPATH}" PY=python3
 printf '#!/usr/bin/env bash\\nPYTHONPATH="%s/pfl:$PYTHONPATH" exec python3 "$@"\\n' "$SITE" \\
   > "$SITE/pfl-python"
 chmod +x "$SITE/pfl-python"
-exec bash benchmarks/gpu_check.sh --pfl-python "$SITE/pfl-python" "$@"
+exec bash benchmarks/gpu_check.sh --pfl-python "$SITE/pfl-python" --state "$SITE/state" "$@"
 """
 
 

@@ -927,11 +927,12 @@ def failed_row(name: str, e: Exception) -> dict[str, Any]:
 
 
 def run_steps(steps: dict, device: str, dry: bool, tmp: str, seconds: dict[str, float],
-              rows: list[dict[str, Any]], save: Callable[[], None]) -> None:
-    """Each step's rows appended to ``rows``, printed as they come, and saved (``save``:
-    a device call cut off at its time limit still brings back what finished), its wall time
-    into ``seconds``; a step that raises is one failed row (one failed check must not hide
-    the rest)."""
+              rows: list[dict[str, Any]], done: dict[str, list[int]],
+              save: Callable[[], None]) -> None:
+    """Each step's rows appended to ``rows`` (their indices into ``done[step]``), printed
+    as they come, and saved (``save``: a device call cut off at its time limit still brings
+    back what finished), its wall time into ``seconds``; a step that raises is one failed
+    row (one failed check must not hide the rest)."""
     for name, step in steps.items():
         t0 = time.perf_counter()
         try:
@@ -941,8 +942,33 @@ def run_steps(steps: dict, device: str, dry: bool, tmp: str, seconds: dict[str, 
         seconds[name] = round(time.perf_counter() - t0, 1)
         for r in new:
             print(json.dumps(r), flush=True)
+        done[name] = list(range(len(rows), len(rows) + len(new)))
         rows += new
         save()
+
+
+def carried(state: str | None, env: dict[str, Any]) -> tuple[list[dict], dict, dict]:
+    """From ``STATE/gpu_check.json`` of an earlier run in the same mode (device, dry run):
+    the rows, row indices and seconds of the steps whose every row passed — a second call
+    on the same machine goes on where a cut-off one stopped."""
+    path = os.path.join(state, "gpu_check.json") if state else ""
+    if not path or not os.path.exists(path):
+        return [], {}, {}
+    with open(path) as f:
+        old = json.load(f)
+    if {k: old["env"].get(k) for k in ("device", "dry_run")} != \
+            {k: env[k] for k in ("device", "dry_run")}:
+        return [], {}, {}
+    rows: list[dict] = []
+    done: dict[str, list[int]] = {}
+    seconds: dict[str, float] = {}
+    for name, idx in old.get("steps", {}).items():
+        kept = [old["rows"][i] for i in idx]
+        if kept and all(r["ok"] for r in kept):
+            done[name] = list(range(len(rows), len(rows) + len(kept)))
+            rows += kept
+            seconds[name] = old["env"]["step_seconds"].get(name)
+    return rows, done, seconds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -953,6 +979,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/gpu_check", help="where the results are written")
     p.add_argument("--skip", nargs="*", default=[], choices=[*LOCAL_STEPS, *RAY_STEPS],
                    help="checks to leave out")
+    p.add_argument("--state", default=None,
+                   help="also save the results here after every check; checks that passed "
+                        "in an earlier run with this state (same mode) are not run again")
     p.add_argument("--pfl-python", default=None,
                    help="a Python with pfl-research installed: pfl_cifar10 also times pfl "
                         "on the same images (benchmarks/pfl_sim.py --cifar-npz)")
@@ -967,28 +996,33 @@ def main(argv: list[str] | None = None) -> int:
     env = {"device": device, "torch": torch.__version__,
            "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
            "dry_run": args.dry_run, "step_seconds": {}}
-    rows: list[dict[str, Any]] = []
+    rows, done, env["step_seconds"] = carried(args.state, env)
+    env["carried_over"] = sorted(done)
     t0 = time.perf_counter()
-    os.makedirs(args.out, exist_ok=True)
+    outs = [args.out] + ([args.state] if args.state else [])
+    for d in outs:
+        os.makedirs(d, exist_ok=True)
 
     def save() -> None:
         env["seconds"] = round(time.perf_counter() - t0, 1)
-        with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
-            json.dump({"env": env, "rows": rows}, f, indent=1)
-        with open(os.path.join(args.out, "GPU_CHECK.md"), "w") as f:
-            f.write(markdown(rows, env))
+        for d in outs:
+            with open(os.path.join(d, "gpu_check.json"), "w") as f:
+                json.dump({"env": env, "rows": rows, "steps": done}, f, indent=1)
+            with open(os.path.join(d, "GPU_CHECK.md"), "w") as f:
+                f.write(markdown(rows, env))
 
+    skip = set(args.skip) | set(done)
     with tempfile.TemporaryDirectory() as tmp:
-        run_steps({k: v for k, v in LOCAL_STEPS.items() if k not in args.skip}, device,
-                  args.dry_run, tmp, env["step_seconds"], rows, save)
-        ray_steps = {k: v for k, v in RAY_STEPS.items() if k not in args.skip}
+        run_steps({k: v for k, v in LOCAL_STEPS.items() if k not in skip}, device,
+                  args.dry_run, tmp, env["step_seconds"], rows, done, save)
+        ray_steps = {k: v for k, v in RAY_STEPS.items() if k not in skip}
         if ray_steps:
             if device == "cuda":
                 torch.cuda.empty_cache()  # the executors get the GPU, not this process's cache
             try:
                 with connected_ray(args.dry_run):
                     run_steps(ray_steps, device, args.dry_run, tmp, env["step_seconds"],
-                              rows, save)
+                              rows, done, save)
             except Exception as e:  # noqa: BLE001 — Ray did not start: say so in the table
                 rows.append(failed_row("ray", e))
     save()

@@ -11,7 +11,8 @@
 # On a lent machine without Ray or bitsandbytes (this project's): build the bundle here
 # (.venv/bin/python benchmarks/device_bundle.py build), carry .devbundle, and run
 #   bash .devbundle/run.sh --out "$OUT/gpu_check"
-# Results are saved after every check, so a call cut off at its limit keeps what finished.
+# Results are saved after every check, so a call cut off at its limit keeps what finished;
+# with --state DIR a second run skips the checks that passed in the first (run.sh does so).
 # Exit 0 when every check passed; results in OUT/gpu_check.json and OUT/GPU_CHECK.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."

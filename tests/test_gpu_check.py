@@ -128,3 +128,39 @@ def test_without_cuda_it_refuses_and_says_why(tmp_path):
     helped = gpu_check("--help")  # says how to run it on a GPU machine
     assert helped.returncode == 0
     assert "bash benchmarks/gpu_check.sh --out runs/gpu_check" in helped.stdout
+
+
+def test_a_second_run_with_the_same_state_goes_on_where_the_first_stopped(tmp_path):
+    """``--state``: a device call cut off at its limit is followed by a second one on the
+    same machine, which runs only the checks that have not passed and reports them all."""
+    every = ["favor", "favor_cohort", "flite", "drod", "ray", "favor_qlora_fleet",
+             "drod_fleet_gpu", "flite_resnet18", "pfl_cifar10"]
+    state, first, second = tmp_path / "state", tmp_path / "one", tmp_path / "two"
+    res = gpu_check("--dry-run", "--out", str(first), "--state", str(state), "--skip",
+                    *[s for s in every if s != "drod"])
+    assert res.returncode == 0, res.stderr[-2000:]
+    one = json.loads((first / "gpu_check.json").read_text())
+    assert one == json.loads((state / "gpu_check.json").read_text())
+    assert list(one["steps"]) == ["drod"] and one["env"]["carried_over"] == []
+    res = gpu_check("--dry-run", "--out", str(second), "--state", str(state), "--skip",
+                    *[s for s in every if s not in ("drod", "flite")])
+    assert res.returncode == 0, res.stderr[-2000:]
+    two = json.loads((second / "gpu_check.json").read_text())
+    assert two["env"]["carried_over"] == ["drod"]
+    assert [r["check"] for r in two["rows"]] == ["drod_deterministic", "flite_bf16",
+                                                 "flite_bf16"]
+    assert two["rows"][0] == one["rows"][0]  # carried, not run again
+    assert "drod_deterministic" not in res.stdout  # only the new checks are printed
+    assert two["env"]["step_seconds"]["drod"] == one["env"]["step_seconds"]["drod"]
+    # a run in the other mode carries nothing over; a failed check is run again
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from gpu_check import carried
+
+    assert carried(str(state), {"device": "cuda", "dry_run": False}) == ([], {}, {})
+    assert carried(str(state), {"device": "cpu", "dry_run": True})[1] == {
+        "drod": [0], "flite": [1, 2]}
+    failed = dict(one, rows=[dict(one["rows"][0], ok=False)])
+    (state / "gpu_check.json").write_text(json.dumps(failed))
+    from_failed = gpu_check("--dry-run", "--out", str(tmp_path / "three"), "--state",
+                            str(state), "--skip", *[s for s in every if s != "drod"])
+    assert "drod_deterministic" in from_failed.stdout
