@@ -922,6 +922,9 @@ RAY_STEPS = {  # on one Ray (connected_ray), after the local ones
 }
 
 
+STEPS = {**LOCAL_STEPS, **RAY_STEPS}
+
+
 def failed_row(name: str, e: Exception) -> dict[str, Any]:
     return {"check": name, "ok": False, "error": f"{type(e).__name__}: {e}"}
 
@@ -954,20 +957,25 @@ def carried(state: str | None, env: dict[str, Any]) -> tuple[list[dict], dict, d
     path = os.path.join(state, "gpu_check.json") if state else ""
     if not path or not os.path.exists(path):
         return [], {}, {}
-    with open(path) as f:
-        old = json.load(f)
-    if {k: old["env"].get(k) for k in ("device", "dry_run")} != \
-            {k: env[k] for k in ("device", "dry_run")}:
-        return [], {}, {}
     rows: list[dict] = []
     done: dict[str, list[int]] = {}
     seconds: dict[str, float] = {}
-    for name, idx in old.get("steps", {}).items():
-        kept = [old["rows"][i] for i in idx]
-        if kept and all(r["ok"] for r in kept):
-            done[name] = list(range(len(rows), len(rows) + len(kept)))
-            rows += kept
-            seconds[name] = old["env"]["step_seconds"].get(name)
+    try:
+        with open(path) as f:
+            old = json.load(f)
+        if {k: old["env"].get(k) for k in ("device", "dry_run")} != \
+                {k: env[k] for k in ("device", "dry_run")}:
+            return [], {}, {}
+        for name, idx in old["steps"].items():
+            kept = [old["rows"][i] for i in idx]
+            if name in STEPS and kept and all(r["ok"] is True for r in kept):
+                done[name] = list(range(len(rows), len(rows) + len(kept)))
+                rows += kept
+                seconds[name] = old["env"]["step_seconds"][name]
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+        print(f"warning: {path} is not a state this script wrote ({type(e).__name__}: "
+              f"{e}); every check runs", file=sys.stderr)
+        return [], {}, {}
     return rows, done, seconds
 
 
@@ -1003,13 +1011,15 @@ def main(argv: list[str] | None = None) -> int:
     for d in outs:
         os.makedirs(d, exist_ok=True)
 
-    def save() -> None:
+    def save() -> None:  # each file whole or not at all: a kill may come at any time
         env["seconds"] = round(time.perf_counter() - t0, 1)
         for d in outs:
-            with open(os.path.join(d, "gpu_check.json"), "w") as f:
-                json.dump({"env": env, "rows": rows, "steps": done}, f, indent=1)
-            with open(os.path.join(d, "GPU_CHECK.md"), "w") as f:
-                f.write(markdown(rows, env))
+            for name, text in (("gpu_check.json", json.dumps(
+                    {"env": env, "rows": rows, "steps": done}, indent=1)),
+                               ("GPU_CHECK.md", markdown(rows, env))):
+                with open(os.path.join(d, f".{name}.tmp"), "w") as f:
+                    f.write(text)
+                os.replace(os.path.join(d, f".{name}.tmp"), os.path.join(d, name))
 
     skip = set(args.skip) | set(done)
     with tempfile.TemporaryDirectory() as tmp:

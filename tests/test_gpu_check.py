@@ -159,6 +159,8 @@ def test_a_second_run_with_the_same_state_goes_on_where_the_first_stopped(tmp_pa
     assert carried(str(state), {"device": "cuda", "dry_run": False}) == ([], {}, {})
     assert carried(str(state), {"device": "cpu", "dry_run": True})[1] == {
         "drod": [0], "flite": [1, 2]}
+    (state / "gpu_check.json").write_text(json.dumps(one)[:200])  # cut off mid-write
+    assert carried(str(state), {"device": "cpu", "dry_run": True}) == ([], {}, {})
     failed = dict(one, rows=[dict(one["rows"][0], ok=False)])
     (state / "gpu_check.json").write_text(json.dumps(failed))
     from_failed = gpu_check("--dry-run", "--out", str(tmp_path / "three"), "--state",
