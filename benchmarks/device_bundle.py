@@ -171,9 +171,10 @@ RUN = """#!/usr/bin/env bash
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SITE=${DEVICE_SITE:-/tmp/fedray-site}
-if [ ! -f "$SITE/.unpacked" ]; then
+if [ ! -f "$SITE/.unpacked" ]; then  # Python's tarfile: no xz binary needed
   mkdir -p "$SITE"
-  tar -xJf .devbundle/site.tar.xz -C "$SITE"
+  python3 -c 'import sys, tarfile; t = tarfile.open(sys.argv[1]); t.extractall(sys.argv[2], \
+**({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))' .devbundle/site.tar.xz "$SITE"
   touch "$SITE/.unpacked"
 fi
 export PYTHONPATH="$SITE/fedray:$PWD${PYTHONPATH:+:$PYTHONPATH}" PY=python3
