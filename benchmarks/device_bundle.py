@@ -243,20 +243,6 @@ def image_closure() -> set[str]:
     return seen
 
 
-def hidden_modules() -> list[str]:
-    """Top-level modules of this venv's distributions outside the image (with what its
-    packages need) and the bundle."""
-    allowed = image_closure() | {norm(n) for n in FEDRAY + list(PFL) + ["fedray"]}
-    stdlib = set(sys.stdlib_module_names)
-    out = set()
-    for module, dists in md.packages_distributions().items():
-        if module in stdlib or module.startswith("_") and module[1:] in stdlib:
-            continue
-        if not any(norm(d) in allowed for d in dists):
-            out.add(module)
-    return sorted(out)
-
-
 def simulate(target: str, image_only: bool = False) -> str:
     """A virtual environment at ``target`` that holds, of this venv's packages, only what
     the image has (:func:`image_closure`) and what the bundle carries — the bundle's
