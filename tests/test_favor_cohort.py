@@ -49,7 +49,13 @@ SHARED = StageConfig(epochs=1, micro_batch=4, accumulation=2, lr=1e-2)
 PRIVATE = StageConfig(epochs=2, micro_batch=4, accumulation=2, lr=1e-2)
 
 
-def test_every_authors_round_equals_its_sequential_round(lm):
+@pytest.mark.parametrize("chunk", [None, 64 * 40], ids=["one-chunk", "checkpointed-chunks"])
+def test_every_authors_round_equals_its_sequential_round(lm, chunk, monkeypatch):
+    """Also with the output head in checkpointed chunks of 40 tokens (a real vocabulary's
+    case: 151,936 logits a token), on both paths."""
+    if chunk:
+        monkeypatch.setattr("fedray.methods.favor.train.LOGIT_CHUNK", chunk)
+        monkeypatch.setattr("fedray.methods.favor.cohort.LOGIT_CHUNK", chunk)
     model, start, authors = lm
     base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
     batched = cohort.client_rounds(model, start, authors, SHARED, PRIVATE, 0.1, 0.5, seed=0,

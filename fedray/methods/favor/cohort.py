@@ -168,11 +168,18 @@ def _row_forward(path: str, layer: nn.Module, a: torch.Tensor, b: torch.Tensor,
     return forward
 
 
+def _token_ce(head: nn.Module, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(head(h).float(), y, ignore_index=IGNORE, reduction="none")
+
+
 def _author_losses(model: nn.Module, ids: torch.Tensor, rows: _Rows, k: int
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 7 per author over its rows (mean next-token cross-entropy of its supervised
     tokens, the output head chunk by chunk as :func:`~fedray.methods.favor.train.lm_loss`
-    applies it) and the final hidden states (N, L, H)."""
+    applies it: with several chunks each is checkpointed, so a cohort keeps no chunk's
+    logits for the backward either) and the final hidden states (N, L, H)."""
+    from torch.utils.checkpoint import checkpoint
+
     lm = causal_lm(model)
     h = lm.get_decoder()(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
     head = lm.get_output_embeddings()
@@ -181,8 +188,8 @@ def _author_losses(model: nn.Module, ids: torch.Tensor, rows: _Rows, k: int
     step = max(1, LOGIT_CHUNK // head.weight.shape[0])
     sums = torch.zeros(k, dtype=torch.float32, device=ids.device)
     for i in range(0, len(x), step):
-        ce = F.cross_entropy(head(x[i:i + step]).float(), y[i:i + step],
-                             ignore_index=IGNORE, reduction="none")
+        ce = (checkpoint(_token_ce, head, x[i:i + step], y[i:i + step], use_reentrant=False)
+              if len(x) > step else _token_ce(head, x, y))
         sums = sums.index_add(0, owner[i:i + step], ce)
     counts = torch.zeros(k, device=ids.device).index_add(
         0, owner, (y != IGNORE).float())
