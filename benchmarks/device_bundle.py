@@ -58,13 +58,15 @@ import hashlib
 import importlib.metadata as md
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
 import zipfile
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name as norm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIMIT = 64 * 2**20  # a device call's carried files, all of them
@@ -108,11 +110,6 @@ DROP = ["ray/jars/*", "ray/dashboard/client/build/*", "bitsandbytes/libbitsandby
 KEEP_CUDA = "cuda130"  # the image's torch is 2.11.0+cu130
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
              "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64"]
-
-
-def norm(name: str) -> str:
-    """A distribution name as PyPI compares them (PEP 503)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def dropped(path: str) -> bool:
@@ -238,8 +235,7 @@ def image_closure() -> set[str]:
             reqs = md.requires(name) or []
         except md.PackageNotFoundError:
             continue
-        todo += [norm(m.group(0)) for r in reqs if "extra ==" not in r
-                 for m in [re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", r)] if m]
+        todo += [norm(Requirement(r).name) for r in reqs if "extra ==" not in r]
     return seen
 
 

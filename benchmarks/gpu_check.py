@@ -70,6 +70,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from fedray.core.storage import Storage  # noqa: E402
 from fedray.methods.fedavg.method import FedAvg  # noqa: E402
 
 QWEN_SHAPES = {  # hidden, MLP, heads, KV heads, layers (the shipped Qwen2.5 configs)
@@ -78,6 +79,9 @@ QWEN_SHAPES = {  # hidden, MLP, heads, KV heads, layers (the shipped Qwen2.5 con
     "qwen2.5-3b": (2048, 11008, 16, 2, 36),
 }
 VOCAB = 151_936
+# a placement that has not happened in 2 minutes will not: a hung executor start must not
+# take the device time
+PLACEMENT = "runtime.placement_timeout_s=120"
 
 
 def estimate_favor_memory(shape: str, batch: int = 4, tokens: int = 256, rank: int = 16,
@@ -426,7 +430,7 @@ def check_ray(dry: bool, tmp: str) -> list[dict[str, Any]]:
     from fedray.runtime import Experiment, run_experiment
 
     base = ["clients.num_clients=8", "rounds=2", "model.hidden=[32]", "local.batch_size=16",
-            "runtime.placement_timeout_s=120"]
+            PLACEMENT]
     tiers = ("runtime.tiers=[{name: gpu, executors: 4, num_cpus: 0.25, num_gpus: 0.25},"
              " {name: cpu, executors: 1, num_cpus: 0.25}]")
     cfg = load_config(None, base + [tiers])
@@ -707,7 +711,7 @@ def check_favor_fleet(dry: bool, tmp: str) -> list[dict[str, Any]]:
     common = embedded_overrides(prep) + [
         f"clients.num_clients={clients}", f"rounds={rounds}", "algorithm.private_epochs=1",
         "algorithm.eval_prompts=1", "eval.clients=none", "eval.every=0",
-        "runtime.placement_timeout_s=120"]
+        PLACEMENT]
     tier = {"name": "lm", "executors": executors, "num_cpus": cpus, "num_gpus": 0.125}
     cfg = load_config(None, common + [tiers_override([tier])])
     ref_cfg = load_config(None, common + ["runtime.device=cpu", tiers_override(
@@ -750,7 +754,7 @@ def check_drod_fleet(dry: bool, tmp: str) -> list[dict[str, Any]]:
               f"data.image_size={size}", "data.channels=3", "data.partition=dirichlet",
               "data.alpha=0.5", f"clients.num_clients={clients}", f"rounds={rounds}",
               "local.epochs=1", "local.batch_size=16", "local.max_steps=4", "local.lr=0.1",
-              "eval.every=0", "eval.clients=none", "runtime.placement_timeout_s=120"]
+              "eval.every=0", "eval.clients=none", PLACEMENT]
     shares = {"t100": (1.0, 0.5), "t025": (0.251, 0.25), "t006": (0.064, 0.125)}
     tiers = [{"name": n, "executors": 1, "num_cpus": 0.25 if dry else 1, "num_gpus": g,
               "capacity": c} | ({"accelerator_type": accel[0]} if deterministic else {})
@@ -792,7 +796,7 @@ def check_flite_fleet(dry: bool, tmp: str) -> list[dict[str, Any]]:
                      "algorithm.d=64", "algorithm.r=32", "payload.upload=int4",
                      "clients.num_clients=4", f"rounds={rounds}", "local.epochs=1",
                      "local.batch_size=32", "local.max_steps=4", "eval.every=0",
-                     "eval.clients=none", "runtime.placement_timeout_s=120"]
+                     "eval.clients=none", PLACEMENT]
     tier = {"name": "gpu", "executors": 2, "num_cpus": 0.5 if dry else 2, "num_gpus": 0.25}
     cfg = load_config(None, common + [tiers_override([tier])])
     threads = 1 if dry else 8
@@ -873,7 +877,7 @@ def check_pfl_cifar10(dry: bool, tmp: str) -> list[dict[str, Any]]:
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "fedray",
                         "configs", "benchmarks", "pfl_cifar10.yaml")
     over = [f"data.root={os.path.join(tmp, 'cifar10')}", f"rounds={rounds}",
-            f"eval.every={rounds}", "runtime.placement_timeout_s=120"]
+            f"eval.every={rounds}", PLACEMENT]
     cfg = load_config(path, over, smoke=True) if dry else load_config(path, over)
     exp = Experiment(cfg, os.path.join(tmp, "pfl-cifar10"))
     seconds = []
@@ -1037,7 +1041,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true",
                    help="CPU, small shapes, GPUs declared to Ray: checks the script only")
     p.add_argument("--out", default="runs/gpu_check", help="where the results are written")
-    p.add_argument("--skip", nargs="*", default=[], choices=[*LOCAL_STEPS, *RAY_STEPS],
+    p.add_argument("--skip", nargs="*", default=[], choices=list(STEPS),
                    help="checks to leave out")
     p.add_argument("--state", default=None,
                    help="also save the results here after every check; checks that passed "
@@ -1063,15 +1067,14 @@ def main(argv: list[str] | None = None) -> int:
     for d in outs:
         os.makedirs(d, exist_ok=True)
 
-    def save() -> None:  # each file whole or not at all: a kill may come at any time
+    def save() -> None:  # each file whole or not at all (Storage): a kill may come any time
         env["seconds"] = round(time.perf_counter() - t0, 1)
+        files = {"gpu_check.json": json.dumps({"env": env, "rows": rows, "steps": done},
+                                              indent=1),
+                 "GPU_CHECK.md": markdown(rows, env)}
         for d in outs:
-            for name, text in (("gpu_check.json", json.dumps(
-                    {"env": env, "rows": rows, "steps": done}, indent=1)),
-                               ("GPU_CHECK.md", markdown(rows, env))):
-                with open(os.path.join(d, f".{name}.tmp"), "w") as f:
-                    f.write(text)
-                os.replace(os.path.join(d, f".{name}.tmp"), os.path.join(d, name))
+            for name, text in files.items():
+                Storage(d).write_bytes(name, text.encode())
 
     skip = set(args.skip) | set(done)
     with tempfile.TemporaryDirectory() as tmp:

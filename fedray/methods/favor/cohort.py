@@ -51,6 +51,7 @@ from fedray.methods.favor.train import (
     StageConfig,
     _micro_batches,
     causal_lm,
+    head_ce,
     kappa,
 )
 from fedray.models.cohort import StackedAdam
@@ -168,10 +169,6 @@ def _row_forward(path: str, layer: nn.Module, a: torch.Tensor, b: torch.Tensor,
     return forward
 
 
-def _token_ce(head: nn.Module, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(head(h).float(), y, ignore_index=IGNORE, reduction="none")
-
-
 def _author_losses(model: nn.Module, ids: torch.Tensor, rows: _Rows, k: int
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 7 per author over its rows (mean next-token cross-entropy of its supervised
@@ -188,8 +185,8 @@ def _author_losses(model: nn.Module, ids: torch.Tensor, rows: _Rows, k: int
     step = max(1, LOGIT_CHUNK // head.weight.shape[0])
     sums = torch.zeros(k, dtype=torch.float32, device=ids.device)
     for i in range(0, len(x), step):
-        ce = (checkpoint(_token_ce, head, x[i:i + step], y[i:i + step], use_reentrant=False)
-              if len(x) > step else _token_ce(head, x, y))
+        ce = (checkpoint(head_ce, head, x[i:i + step], y[i:i + step], "none",
+                         use_reentrant=False) if len(x) > step else head_ce(head, x, y, "none"))
         sums = sums.index_add(0, owner[i:i + step], ce)
     counts = torch.zeros(k, device=ids.device).index_add(
         0, owner, (y != IGNORE).float())

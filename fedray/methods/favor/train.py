@@ -120,8 +120,11 @@ def training(model: nn.Module, seed: int, round: int, client: int, purpose: str
 LOGIT_CHUNK = 1 << 24  # logits (tokens x vocabulary) materialised at once: 64 MB in fp32
 
 
-def _ce_sum(head: nn.Module, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(head(h).float(), y, ignore_index=IGNORE, reduction="sum")
+def head_ce(head: nn.Module, h: torch.Tensor, y: torch.Tensor, reduction: str = "sum"
+            ) -> torch.Tensor:
+    """Next-token cross-entropy of one chunk of the output head's inputs (summed, or per
+    token with ``reduction="none"``: a cohort's per-author sums)."""
+    return F.cross_entropy(head(h).float(), y, ignore_index=IGNORE, reduction=reduction)
 
 
 def _next_token_inputs(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor):
@@ -145,11 +148,11 @@ def lm_loss(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor, hidden: b
     Call it inside :func:`using`."""
     h, x, y, head, step = _next_token_inputs(model, ids, labels)
     if len(x) <= step:
-        total = _ce_sum(head, x, y)
+        total = head_ce(head, x, y)
     else:
         from torch.utils.checkpoint import checkpoint
 
-        total = sum(checkpoint(_ce_sum, head, x[i:i + step], y[i:i + step],
+        total = sum(checkpoint(head_ce, head, x[i:i + step], y[i:i + step],
                                use_reentrant=False) for i in range(0, len(x), step))
     loss = total / (y != IGNORE).sum().clamp_min(1)
     return loss, (h if hidden else None)
