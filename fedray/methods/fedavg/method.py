@@ -4,7 +4,7 @@ the update Δ_i = θ_i − θ_t (not θ_i, so codecs quantize small deltas). The
 
 from __future__ import annotations
 
-import copy
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -22,9 +22,9 @@ from fedray.methods.base import (
     ClientContext,
     ClientOutput,
     CohortFit,
-    StackRow,
     State,
 )
+from fedray.methods.engine import Correction, LocalEngine
 from fedray.methods.fedavg.policy import FedAvgPolicy
 from fedray.wire.payload import Payload
 
@@ -49,6 +49,26 @@ def _same_model(base: str, meta: dict, model_cfg: dict) -> None:
     if meta["model"] != model_cfg:
         raise ConfigError("algorithm.base", base, f"a base pretrained with model = {model_cfg}"
                                                   f" (this one: {meta['model']})")
+
+
+def check_init(cfg: Any, input_shape: tuple[int, ...], num_classes: int) -> None:
+    """The configured model's start θ₀ is whole (:mod:`fedray.models.init`): every
+    parameter written by an initialiser, every buffer none writes the same whatever torch's
+    generator held; a :class:`ConfigError` at ``model.name`` naming the tensor, before
+    Ray."""
+    from fedray.models import build_model
+    from fedray.models.init import UnwrittenTensor, check_initial_state
+
+    kwargs = {k: v for k, v in cfg.model.items() if k != "name"}
+
+    def build() -> Any:
+        return build_model(cfg.model["name"], tuple(input_shape), num_classes, **kwargs)
+
+    try:
+        check_initial_state(build, cfg.seed)
+    except UnwrittenTensor as e:
+        raise ConfigError("model.name", cfg.model["name"], f"a model whose start every "
+                                                          f"initialiser writes: {e}") from None
 
 
 def apply_base(model: Any, base: str, model_cfg: dict) -> None:
@@ -119,6 +139,8 @@ class FedAvg(Algorithm):
 
         check_base_state(cfg.algorithm.get("base"), cfg, data)
         check_base_split(cfg.algorithm.get("base"), cfg, data)
+        if cfg.algorithm.get("base") is None and data.input_shape is not None:
+            check_init(cfg, data.input_shape, data.num_classes)
 
     @classmethod
     def check_dp_sgd(cls, cfg: Any, input_shape: tuple[int, ...], num_classes: int) -> None:
@@ -138,18 +160,14 @@ class FedAvg(Algorithm):
             raise ConfigError("model.name", cfg.model["name"],
                               f"a model Opacus can wrap for local DP-SGD ({problems[0]})")
 
-    def dp_sgd(self) -> Any:
-        """Local DP-SGD settings (``local.dp_*``), or None when off."""
-        from fedray.models.training import DPSGD
-
-        loc = self.cfg.local
-        if loc.dp_noise_multiplier is None:
-            return None
-        return DPSGD(loc.dp_noise_multiplier, loc.dp_max_grad_norm, loc.dp_delta)
+    @functools.cached_property
+    def engine(self) -> LocalEngine:
+        """The local-training engine every client of this run trains with."""
+        return LocalEngine.of(self.cfg)
 
     @property
     def uses_client_state(self) -> bool:  # type: ignore[override]
-        return self.cfg.local.keep_optimizer_state and self.cfg.local.momentum > 0
+        return self.engine.keeps_optimizer
 
     @property
     def base(self) -> str | None:
@@ -175,48 +193,39 @@ class FedAvg(Algorithm):
         return [n for n, q in model.named_parameters() if q.requires_grad]
 
     def init_global_state(self, resident, seed):
-
-        from fedray.core.seeding import torch_seeded
+        from fedray.models.init import initial_state
         from fedray.models.training import get_state
 
-        if self.base:
-            return get_state(resident)
-        # drawn on the CPU from the seed alone: the same start on any device (every module of
-        # the registry's models resets all its parameters and buffers)
-        model = copy.deepcopy(resident).to_empty(device="cpu")
-        with torch_seeded(seed, -1, -1, "model-init"):
-            for m in model.modules():
-                if hasattr(m, "reset_parameters"):
-                    m.reset_parameters()
-        return get_state(model)
+        return get_state(resident) if self.base else initial_state(resident, seed)
 
-    def grad_hook(self, model: Any, broadcast: State, device: str) -> Any:
-        """A per-step gradient edit (``None``: plain SGD). FedProx overrides it."""
+    # the local-training engine's hooks (fedray.methods.engine): written once, run one
+    # client at a time or as a cohort
+
+    def client_tensors(self, ctx: ClientContext, broadcast: State) -> State | None:
+        """The client's own tensors :meth:`correction` reads, one per trainable parameter
+        by name (None: none). FedDyn's ∇L_k(θ_k^{t−1}) from its kept state."""
         return None
 
-    def client_update(self, ctx: ClientContext, broadcast: State) -> ClientOutput:
-        from fedray.models.training import evaluate, get_state, set_state, train_local
+    def correction(self, model: Any, broadcast: State, device: str) -> Correction | None:
+        """A per-step gradient edit ``fix(params, own)`` that writes each trainable
+        parameter's ``p.grad`` in place (``own``: :meth:`client_tensors` as tensors, in the
+        same order; in a cohort both carry a leading client axis), or None: plain SGD.
+        FedProx adds μ(θ − θ_t) here."""
+        return None
 
-        model, loc = ctx.resident, self.cfg.local
-        set_state(model, broadcast)
-        metrics: dict[str, float] = {}
-        if self.cfg.eval.local_before_after:
-            metrics["acc_before"] = evaluate(model, ctx.x_test, ctx.y_test, ctx.device)["accuracy"]
-        opt_state = (ctx.state or {}).get("optimizer") if self.uses_client_state else None
-        train_metrics, opt_state = train_local(
-            model, ctx.x_train, ctx.y_train, epochs=loc.epochs, batch_size=loc.batch_size,
-            lr=loc.lr, momentum=loc.momentum, weight_decay=loc.weight_decay, seed=ctx.seed,
-            round=ctx.round, client=ctx.client_id, max_steps=loc.max_steps, device=ctx.device,
-            grad_hook=self.grad_hook(model, broadcast, ctx.device), optimizer_state=opt_state,
-            bf16=loc.bf16, dp_sgd=self.dp_sgd())
-        metrics.update(train_metrics)
-        if self.cfg.eval.local_before_after:
-            metrics["acc_after"] = evaluate(model, ctx.x_test, ctx.y_test, ctx.device)["accuracy"]
-        local = get_state(model)
-        delta = {k: local[k] - np.asarray(broadcast[k], dtype=np.float32)
-                 for k in self.trainable(model)}
-        state = {"optimizer": opt_state} if self.uses_client_state else None
-        return ClientOutput(delta, len(ctx.x_train), metrics, state)
+    def upload(self, broadcast: State, trained: State) -> State:
+        """What the client sends from its trained parameters (by name; in a cohort each
+        stacked along a leading client axis): the update Δ_i = θ_i − θ_t (not θ_i, so
+        codecs quantize small deltas)."""
+        return {k: v - np.asarray(broadcast[k], dtype=np.float32) for k, v in trained.items()}
+
+    def finish(self, ctx: ClientContext, out: ClientOutput, broadcast: State) -> ClientOutput:
+        """The client's output completed: extra metrics or upload entries, and the state it
+        keeps (``out.state`` holds the engine's optimizer state, when kept)."""
+        return out
+
+    def client_update(self, ctx: ClientContext, broadcast: State) -> ClientOutput:
+        return self.engine.run(self, [ctx], broadcast, cohort=False)[0]
 
     @classmethod
     def cohort_fit(cls, cfg: Any, input_shape: tuple[int, ...] | None,
@@ -250,39 +259,9 @@ class FedAvg(Algorithm):
 
     def cohort_update(self, contexts: list[ClientContext], broadcast: State
                       ) -> list[ClientOutput]:
-        """:meth:`client_update` of each context, the local SGD of all of them as one
-        batched computation (:func:`fedray.models.cohort.train_cohort_stacked`); the
-        updates Δ_i = θ_i − θ are taken on the stack at once, each client's upload its row
-        (:class:`~fedray.methods.base.StackRow`)."""
-        from fedray.models.cohort import train_cohort_stacked
-        from fedray.models.training import evaluate, set_state
-
-        first, model, loc = contexts[0], contexts[0].resident, self.cfg.local
-        set_state(model, broadcast)
-        compare = self.cfg.eval.local_before_after
-        before = [evaluate(model, c.x_test, c.y_test, c.device)["accuracy"] for c in contexts] \
-            if compare else []
-        states = [(c.state or {}).get("optimizer") for c in contexts] \
-            if self.uses_client_state else None
-        trained = train_cohort_stacked(
-            model, [(c.x_train, c.y_train) for c in contexts], [c.client_id for c in contexts],
-            epochs=loc.epochs, batch_size=loc.batch_size, lr=loc.lr, momentum=loc.momentum,
-            weight_decay=loc.weight_decay, seed=first.seed, round=first.round,
-            max_steps=loc.max_steps, device=first.device,
-            grad_hook=self.grad_hook(model, broadcast, first.device), optimizer_states=states)
-        out, names = [], self.trainable(model)
-        deltas = {k: trained.params[k] - np.asarray(broadcast[k], dtype=np.float32)
-                  for k in names}
-        for i, ctx in enumerate(contexts):
-            metrics = ({"acc_before": before[i]} if compare else {}) | trained.metrics[i]
-            if compare:
-                set_state(model, {**broadcast, **trained.client(i).params})
-                metrics["acc_after"] = evaluate(model, ctx.x_test, ctx.y_test,
-                                                ctx.device)["accuracy"]
-            state = {"optimizer": trained.optimizer_states[i]} if self.uses_client_state \
-                else None
-            out.append(ClientOutput(StackRow(deltas, i), len(ctx.x_train), metrics, state))
-        return out
+        """The same hooks as :meth:`client_update`, the cohort trained as one batched
+        computation (:meth:`fedray.methods.engine.LocalEngine.run`)."""
+        return self.engine.run(self, contexts, broadcast, cohort=True)
 
     def evaluate(self, resident, broadcast, x, y, device="cpu"):
         from fedray.models.training import evaluate, set_state
@@ -291,15 +270,7 @@ class FedAvg(Algorithm):
         return evaluate(resident, x, y, device)
 
     def finetune_evaluate(self, ctx, broadcast, epochs):
-        from fedray.models.training import evaluate, set_state, train_local
-
-        loc = self.cfg.local
-        set_state(ctx.resident, broadcast)
-        train_local(ctx.resident, ctx.x_train, ctx.y_train, epochs=epochs,
-                    batch_size=loc.batch_size, lr=loc.lr, momentum=loc.momentum,
-                    weight_decay=loc.weight_decay, seed=ctx.seed, round=ctx.round,
-                    client=ctx.client_id, device=ctx.device, bf16=loc.bf16, purpose="finetune")
-        return evaluate(ctx.resident, ctx.x_test, ctx.y_test, ctx.device)
+        return self.engine.finetune(ctx, broadcast, epochs)
 
     def make_policy(self) -> AggregationPolicy:
         from fedray.methods.robust import robust_rule

@@ -24,15 +24,15 @@ class FedProx(FedAvg):
     class Params(FedAvgParams):
         mu: float = spec(0.01, ge=0, help="proximal coefficient μ")
 
-    def grad_hook(self, model, broadcast, device):
+    def correction(self, model, broadcast, device):
+        """g += μ(θ − θ_t), the gradient of the proximal term (Li et al. 2020, eq. 2)."""
         import torch
 
         mu = self.params.mu
-        anchors = [torch.from_numpy(broadcast[n]).to(device)
-                   for n, p in model.named_parameters() if p.requires_grad]
+        anchors = [torch.from_numpy(broadcast[n]).to(device) for n in self.trainable(model)]
 
-        def hook(params):
+        def fix(params, own):
             for p, a in zip(params, anchors, strict=True):
                 p.grad.add_(p.detach() - a, alpha=mu)
 
-        return hook
+        return fix

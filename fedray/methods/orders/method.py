@@ -57,14 +57,7 @@ class Orders(FedAvg):
         return [ReportSection("orders", "ORDERS diagnostics", text,
                               diagnostics.plots(run["clients"], out_dir, run["label"]), data)]
 
-    def client_update(self, ctx: ClientContext, broadcast) -> ClientOutput:
-        return self._with_norm(super().client_update(ctx, broadcast), broadcast)
-
-    def cohort_update(self, contexts: list[ClientContext], broadcast) -> list[ClientOutput]:
-        return [self._with_norm(out, broadcast)
-                for out in super().cohort_update(contexts, broadcast)]
-
-    def _with_norm(self, out: ClientOutput, broadcast) -> ClientOutput:
+    def finish(self, ctx: ClientContext, out: ClientOutput, broadcast) -> ClientOutput:
         """FedAvg's output with the update's float64 norm: a metric, and (without
         transforms) the ``orders.norm`` entry of the upload."""
         p = self.params
