@@ -30,7 +30,7 @@ LAYERS = [("ground", lambda m: m == "fedray" or m.split(".")[1] in GROUND_PACKAG
           ("models/data", lambda m: m.split(".")[1] in ("models", "data")),
           ("methods", lambda m: m.split(".")[1] == "methods"),
           ("runtime", lambda m: m.split(".")[1] == "runtime"),
-          ("top", lambda m: m.split(".")[1] in ("front", "integrations", "__main__")
+          ("top", lambda m: m.split(".")[1] in ("front", "integrations", "testing", "__main__")
            or m.startswith("jobs."))]
 TORCH = ("torch", "torchvision", "transformers", "peft", "bitsandbytes")
 

@@ -1,8 +1,9 @@
 """Every local-SGD method against its plain-PyTorch reference (``tests/reference/``), over
 3 rounds with unequal clients (one smaller than a batch, one with no samples, so zero
 steps), in both engine modes: one client at a time and the round's clients as one
-vectorized cohort. The fedray side is the method's own hooks and server policy, in this
-process, as an executor runs them (the runtime around them has its own suites)."""
+vectorized cohort. The fedray side is :func:`fedray.testing.local_rounds`: the method's own
+hooks and server policy, in this process, as an executor and the driver call them (the
+runtime around them has its own suites)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,10 @@ import copy
 
 import numpy as np
 import pytest
-from conftest import tiny_overrides
-from reference import fedavg, feddyn, fedprox
+from reference import fedavg, feddyn, fednova, fedprox, scaffold
 
-from fedray.core import registry
-from fedray.core.config import load_config
-from fedray.core.registry import make_method
-from fedray.methods.base import ClientContext
+from fedray.testing import local_rounds
+from fedray.testing import relative_gap as gap
 
 ROUNDS, SEED, SHAPE, CLASSES = 3, 11, (6,), 3
 SIZES = {0: 37, 1: 5, 2: 0, 3: 21}  # batch 8: 5 is smaller than a batch, 0 takes no step
@@ -33,35 +31,12 @@ def clients():
 
 
 def fedray_run(algo, cohort, **extra):
-    """θ after ROUNDS rounds of ``algo`` through its own hooks and policy, every client
-    taking part, client states carried from round to round."""
-    overrides = {"algorithm.name": algo, "seed": SEED, "clients.num_clients": len(SIZES),
-                 "model.hidden": "[16]", **{f"local.{k}": v for k, v in LOCAL.items()},
-                 **extra}
-    cfg = load_config(None, tiny_overrides(**overrides))
-    method = make_method(registry.method(algo), cfg)
-    model = method.build_resident(SHAPE, CLASSES, "cpu")
-    theta = theta0 = method.init_global_state(model, SEED)
-    policy, states, data = method.make_policy(), {}, clients()
-    for t in range(1, ROUNDS + 1):
-        ctxs = [ClientContext(c, t, SEED, "default", x, y, x[:0], y[:0], model,
-                              state=states.get(c)) for c, (x, y) in sorted(data.items())]
-        outs = method.cohort_update(ctxs, theta) if cohort else \
-            [method.client_update(ctx, theta) for ctx in ctxs]
-        for ctx, out in zip(ctxs, outs, strict=True):
-            states[ctx.client_id] = out.state
-        updates = [(ctx.client_id, out.num_samples, {k: np.array(v) for k, v in
-                                                     out.upload.items()})
-                   for ctx, out in zip(ctxs, outs, strict=True)]
-        theta, _ = policy.aggregate(theta, updates, t)
-    return model, theta0, theta
-
-
-def gap(got, want):
-    """The largest difference over every tensor, relative to the largest entry."""
-    scale = max(float(np.abs(v).max()) for v in want.values())
-    return max(float(np.abs(np.asarray(got[k], np.float64) - want[k]).max())
-               for k in want) / scale
+    """(model, θ₀, θ) after ROUNDS rounds of ``algo`` through its own hooks and policy."""
+    run = local_rounds(algo, clients(), rounds=ROUNDS, input_shape=SHAPE,
+                       num_classes=CLASSES, cohort=cohort, seed=SEED,
+                       overrides={"model.hidden": "[16]",
+                                  **{f"local.{k}": v for k, v in LOCAL.items()}, **extra})
+    return run.model, run.start, run.final
 
 
 CASES = {
@@ -81,6 +56,11 @@ CASES = {
     "feddyn": ({"algorithm.alpha": 0.1}, lambda m, t: feddyn.run(
         m, t, clients(), rounds=ROUNDS, seed=SEED, local=LOCAL, alpha=0.1,
         population=len(SIZES))),
+    "scaffold": ({"server.optimizer": "sgd", "server.lr": 0.5}, lambda m, t: scaffold.run(
+        m, t, clients(), rounds=ROUNDS, seed=SEED, local=LOCAL, population=len(SIZES),
+        server_lr=0.5)),
+    "fednova": ({"local.momentum": 0.5}, lambda m, t: fednova.run(
+        m, t, clients(), rounds=ROUNDS, seed=SEED, local={**LOCAL, "momentum": 0.5})),
 }
 
 

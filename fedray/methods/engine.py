@@ -8,8 +8,10 @@ A method that trains its clients with local SGD writes its procedure as four hoo
   its kept state, e.g. FedDyn's ∇L_k(θ_k^{t−1})), one per trainable parameter, or None;
 - ``correction(model, broadcast, device)`` — a per-step gradient edit
   ``fix(params, own)`` that writes ``p.grad`` in place (FedProx's μ(θ − θ_t)), or None;
-- ``upload(broadcast, trained)`` — what the client sends from its trained parameters
-  (default Δ_i = θ_i − θ_t);
+- ``upload(broadcast, trained, own, steps)`` — what the clients send, from their trained
+  parameters, their own tensors and the local steps K each took, all stacked along a
+  leading client axis (a client trained alone is a stack of one), so one array expression
+  serves a whole cohort (default Δ_i = θ_i − θ_t);
 - ``finish(ctx, out, broadcast)`` — the output's extra metrics, upload entries and the
   state the client keeps.
 
@@ -114,7 +116,8 @@ class LocalEngine:
             model = ctx.resident
             set_state(model, broadcast)
             names = method.trainable(model)
-            own = _tensors(method.client_tensors(ctx, broadcast), names, ctx.device, torch)
+            mine = method.client_tensors(ctx, broadcast)
+            own = _tensors(mine, names, ctx.device, torch)
             kept = (ctx.state or {}).get("optimizer") if self.keeps_optimizer else None
             metrics, optimizer = train_local(
                 model, ctx.x_train, ctx.y_train, epochs=self.epochs,
@@ -126,8 +129,11 @@ class LocalEngine:
             if self.before_after:  # the trained model as it stands (its buffers too)
                 metrics["acc_after"] = _accuracy(ctx)
             local = get_state(model)
-            outs.append(ClientOutput(method.upload(broadcast, {k: local[k] for k in names}),
-                                     len(ctx.x_train), metrics, self._state(optimizer)))
+            uploads = method.upload(broadcast, {k: local[k][None] for k in names},
+                                    None if mine is None else _stack([mine], names),
+                                    np.array([int(metrics["steps"])]))
+            outs.append(ClientOutput({k: v[0] for k, v in uploads.items()}, len(ctx.x_train),
+                                     metrics, self._state(optimizer)))
         return outs
 
     def _cohort(self, method: Any, contexts: Sequence[ClientContext], broadcast: State
@@ -139,8 +145,9 @@ class LocalEngine:
 
         first, model = contexts[0], contexts[0].resident
         names = method.trainable(model)
-        own = _stacked([method.client_tensors(c, broadcast) for c in contexts], names,
-                       first.device, torch)
+        mine = _stack([method.client_tensors(c, broadcast) for c in contexts], names)
+        own = [] if mine is None else [torch.from_numpy(mine[n]).to(first.device)
+                                       for n in names]
         kept = [(c.state or {}).get("optimizer") for c in contexts] \
             if self.keeps_optimizer else None
         stack = train_cohort_stacked(
@@ -150,7 +157,8 @@ class LocalEngine:
             round=first.round, max_steps=self.max_steps, device=first.device,
             grad_hook=_hook(method.correction(model, broadcast, first.device), own),
             optimizer_states=kept)
-        uploads = method.upload(broadcast, stack.params)
+        uploads = method.upload(broadcast, stack.params, mine,
+                                np.array([int(m["steps"]) for m in stack.metrics]))
         outs = []
         for i, ctx in enumerate(contexts):
             metrics = stack.metrics[i]
@@ -182,14 +190,12 @@ def _tensors(own: State | None, names: Sequence[str], device: str, torch: Any) -
     return [torch.from_numpy(np.asarray(own[n], np.float32)).to(device) for n in names]
 
 
-def _stacked(owns: Sequence[State | None], names: Sequence[str], device: str, torch: Any
-             ) -> list:
-    """The cohort's own tensors stacked along a leading client axis, in the trainable
-    parameters' order (empty: the method has none)."""
+def _stack(owns: Sequence[State | None], names: Sequence[str]) -> State | None:
+    """The clients' own tensors stacked along a leading client axis (float32; None: the
+    method has none)."""
     if all(o is None for o in owns):
-        return []
+        return None
     if any(o is None for o in owns):
         raise ValueError("client_tensors gave tensors for some clients of a cohort and "
                          "None for others")
-    return [torch.from_numpy(np.stack([np.asarray(o[n], np.float32) for o in owns])
-                             ).to(device) for n in names]
+    return {n: np.stack([np.asarray(o[n], np.float32) for o in owns]) for n in names}

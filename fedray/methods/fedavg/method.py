@@ -213,10 +213,13 @@ class FedAvg(Algorithm):
         FedProx adds μ(θ − θ_t) here."""
         return None
 
-    def upload(self, broadcast: State, trained: State) -> State:
-        """What the client sends from its trained parameters (by name; in a cohort each
-        stacked along a leading client axis): the update Δ_i = θ_i − θ_t (not θ_i, so
-        codecs quantize small deltas)."""
+    def upload(self, broadcast: State, trained: State, own: State | None,
+               steps: np.ndarray) -> State:
+        """What the clients send, stacked along a leading client axis (a client trained
+        alone is a stack of one): from their trained parameters (by name), their own
+        tensors (:meth:`client_tensors`, stacked) and the local steps K_i each took (an int
+        array). Here the update Δ_i = θ_i − θ_t (not θ_i, so codecs quantize small
+        deltas)."""
         return {k: v - np.asarray(broadcast[k], dtype=np.float32) for k, v in trained.items()}
 
     def finish(self, ctx: ClientContext, out: ClientOutput, broadcast: State) -> ClientOutput:
