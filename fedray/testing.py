@@ -45,9 +45,10 @@ def local_rounds(algorithm: str, clients: Mapping[int, tuple[np.ndarray, np.ndar
                  overrides: Mapping[str, Any] | None = None) -> Rounds:
     """``rounds`` rounds of ``algorithm`` in which every client of ``clients``
     ({client id: (x, y)}, any sizes, empty included) takes part in client-id order: the
-    policy's broadcast to its ``client_update`` (or, with ``cohort``, one ``cohort_update`` of all of them), the
-    uploads handed to its policy's ``aggregate``, each client's state carried to its next
-    round. ``overrides`` are config keys (``{"algorithm.alpha": 0.1, "local.lr": 0.05}``)."""
+    policy's broadcast to its ``client_update`` (or, with ``cohort``, one
+    ``cohort_update`` of all of them), the uploads handed to its policy's ``aggregate``,
+    each client's state carried to its next round. ``overrides`` are config keys
+    (``{"algorithm.alpha": 0.1, "local.lr": 0.05}``)."""
     from fedray.core import registry
     from fedray.core.config import load_config
     from fedray.core.registry import make_method

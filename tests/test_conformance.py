@@ -52,7 +52,8 @@ def tiers(n: int, hetero: bool = False) -> str:
 # the module fixtures' paths)
 SMALLEST: dict[str, list[str]] = {
     **{m: MLP for m in ("fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad",
-                        "orders", "topk", "powersgd", "feddyn", "scaffold", "fednova")},
+                        "orders", "topk", "powersgd", "feddyn", "scaffold", "fednova",
+                        "moon")},
     "fedbuff": MLP + ["algorithm.concurrency=2", "algorithm.buffer_size=2"],
     "fedasync": MLP + ["algorithm.concurrency=2"],
     "flite": FLITE_PRE + ["algorithm.base={base}", "algorithm.d=4", "algorithm.r=2"],

@@ -12,8 +12,13 @@ A method that trains its clients with local SGD writes its procedure as four hoo
   parameters, their own tensors and the local steps K each took, all stacked along a
   leading client axis (a client trained alone is a stack of one), so one array expression
   serves a whole cohort (default Δ_i = θ_i − θ_t);
-- ``finish(ctx, out, broadcast)`` — the output's extra metrics, upload entries and the
-  state the client keeps.
+- ``objective(model, broadcast, device)`` — an extra term of the local loss,
+  ``term(z, features_of, x, own)`` giving one value per row of the batch: ``z`` the
+  representation the trained model produced for ``x`` (its classifier's input),
+  ``features_of(params, x)`` that representation under other parameters (MOON's global
+  and previous models), or None;
+- ``finish(ctx, out, broadcast, trained)`` — the output's extra metrics, upload entries and
+  the state the client keeps, from its trained parameters.
 
 The engine owns everything else, built once from the ``local`` section: the optimizer
 (:class:`~fedray.models.training.SGD`, momentum, weight decay, a client's kept momentum
@@ -36,9 +41,10 @@ import numpy as np
 
 from fedray.methods.base import ClientContext, ClientOutput, StackRow, State
 
-__all__ = ["Correction", "LocalEngine"]
+__all__ = ["Correction", "LocalEngine", "Objective"]
 
 Correction = Callable[[list, list], None]  # fix(params, own): edits each p.grad in place
+Objective = Callable[[Any, Callable, Any, list], Any]  # term(z, features_of, x, own) per row
 
 
 @dataclass(frozen=True)
@@ -83,10 +89,10 @@ class LocalEngine:
         set_state(contexts[0].resident, broadcast)
         before = [_accuracy(ctx) for ctx in contexts] if self.before_after else []
         outs = (self._cohort if cohort else self._sequential)(method, contexts, broadcast)
-        for i, ctx in enumerate(contexts):
+        for i, (ctx, (out, trained)) in enumerate(zip(contexts, outs, strict=True)):
             if self.before_after:
-                outs[i].metrics = {"acc_before": before[i], **outs[i].metrics}
-            outs[i] = method.finish(ctx, outs[i], broadcast)
+                out.metrics = {"acc_before": before[i], **out.metrics}
+            outs[i] = method.finish(ctx, out, broadcast, trained)
         return outs
 
     def finetune(self, ctx: ClientContext, broadcast: State, epochs: int) -> dict[str, float]:
@@ -106,7 +112,7 @@ class LocalEngine:
         return {"optimizer": optimizer} if self.keeps_optimizer else None
 
     def _sequential(self, method: Any, contexts: Sequence[ClientContext], broadcast: State
-                    ) -> list[ClientOutput]:
+                    ) -> list[tuple[ClientOutput, Any]]:
         import torch
 
         from fedray.models.training import get_state, set_state, train_local
@@ -119,25 +125,28 @@ class LocalEngine:
             mine = method.client_tensors(ctx, broadcast)
             own = _tensors(mine, names, ctx.device, torch)
             kept = (ctx.state or {}).get("optimizer") if self.keeps_optimizer else None
-            metrics, optimizer = train_local(
-                model, ctx.x_train, ctx.y_train, epochs=self.epochs,
-                batch_size=self.batch_size, lr=self.lr, momentum=self.momentum,
-                weight_decay=self.weight_decay, seed=ctx.seed, round=ctx.round,
-                client=ctx.client_id, max_steps=self.max_steps, device=ctx.device,
-                grad_hook=_hook(method.correction(model, broadcast, ctx.device), own),
-                optimizer_state=kept, bf16=self.bf16, dp_sgd=self.dp_sgd)
+            with _Tap(model, method.objective(model, broadcast, ctx.device)) as tap:
+                metrics, optimizer = train_local(
+                    model, ctx.x_train, ctx.y_train, epochs=self.epochs,
+                    batch_size=self.batch_size, lr=self.lr, momentum=self.momentum,
+                    weight_decay=self.weight_decay, seed=ctx.seed, round=ctx.round,
+                    client=ctx.client_id, max_steps=self.max_steps, device=ctx.device,
+                    grad_hook=_hook(method.correction(model, broadcast, ctx.device), own),
+                    optimizer_state=kept, bf16=self.bf16, dp_sgd=self.dp_sgd,
+                    extra_loss=tap.term(own))
             if self.before_after:  # the trained model as it stands (its buffers too)
                 metrics["acc_after"] = _accuracy(ctx)
             local = get_state(model)
-            uploads = method.upload(broadcast, {k: local[k][None] for k in names},
+            trained = {k: local[k] for k in names}
+            uploads = method.upload(broadcast, {k: v[None] for k, v in trained.items()},
                                     None if mine is None else _stack([mine], names),
                                     np.array([int(metrics["steps"])]))
-            outs.append(ClientOutput({k: v[0] for k, v in uploads.items()}, len(ctx.x_train),
-                                     metrics, self._state(optimizer)))
+            outs.append((ClientOutput({k: v[0] for k, v in uploads.items()}, len(ctx.x_train),
+                                      metrics, self._state(optimizer)), trained))
         return outs
 
     def _cohort(self, method: Any, contexts: Sequence[ClientContext], broadcast: State
-                ) -> list[ClientOutput]:
+                ) -> list[tuple[ClientOutput, Any]]:
         import torch
 
         from fedray.models.cohort import train_cohort_stacked
@@ -150,13 +159,15 @@ class LocalEngine:
                                        for n in names]
         kept = [(c.state or {}).get("optimizer") for c in contexts] \
             if self.keeps_optimizer else None
-        stack = train_cohort_stacked(
-            model, [(c.x_train, c.y_train) for c in contexts], [c.client_id for c in contexts],
-            epochs=self.epochs, batch_size=self.batch_size, lr=self.lr,
-            momentum=self.momentum, weight_decay=self.weight_decay, seed=first.seed,
-            round=first.round, max_steps=self.max_steps, device=first.device,
-            grad_hook=_hook(method.correction(model, broadcast, first.device), own),
-            optimizer_states=kept)
+        with _Tap(model, method.objective(model, broadcast, first.device)) as tap:
+            stack = train_cohort_stacked(
+                model, [(c.x_train, c.y_train) for c in contexts],
+                [c.client_id for c in contexts], epochs=self.epochs,
+                batch_size=self.batch_size, lr=self.lr, momentum=self.momentum,
+                weight_decay=self.weight_decay, seed=first.seed, round=first.round,
+                max_steps=self.max_steps, device=first.device,
+                grad_hook=_hook(method.correction(model, broadcast, first.device), own),
+                optimizer_states=kept, own=own, extra_loss=tap.term())
         uploads = method.upload(broadcast, stack.params, mine,
                                 np.array([int(m["steps"]) for m in stack.metrics]))
         outs = []
@@ -165,8 +176,9 @@ class LocalEngine:
             if self.before_after:  # a cohort's model keeps no buffers of its own
                 set_state(model, {**broadcast, **stack.client(i).params})
                 metrics["acc_after"] = _accuracy(ctx)
-            outs.append(ClientOutput(StackRow(uploads, i), len(ctx.x_train), metrics,
-                                     self._state(stack.optimizer_states[i])))
+            outs.append((ClientOutput(StackRow(uploads, i), len(ctx.x_train), metrics,
+                                      self._state(stack.optimizer_states[i])),
+                         StackRow(stack.params, i)))
         return outs
 
 
@@ -175,6 +187,47 @@ def _accuracy(ctx: ClientContext) -> float:
     from fedray.models.training import evaluate
 
     return evaluate(ctx.resident, ctx.x_test, ctx.y_test, ctx.device)["accuracy"]
+
+
+class _Tap:
+    """While a method's ``objective`` is in force: the input of the model's classifier (its
+    last ``nn.Linear``, :func:`fedray.models.heads.classifier`) on each forward pass — the
+    representation z — and ``features_of(params, x)``, the same under other parameters
+    (a functional call of the same module, batched inside a cohort's ``vmap``)."""
+
+    def __init__(self, model: Any, objective: Objective | None):
+        self.model, self.objective, self.last, self.handle = model, objective, None, None
+
+    def __enter__(self) -> _Tap:
+        if self.objective is not None:
+            from fedray.models.heads import classifier
+
+            self.handle = classifier(self.model).register_forward_pre_hook(self._keep)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.handle is not None:
+            self.handle.remove()
+
+    def _keep(self, _module: Any, args: tuple) -> None:
+        self.last = args[0]
+
+    def term(self, own: list | None = None) -> Callable | None:
+        """The training loop's extra loss (None without an objective): ``term(x)`` with
+        the client's ``own`` tensors, or in a cohort (``own`` None) ``term(x, rows)``, the
+        client's rows handed in by the batched call."""
+        objective = self.objective
+        if objective is None:
+            return None
+        if own is None:
+            return lambda x, rows: objective(self.last, self.features_of, x, rows)
+        return lambda x: objective(self.last, self.features_of, x, own)
+
+    def features_of(self, params: State, x: Any) -> Any:
+        from torch.func import functional_call
+
+        functional_call(self.model, params, (x,))
+        return self.last
 
 
 def _hook(fix: Correction | None, own: list) -> Callable[[list], None] | None:

@@ -298,10 +298,16 @@ def train_cohort_stacked(model: nn.Module, data: Sequence[tuple[np.ndarray, np.n
                          round: int, max_steps: int | None = None, device: str = "cpu",
                          grad_hook: Callable[[list[torch.Tensor]], None] | None = None,
                          optimizer_states: Sequence[dict | None] | None = None,
-                         purpose: str = "local") -> CohortStack:
+                         purpose: str = "local",
+                         extra_loss: Callable[..., torch.Tensor] | None = None,
+                         own: Sequence[torch.Tensor] = ()) -> CohortStack:
     """Local SGD of ``clients`` (their ``data``: (x, y) each) from ``model``'s current
     parameters, all at once, as one :class:`CohortStack`. The knobs mean what they mean
-    in :func:`~fedray.models.training.train_local`; ``model`` itself is left as it was."""
+    in :func:`~fedray.models.training.train_local`; ``extra_loss(x, own)`` is called inside
+    the batched gradient right after each client's forward pass, with the client's rows of
+    ``own`` (tensors stacked along the client axis), and gives a per-row term whose mean
+    over the client's real rows is added to its loss. ``model`` itself is left as it
+    was."""
     from torch.func import functional_call, grad_and_value, vmap
 
     k = len(data)
@@ -316,17 +322,21 @@ def train_cohort_stacked(model: nn.Module, data: Sequence[tuple[np.ndarray, np.n
     bufs, had = _momentum_buffers(optimizer_states if momentum > 0 else None, params, k)
 
     def loss(flat: tuple[torch.Tensor, ...], x: torch.Tensor, y: torch.Tensor,
-             m: torch.Tensor) -> torch.Tensor:
+             m: torch.Tensor, mine: tuple[torch.Tensor, ...]) -> torch.Tensor:
         out = functional_call(model, (dict(zip(names, flat, strict=True)), fixed), (x,))
-        return cohort_cross_entropy(out.float(), y, m)
+        value = cohort_cross_entropy(out.float(), y, m)
+        if extra_loss is not None:
+            value = value + masked_mean(extra_loss(x, list(mine)).float(), m)
+        return value
 
     step = vmap(grad_and_value(loss))
+    mine = tuple(own) if extra_loss is not None else ()
     totals, counts = [0.0] * k, [0] * k
     model.train()
     for t in range(len(idx)):
         it, mt = torch.from_numpy(idx[t]).to(xs.device), torch.from_numpy(mask[t]).to(xs.device)
         active = (mask[t].sum(1) > 0)
-        grads, values = step(tuple(p.detach() for p in params), xs[it], ys[it], mt)
+        grads, values = step(tuple(p.detach() for p in params), xs[it], ys[it], mt, mine)
         for p, g in zip(params, grads, strict=True):
             p.grad = g
         if grad_hook is not None:

@@ -211,16 +211,21 @@ def train_local(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int,
                 grad_hook: Callable[[list[torch.Tensor]], None] | None = None,
                 optimizer_state: dict | None = None, bf16: bool = False,
                 purpose: str = "local", optimizer: Any = None,
-                dp_sgd: DPSGD | None = None) -> tuple[dict[str, float], dict | None]:
+                dp_sgd: DPSGD | None = None,
+                extra_loss: Callable[[torch.Tensor], torch.Tensor] | None = None
+                ) -> tuple[dict[str, float], dict | None]:
     """Local SGD on (x, y). ``grad_hook(params)`` may edit gradients before each step
-    (FedProx adds its proximal gradient there). ``bf16`` autocasts the forward pass to
+    (FedProx adds its proximal gradient there); ``extra_loss(x)``, called right after each
+    batch's forward pass, gives a per-row term whose batch mean is added to the loss
+    (MOON's contrastive term). ``bf16`` autocasts the forward pass to
     bfloat16 (weights, gradients and the optimizer stay fp32). ``optimizer`` replaces the
     default :class:`SGD` (e.g. FLITE's :class:`Adam` on latents). ``dp_sgd`` trains with
     DP-SGD (:class:`DPSGD`). Returns (metrics, SGD momentum state)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if dp_sgd is not None:
-        if optimizer is not None or optimizer_state is not None:
-            raise ValueError("DP-SGD trains with its own optimizer and keeps no state")
+        if optimizer is not None or optimizer_state is not None or extra_loss is not None:
+            raise ValueError("DP-SGD trains with its own optimizer and loss, and keeps no "
+                             "state")
         return dp_sgd.train(model, params, x, y, epochs=epochs, batch_size=batch_size, lr=lr,
                             momentum=momentum, weight_decay=weight_decay, seed=seed,
                             round=round, client=client, max_steps=max_steps, device=device,
@@ -236,7 +241,10 @@ def train_local(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int,
             opt.zero_grad()
             with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16,
                                 enabled=bf16):
-                loss = task_loss(model(xt[idx]).float(), yt[idx])
+                xb = xt[idx]
+                loss = task_loss(model(xb).float(), yt[idx])
+                if extra_loss is not None:
+                    loss = loss + extra_loss(xb).float().mean()
             loss.backward()
             if grad_hook is not None:
                 grad_hook(params)

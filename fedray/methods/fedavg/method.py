@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from fedray.methods.base import (
     CohortFit,
     State,
 )
-from fedray.methods.engine import Correction, LocalEngine
+from fedray.methods.engine import Correction, LocalEngine, Objective
 from fedray.methods.fedavg.policy import FedAvgPolicy
 from fedray.wire.payload import Payload
 
@@ -106,6 +106,10 @@ class FedAvg(Algorithm):
                               "server_optimizer", "vectorizable", "robust", "attack",
                               "multilabel", "before_after", "finetune"})
     server_optimizer = "sgd"
+    # what a method's hooks add per client of a cohort, for its memory check: tensors the
+    # size of the trainable parameters (client_tensors), and forward passes (objective)
+    cohort_copies: ClassVar[int] = 0
+    cohort_forwards: ClassVar[int] = 0
 
     @classmethod
     def check(cls, cfg: Any) -> None:
@@ -222,9 +226,19 @@ class FedAvg(Algorithm):
         deltas)."""
         return {k: v - np.asarray(broadcast[k], dtype=np.float32) for k, v in trained.items()}
 
-    def finish(self, ctx: ClientContext, out: ClientOutput, broadcast: State) -> ClientOutput:
-        """The client's output completed: extra metrics or upload entries, and the state it
-        keeps (``out.state`` holds the engine's optimizer state, when kept)."""
+    def objective(self, model: Any, broadcast: State, device: str) -> Objective | None:
+        """An extra term of the local loss, ``term(z, features_of, x, own)`` → one value
+        per row of the batch (the engine adds its mean over the client's rows), or None:
+        the task's loss alone. ``z`` is the trained model's representation of ``x`` (its
+        classifier's input), ``features_of(params, x)`` the representation under other
+        parameters by name, ``own`` as in :meth:`correction`. MOON's contrastive term."""
+        return None
+
+    def finish(self, ctx: ClientContext, out: ClientOutput, broadcast: State,
+               trained: State) -> ClientOutput:
+        """The client's output completed from its trained parameters (by name): extra
+        metrics or upload entries, and the state it keeps (``out.state`` holds the
+        engine's optimizer state, when kept)."""
         return out
 
     def client_update(self, ctx: ClientContext, broadcast: State) -> ClientOutput:
@@ -239,7 +253,8 @@ class FedAvg(Algorithm):
         model with convolutions or recurrent cells, :func:`~fedray.models.cohort.
         dense_only`) and each client's bytes in a cohort (fp32 parameters, gradients,
         momentum and a proximal temporary, plus its batch's saved activations forward and
-        backward)."""
+        backward; and a method's own per-client tensors, :attr:`cohort_copies`, and extra
+        forward passes, :attr:`cohort_forwards`)."""
         if input_shape is None:  # a table read at run time: checked with its shape then
             return CohortFit([])
         from fedray.models import build_model
@@ -256,8 +271,8 @@ class FedAvg(Algorithm):
         work = float(params * batch) if dense_only(model) else math.inf
         if cfg.runtime.vectorize == "auto" and work > AUTO_WORK:
             return CohortFit(problems, work)  # auto says no: no memory to size
-        copies = 3 + (cfg.local.momentum > 0)
-        acts = 2 * batch * activation_numel(model, input_shape)
+        copies = 3 + (cfg.local.momentum > 0) + cls.cohort_copies
+        acts = (2 + cls.cohort_forwards) * batch * activation_numel(model, input_shape)
         return CohortFit(problems, work, 4 * (copies * params + acts))
 
     def cohort_update(self, contexts: list[ClientContext], broadcast: State

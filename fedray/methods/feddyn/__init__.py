@@ -93,6 +93,7 @@ class FedDyn(FedAvg):
     capabilities = frozenset({"client_state", "vectorizable", "multilabel", "before_after",
                               "finetune"})
     server_optimizer = None
+    cohort_copies = 1
 
     @property
     def uses_client_state(self) -> bool:  # type: ignore[override]
@@ -120,7 +121,8 @@ class FedDyn(FedAvg):
 
         return fix
 
-    def finish(self, ctx: ClientContext, out: ClientOutput, broadcast: State) -> ClientOutput:
+    def finish(self, ctx: ClientContext, out: ClientOutput, broadcast: State,
+               trained: State) -> ClientOutput:
         """Keep ∇L_k(θ_k^t) = ∇L_k(θ_k^{t−1}) − α Δ_k."""
         last = self.client_tensors(ctx, broadcast)
         alpha = np.float32(self.params.alpha)

@@ -57,7 +57,7 @@ class Orders(FedAvg):
         return [ReportSection("orders", "ORDERS diagnostics", text,
                               diagnostics.plots(run["clients"], out_dir, run["label"]), data)]
 
-    def finish(self, ctx: ClientContext, out: ClientOutput, broadcast) -> ClientOutput:
+    def finish(self, ctx: ClientContext, out: ClientOutput, broadcast, trained) -> ClientOutput:
         """FedAvg's output with the update's float64 norm: a metric, and (without
         transforms) the ``orders.norm`` entry of the upload."""
         p = self.params

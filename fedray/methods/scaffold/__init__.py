@@ -103,6 +103,7 @@ class Scaffold(FedAvg):
     Params = ScaffoldParams
     capabilities = frozenset({"client_state", "vectorizable", "server_optimizer",
                               "multilabel", "before_after", "finetune"})
+    cohort_copies = 1
 
     @property
     def uses_client_state(self) -> bool:  # type: ignore[override]
@@ -141,7 +142,8 @@ class Scaffold(FedAvg):
             out[CONTROL + k] = np.where(k_i > 0, moved, 0.0).astype(np.float32)
         return out
 
-    def finish(self, ctx: ClientContext, out: ClientOutput, broadcast: State) -> ClientOutput:
+    def finish(self, ctx: ClientContext, out: ClientOutput, broadcast: State,
+               trained: State) -> ClientOutput:
         """Keep c_i⁺ = c_i + Δc_i."""
         mine = (ctx.state or {}).get("control") or {}
         _, moved = split(out.upload)
