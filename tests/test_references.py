@@ -11,7 +11,7 @@ import copy
 
 import numpy as np
 import pytest
-from reference import fedavg, feddyn, fednova, fedprox, moon, scaffold
+from reference import fedavg, feddyn, fednova, fedprox, moon, orders, scaffold
 
 from fedray.testing import local_rounds
 from fedray.testing import relative_gap as gap
@@ -61,6 +61,8 @@ CASES = {
         server_lr=0.5)),
     "fednova": ({"local.momentum": 0.5}, lambda m, t: fednova.run(
         m, t, clients(), rounds=ROUNDS, seed=SEED, local={**LOCAL, "momentum": 0.5})),
+    "orders": ({}, lambda m, t: orders.run(m, t, clients(), rounds=ROUNDS, seed=SEED,
+                                           local=LOCAL)),
     "moon": ({"algorithm.mu": 2.0, "algorithm.temperature": 0.5}, lambda m, t: moon.run(
         m, t, clients(), rounds=ROUNDS, seed=SEED, local=LOCAL, mu=2.0, tau=0.5)),
 }
