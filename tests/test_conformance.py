@@ -1,5 +1,7 @@
 """The conformance suite every registered method inherits (``fedray/methods/``, plugins
-included): a new method's own tests then cover only its own rule.
+included): a new method's own tests then cover only its own rule. The checks are
+:mod:`fedray.testing`'s (a plugin's tests call them on its own method); here they run on
+every registered one.
 
 For each method, on its smallest config (:data:`SMALLEST`, which a new method must join):
 
@@ -19,20 +21,13 @@ and one help text (their defaults may differ).
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
-
 import numpy as np
 import pytest
-import yaml
 
 from fedray.core import registry
-from fedray.core.config import ConfigError, keys, load_config
+from fedray.core.config import keys, load_config
+from fedray.testing import check_capabilities, check_resume, difference
 
-TINY = ["rounds=2", "seed=5", "clients.num_clients=4", "clients.fraction=1.0",
-        "local.batch_size=16", "local.epochs=1", "local.max_steps=3", "eval.every=2",
-        "eval.clients=sampled",
-        "runtime.keep_warm=true", "runtime.placement_timeout_s=300"]
 MLP = ["model.hidden=[16]"]
 HETERO = ["model.name=sliceable_resnet18", "model.width=4", "local.lr=0.05",
           "data.partition=dirichlet"]  # what a task stream splits each task by
@@ -41,15 +36,8 @@ FLITE_PRE = ["model.name=cnn", "model.channels=[8,16]", "model.hidden=32",
              "data.split_seed=0", "pretrain.fraction=0.5"]
 
 
-def tiers(n: int, hetero: bool = False) -> str:
-    if hetero:  # one executor per capacity tier; n of the full-width one
-        return (f"runtime.tiers=[{{name: t100, executors: {n}, num_cpus: 0.25, capacity: 1.0}},"
-                " {name: t025, executors: 1, num_cpus: 0.25, capacity: 0.251}]")
-    return f"runtime.tiers=[{{name: default, executors: {n}, num_cpus: 0.5}}]"
-
-
-# method -> its smallest config beyond TINY (``{base}``, ``{lm}``, ``{asce}``, ``{csv}`` are
-# the module fixtures' paths)
+# method -> its smallest config beyond fedray.testing.TINY (``{base}``, ``{lm}``,
+# ``{asce}``, ``{csv}`` are the module fixtures' paths)
 SMALLEST: dict[str, list[str]] = {
     **{m: MLP for m in ("fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad",
                         "orders", "topk", "powersgd", "feddyn", "scaffold", "fednova",
@@ -67,19 +55,6 @@ SMALLEST: dict[str, list[str]] = {
               "algorithm.new_tokens=12", "algorithm.reference_texts=3",
               "algorithm.eval_prompts=2", "data.dataset=blogtext", "data.root={csv}",
               "eval.every=0"],
-}
-
-# capability -> a setting that needs it (key, overrides)
-NEEDS = {
-    "dp": ("dp.enabled", ["dp.enabled=true", "dp.noise_multiplier=1.0"]),
-    "dp_sgd": ("local.dp_noise_multiplier", ["local.dp_noise_multiplier=1.0"]),
-    "transforms": ("payload.transforms", ["payload.transforms=[int8]"]),
-    "linear": ("runtime.reduce", ["runtime.reduce=executors"]),
-    "server_optimizer": ("server.optimizer", ["server.optimizer={other}"]),
-    "continual": ("continual.tasks", ["continual.tasks=2", "continual.rounds_per_task=2",
-                                      "continual.class_order=[0,1,2,3,4,5,6,7,8,9]"]),
-    "robust": ("robust.rule", ["robust.rule=median"]),
-    "attack": ("adversary.attack", ["adversary.attack=sign_flip", "adversary.clients=[0]"]),
 }
 
 
@@ -105,14 +80,8 @@ def paths(tmp_path_factory) -> dict[str, str]:
             "csv": str(csv)}
 
 
-def smallest(name: str, paths: dict[str, str] | None = None, executors: int = 2,
-             extra: list[str] = ()) -> list[str]:
-    cls = registry.method(name)
-    hetero = "continual" in cls.capabilities
-    over = [o.format(**(paths or {})) for o in SMALLEST[name]]
-    tiny = [o for o in TINY  # a local.* knob the method does not read is refused
-            if o.split("=")[0].removeprefix("local.") not in cls.unread_local]
-    return tiny + over + [tiers(executors, hetero), f"algorithm.name={name}", *extra]
+def smallest(name: str, paths: dict[str, str] | None = None) -> list[str]:
+    return [o.format(**(paths or {})) for o in SMALLEST[name]]
 
 
 def test_every_method_has_a_smallest_config():
@@ -138,92 +107,26 @@ def _release_warm_actors():
 
 @pytest.mark.parametrize("name", sorted(SMALLEST))
 def test_capabilities_are_honoured_before_any_ray_work(name, paths):
-    from fedray.core.registry import make_method
-
-    cls = registry.method(name)
-    other = "yogi" if cls.server_optimizer != "yogi" else "adam"  # not the method's own
-    for cap, (key, settings) in NEEDS.items():
-        try:
-            load_config(None, smallest(name, paths, extra=[o.format(other=other)
-                                                           for o in settings]))
-        except ConfigError as e:  # a preset's fixed optimizer is refused as fixed
-            refused = e.path == key and ("lacks the" in str(e) or "is fixed" in str(e))
-            assert refused == (cap not in cls.capabilities), (cap, str(e))
-            if refused:
-                assert name in str(e) and len(str(e).splitlines()) == 1
-        else:
-            assert cap in cls.capabilities, f"{name} took {key} without {cap!r}"
-    policy = make_method(cls, load_config(None, smallest(name, paths))).make_policy()
-    assert (policy.buffer_size is not None) == ("asynchronous" in cls.capabilities)
-    assert (policy.optimizer is not None) == (cls.server_optimizer is not None)
-
-
-def _rows(run_dir: Path, kind: str) -> list[dict]:
-    from fedray.observe.metrics import read_metrics
-
-    drop = {"seconds", "executor"}
-    return [{k: v for k, v in r.items() if k not in drop}
-            for r in read_metrics(str(run_dir), kind).to_pylist()]
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k])
-                                                                    for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, np.ndarray):
-        return np.array_equal(a, b)
-    if isinstance(a, float) and math.isnan(a):
-        return isinstance(b, float) and math.isnan(b)
-    return a == b
-
-
-def check_bytes(run_dir: Path, summary: dict, asynchronous: bool) -> None:
-    """Rows sum to rounds, rounds to the running totals, the totals to the summary. An
-    asynchronous rule charges a download when its client is dispatched, so the running
-    download total also holds the clients still in flight (at least the rows' sum)."""
-    rounds, clients = _rows(run_dir, "rounds"), _rows(run_dir, "clients")
-    up = down = 0
-    for r in rounds:
-        mine = [c for c in clients if c["round"] == r["round"] and c["sampled"]]
-        assert r["upload_bytes"] == sum(c["upload_bytes"] for c in mine), r["round"]
-        assert r["download_bytes"] == sum(c["download_bytes"] for c in mine), r["round"]
-        up, down = up + r["upload_bytes"], down + r["download_bytes"]
-        assert r["cum_upload_bytes"] == up
-        assert r["cum_download_bytes"] >= down if asynchronous else \
-            r["cum_download_bytes"] == down
-    assert summary["total_upload_bytes"] == up
-    assert summary["total_download_bytes"] == rounds[-1]["cum_download_bytes"]
-    assert up > 0 and down > 0
+    check_capabilities(name, smallest(name, paths))
 
 
 @pytest.mark.ray
 @pytest.mark.parametrize("name", sorted(SMALLEST))
 def test_resume_and_executor_count_change_no_bit(ray_session, paths, name, tmp_path):
-    from fedray.core import checkpoint
-    from fedray.core.storage import Storage
-    from fedray.runtime import Experiment, run_experiment
+    check_resume(name, smallest(name, paths), str(tmp_path))
 
-    two = load_config(None, smallest(name, paths, executors=2))
-    one = load_config(None, smallest(name, paths, executors=1))
-    full = run_experiment(two, str(tmp_path / "full"), progress=False)
-    exp = Experiment(one, str(tmp_path / "cut"))
-    try:
-        exp.start()
-        exp.step()
-    finally:
-        exp.release()
-    resumed = run_experiment(one, str(tmp_path / "cut"), resume=True, progress=False)
-    assert full["rounds"] == resumed["rounds"] == two.rounds
-    assert resumed["rounds_this_session"] == two.rounds - 1
-    a = checkpoint.read(Storage(str(tmp_path / "full")))
-    b = checkpoint.read(Storage(str(tmp_path / "cut")))
-    for part in ("server", "policy", "ledger", "clients", "loop", "optimizer"):
-        assert (part in a) == (part in b) and _same(a.get(part), b.get(part)), part
-    assert all(np.isfinite(v).all() for v in a["server"]["params"].values())
-    assert _same(_rows(tmp_path / "full", "rounds"), _rows(tmp_path / "cut", "rounds"))
-    assert _same(_rows(tmp_path / "full", "clients"), _rows(tmp_path / "cut", "clients"))
-    check_bytes(tmp_path / "full", full, "asynchronous" in registry.method(name).capabilities)
-    stored = yaml.safe_load((tmp_path / "full" / "config.yaml").read_text())
-    assert load_config(None, base=stored).to_dict() == stored  # the config round-trips
+
+def test_a_difference_names_the_part_and_key():
+    """What a failing conformance check says: the dotted path and the values, not a dump."""
+    a = {"policy": {"c": {"0.weight": np.zeros((2, 3), np.float32)}, "t": 3},
+         "rows": [{"round": 1, "loss": float("nan")}]}
+    b = {"policy": {"c": {"0.weight": np.zeros((2, 3), np.float32)}, "t": 3},
+         "rows": [{"round": 1, "loss": float("nan")}]}
+    assert difference(a, b) is None  # NaN equals NaN, arrays bit for bit
+    b["policy"]["c"]["0.weight"][1, 2] = 1e-9
+    assert difference(a, b) == "policy.c.0.weight[1, 2]: 0.0 against 1e-09"
+    b["policy"]["c"]["0.weight"][1, 2] = 0.0
+    b["rows"][0]["loss"] = 0.5
+    assert difference(a, b) == "rows[0].loss: nan against 0.5"
+    b["policy"]["extra"] = 1
+    assert difference(a, b) == "policy: keys ['extra'] on one side only"
