@@ -63,8 +63,9 @@ CASES = {
         m, t, clients(), rounds=ROUNDS, seed=SEED, local={**LOCAL, "momentum": 0.5})),
     "orders": ({}, lambda m, t: orders.run(m, t, clients(), rounds=ROUNDS, seed=SEED,
                                            local=LOCAL)),
-    "moon": ({"algorithm.mu": 2.0, "algorithm.temperature": 0.5}, lambda m, t: moon.run(
-        m, t, clients(), rounds=ROUNDS, seed=SEED, local=LOCAL, mu=2.0, tau=0.5)),
+    "moon": ({"algorithm.contrastive_weight": 2.0, "algorithm.temperature": 0.5},
+             lambda m, t: moon.run(m, t, clients(), rounds=ROUNDS, seed=SEED, local=LOCAL,
+                                   mu=2.0, tau=0.5)),
 }
 
 

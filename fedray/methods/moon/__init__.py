@@ -6,7 +6,8 @@ Each client adds to its task loss the model-contrastive term (Eq. 3)
 
     ℓ_con = −log [ exp(sim(z, z_glob)/τ) / (exp(sim(z, z_glob)/τ) + exp(sim(z, z_prev)/τ)) ],
 
-μ·ℓ_con averaged over the batch, where z, z_glob and z_prev are the representations of the
+μ·ℓ_con averaged over the batch (μ is ``algorithm.contrastive_weight``: FedProx's
+``algorithm.mu`` means another thing), where z, z_glob and z_prev are the representations of the
 same input under the model being trained, the round's global model and the client's own
 model from its previous round (frozen), and sim is the cosine similarity. The
 representation is the input of the model's classifier (its last ``nn.Linear``): the
@@ -33,8 +34,10 @@ from fedray.methods.fedavg.method import FedAvg, check_base
 
 @dataclass
 class MoonParams:
-    mu: float = spec(1.0, ge=0, help="weight μ of MOON's model-contrastive term (the paper: "
-                                     "5 on CIFAR-10, 1 on CIFAR-100 and Tiny-ImageNet)")
+    contrastive_weight: float = spec(1.0, ge=0, help="MOON's μ: the weight of its "
+                                                     "model-contrastive term (the paper: 5 on "
+                                                     "CIFAR-10, 1 on CIFAR-100 and "
+                                                     "Tiny-ImageNet)")
     temperature: float = spec(0.5, gt=0, help="temperature τ of MOON's contrastive term")
     weighted: bool = spec(True, help=WEIGHTED_HELP)
     base: str | None = spec(None, help=BASE_HELP)
@@ -72,7 +75,7 @@ class Moon(FedAvg):
         names = self.trainable(model)
         glob = {n: torch.from_numpy(np.asarray(broadcast[n], np.float32)).to(device)
                 for n in names}
-        mu, tau = self.params.mu, self.params.temperature
+        mu, tau = self.params.contrastive_weight, self.params.temperature
 
         def term(z: Any, features_of: Any, x: Any, own: list) -> Any:
             z_glob = features_of(glob, x).detach()
