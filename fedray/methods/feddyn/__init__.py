@@ -31,20 +31,16 @@ import numpy as np
 
 from fedray.core.registry import register_method
 from fedray.core.spec import spec
-from fedray.methods.base import BASE_HELP, WEIGHTED_HELP, ClientContext, ClientOutput, State
-from fedray.methods.fedavg.method import FedAvg, check_base
+from fedray.methods.base import WEIGHTED_HELP, ClientContext, ClientOutput, State
+from fedray.methods.fedavg.method import FedAvg, FedAvgParams
 from fedray.methods.feddyn.policy import FedDynPolicy
 
 
 @dataclass
-class FedDynParams:
+class FedDynParams(FedAvgParams):
     alpha: float = spec(0.01, gt=0, help="FedDyn's regularisation α (the paper's runs use "
                                          "0.1, 0.01 or 0.001)")
     weighted: bool = spec(False, help=WEIGHTED_HELP)  # the paper's mean is uniform
-    base: str | None = spec(None, help=BASE_HELP)
-
-    def validate(self, cfg: Any) -> None:
-        self.base = check_base(self.base, cfg.model if cfg is not None else None)
 
 
 @register_method

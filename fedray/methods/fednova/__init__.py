@@ -22,21 +22,18 @@ is ``tests/reference/fednova.py``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from fedray.core.registry import register_method
-from fedray.core.spec import ConfigError, spec
+from fedray.core.spec import ConfigError
 from fedray.methods.base import (
-    BASE_HELP,
-    WEIGHTED_HELP,
     AggregationPolicy,
     State,
     accumulate,
 )
-from fedray.methods.fedavg.method import FedAvg, check_base
+from fedray.methods.fedavg.method import FedAvg
 from fedray.services.server_opt import ServerOptimizer, norm
 
 STEPS = "fednova.steps"
@@ -48,15 +45,6 @@ def a_norm(steps: int, momentum: float) -> float:
         return float(steps)
     rho = momentum
     return (steps - rho * (1 - rho ** steps) / (1 - rho)) / (1 - rho)
-
-
-@dataclass
-class FedNovaParams:
-    weighted: bool = spec(True, help=WEIGHTED_HELP)
-    base: str | None = spec(None, help=BASE_HELP)
-
-    def validate(self, cfg: Any) -> None:
-        self.base = check_base(self.base, cfg.model if cfg is not None else None)
 
 
 class FedNovaPolicy(AggregationPolicy):
@@ -86,7 +74,6 @@ class FedNova(FedAvg):
     """FedAvg's clients, each update normalised by its local steps."""
 
     name = "fednova"
-    Params = FedNovaParams
     capabilities = frozenset({"vectorizable", "server_optimizer", "multilabel",
                               "before_after", "finetune"})
 

@@ -28,22 +28,17 @@ import numpy as np
 
 from fedray.core.registry import register_method
 from fedray.core.spec import spec
-from fedray.methods.base import BASE_HELP, WEIGHTED_HELP, ClientContext, ClientOutput, State
-from fedray.methods.fedavg.method import FedAvg, check_base
+from fedray.methods.base import ClientContext, ClientOutput, State
+from fedray.methods.fedavg.method import FedAvg, FedAvgParams
 
 
 @dataclass
-class MoonParams:
+class MoonParams(FedAvgParams):
     contrastive_weight: float = spec(1.0, ge=0, help="MOON's μ: the weight of its "
                                                      "model-contrastive term (the paper: 5 on "
                                                      "CIFAR-10, 1 on CIFAR-100 and "
                                                      "Tiny-ImageNet)")
     temperature: float = spec(0.5, gt=0, help="temperature τ of MOON's contrastive term")
-    weighted: bool = spec(True, help=WEIGHTED_HELP)
-    base: str | None = spec(None, help=BASE_HELP)
-
-    def validate(self, cfg: Any) -> None:
-        self.base = check_base(self.base, cfg.model if cfg is not None else None)
 
 
 @register_method

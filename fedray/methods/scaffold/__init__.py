@@ -37,14 +37,13 @@ import numpy as np
 from fedray.core.registry import register_method
 from fedray.core.spec import spec
 from fedray.methods.base import (
-    BASE_HELP,
     WEIGHTED_HELP,
     AggregationPolicy,
     ClientContext,
     ClientOutput,
     State,
 )
-from fedray.methods.fedavg.method import FedAvg, check_base
+from fedray.methods.fedavg.method import FedAvg, FedAvgParams
 from fedray.methods.fedavg.policy import weighted_mean
 from fedray.services.server_opt import ServerOptimizer, norm
 
@@ -58,12 +57,8 @@ def split(upload: State) -> tuple[State, State]:
 
 
 @dataclass
-class ScaffoldParams:
+class ScaffoldParams(FedAvgParams):
     weighted: bool = spec(False, help=WEIGHTED_HELP)  # the paper's mean is uniform
-    base: str | None = spec(None, help=BASE_HELP)
-
-    def validate(self, cfg: Any) -> None:
-        self.base = check_base(self.base, cfg.model if cfg is not None else None)
 
 
 class ScaffoldPolicy(AggregationPolicy):
