@@ -33,8 +33,8 @@ for _name, _target in {
     registry.register_model(_name)(_target)
 MODELS = registry.MODELS
 
-__all__ = ["MODELS", "build_model", "count_flops", "get_model_builder", "list_models",
-           "profile_model"]
+__all__ = ["MODELS", "build_configured", "build_model", "count_flops", "get_model_builder",
+           "list_models", "profile_model"]
 
 
 def __getattr__(name: str) -> Any:  # the torch-side helpers, on first use
@@ -54,6 +54,14 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
                 **kwargs: Any) -> Any:
     """Build the registered model ``name`` for inputs of ``input_shape`` (without batch)."""
     return get_model_builder(name)(tuple(input_shape), num_classes, **kwargs)
+
+
+def build_configured(model_cfg: dict[str, Any], input_shape: tuple[int, ...],
+                     num_classes: int) -> Any:
+    """Build the model a config's ``model`` section names (``name`` plus its keyword
+    arguments) for inputs of ``input_shape``."""
+    kwargs = {k: v for k, v in model_cfg.items() if k != "name"}
+    return build_model(model_cfg["name"], input_shape, num_classes, **kwargs)
 
 
 def _jsonable(value: Any) -> Any:

@@ -58,12 +58,11 @@ def build_base_model(cfg: ExperimentConfig, input_shape: tuple[int, ...], num_cl
                      head: str | None = None):
     """The model with seeded initial weights and ``head`` (default: ``pretrain.head``)."""
 
-    from fedray.models import build_model
+    from fedray.models import build_configured
     from fedray.models.heads import configure_head
 
-    kwargs = {k: v for k, v in cfg.model.items() if k != "name"}
     with torch_seeded(cfg.seed, -1, -1, "model-init"):
-        model = build_model(cfg.model["name"], tuple(input_shape), num_classes, **kwargs)
+        model = build_configured(cfg.model, input_shape, num_classes)
     return configure_head(model, head or cfg.pretrain.head, cfg.seed)
 
 

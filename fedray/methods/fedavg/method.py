@@ -56,16 +56,12 @@ def check_init(cfg: Any, input_shape: tuple[int, ...], num_classes: int) -> None
     parameter written by an initialiser, every buffer none writes the same whatever torch's
     generator held; a :class:`ConfigError` at ``model.name`` naming the tensor, before
     Ray."""
-    from fedray.models import build_model
+    from fedray.models import build_configured
     from fedray.models.init import UnwrittenTensor, check_initial_state
 
-    kwargs = {k: v for k, v in cfg.model.items() if k != "name"}
-
-    def build() -> Any:
-        return build_model(cfg.model["name"], tuple(input_shape), num_classes, **kwargs)
-
     try:
-        check_initial_state(build, cfg.seed)
+        check_initial_state(lambda: build_configured(cfg.model, input_shape, num_classes),
+                            cfg.seed)
     except UnwrittenTensor as e:
         raise ConfigError("model.name", cfg.model["name"], f"a model whose start every "
                                                           f"initialiser writes: {e}") from None
@@ -150,16 +146,14 @@ class FedAvg(Algorithm):
     def check_dp_sgd(cls, cfg: Any, input_shape: tuple[int, ...], num_classes: int) -> None:
         """Local DP-SGD needs a model Opacus can wrap (no BatchNorm) and no kept optimizer
         state (its optimizer is Opacus' own, rebuilt every round)."""
-        from fedray.models import build_model
+        from fedray.models import build_configured
         from fedray.models.training import opacus_problems
 
         loc = cfg.local
         if loc.keep_optimizer_state:
             raise ConfigError("local.keep_optimizer_state", True,
                               "false with local DP-SGD (local.dp_noise_multiplier)")
-        kwargs = {k: v for k, v in cfg.model.items() if k != "name"}
-        problems = opacus_problems(build_model(cfg.model["name"], tuple(input_shape),
-                                               num_classes, **kwargs))
+        problems = opacus_problems(build_configured(cfg.model, input_shape, num_classes))
         if problems:
             raise ConfigError("model.name", cfg.model["name"],
                               f"a model Opacus can wrap for local DP-SGD ({problems[0]})")
@@ -178,10 +172,9 @@ class FedAvg(Algorithm):
         return getattr(self.params, "base", None)
 
     def build_resident(self, input_shape, num_classes, device):
-        from fedray.models import build_model
+        from fedray.models import build_configured
 
-        kwargs = {k: v for k, v in self.cfg.model.items() if k != "name"}
-        model = build_model(self.cfg.model["name"], tuple(input_shape), num_classes, **kwargs)
+        model = build_configured(self.cfg.model, input_shape, num_classes)
         if self.base:
             apply_base(model, self.base, self.cfg.model)
         return model.to(device)
@@ -257,11 +250,10 @@ class FedAvg(Algorithm):
         forward passes, :attr:`cohort_forwards`)."""
         if input_shape is None:  # a table read at run time: checked with its shape then
             return CohortFit([])
-        from fedray.models import build_model
+        from fedray.models import build_configured
         from fedray.models.cohort import activation_numel, cohort_problems, dense_only
 
-        kwargs = {k: v for k, v in cfg.model.items() if k != "name"}
-        model = build_model(cfg.model["name"], tuple(input_shape), num_classes, **kwargs)
+        model = build_configured(cfg.model, input_shape, num_classes)
         problems = [f"model {cfg.model['name']}: {why}" for why in cohort_problems(
             model, input_shape, num_classes, probe=cfg.runtime.vectorize == "on")]
         if problems:
