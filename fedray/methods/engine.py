@@ -1,8 +1,9 @@
 """One local-training engine: a method's local procedure written once, run client by client
 or as a vectorized cohort.
 
-A method that trains its clients with local SGD writes its procedure as four hooks of
-:class:`~fedray.methods.base.Algorithm` and nothing else:
+A method that trains its clients with local SGD writes its procedure as five hooks of
+:class:`~fedray.methods.fedavg.method.FedAvg` (defaults: plain local SGD) and nothing
+else:
 
 - ``client_tensors(ctx, broadcast)`` — the client's own tensors its correction reads (from
   its kept state, e.g. FedDyn's ∇L_k(θ_k^{t−1})), one per trainable parameter, or None;
@@ -113,7 +114,6 @@ class LocalEngine:
 
     def _sequential(self, method: Any, contexts: Sequence[ClientContext], broadcast: State
                     ) -> list[tuple[ClientOutput, Any]]:
-        import torch
 
         from fedray.models.training import get_state, set_state, train_local
 
@@ -122,8 +122,8 @@ class LocalEngine:
             model = ctx.resident
             set_state(model, broadcast)
             names = method.trainable(model)
-            mine = method.client_tensors(ctx, broadcast)
-            own = _tensors(mine, names, ctx.device, torch)
+            mine = _stack([method.client_tensors(ctx, broadcast)], names)
+            own = [t[0] for t in _tensors(mine, names, ctx.device)]  # the stack of one's row
             kept = (ctx.state or {}).get("optimizer") if self.keeps_optimizer else None
             with _Tap(model, method.objective(model, broadcast, ctx.device)) as tap:
                 metrics, optimizer = train_local(
@@ -139,15 +139,13 @@ class LocalEngine:
             local = get_state(model)
             trained = {k: local[k] for k in names}
             uploads = method.upload(broadcast, {k: v[None] for k, v in trained.items()},
-                                    None if mine is None else _stack([mine], names),
-                                    np.array([int(metrics["steps"])]))
+                                    mine, np.array([int(metrics["steps"])]))
             outs.append((ClientOutput({k: v[0] for k, v in uploads.items()}, len(ctx.x_train),
                                       metrics, self._state(optimizer)), trained))
         return outs
 
     def _cohort(self, method: Any, contexts: Sequence[ClientContext], broadcast: State
                 ) -> list[tuple[ClientOutput, Any]]:
-        import torch
 
         from fedray.models.cohort import train_cohort_stacked
         from fedray.models.training import set_state
@@ -155,8 +153,7 @@ class LocalEngine:
         first, model = contexts[0], contexts[0].resident
         names = method.trainable(model)
         mine = _stack([method.client_tensors(c, broadcast) for c in contexts], names)
-        own = [] if mine is None else [torch.from_numpy(mine[n]).to(first.device)
-                                       for n in names]
+        own = _tensors(mine, names, first.device)
         kept = [(c.state or {}).get("optimizer") for c in contexts] \
             if self.keeps_optimizer else None
         with _Tap(model, method.objective(model, broadcast, first.device)) as tap:
@@ -236,11 +233,14 @@ def _hook(fix: Correction | None, own: list) -> Callable[[list], None] | None:
     return lambda params: fix(params, own)
 
 
-def _tensors(own: State | None, names: Sequence[str], device: str, torch: Any) -> list:
-    """One client's own tensors in the trainable parameters' order (empty: none)."""
-    if own is None:
+def _tensors(stacked: State | None, names: Sequence[str], device: str) -> list:
+    """The stacked own tensors (:func:`_stack`) as tensors on ``device`` in the trainable
+    parameters' order (empty: none)."""
+    import torch
+
+    if stacked is None:
         return []
-    return [torch.from_numpy(np.asarray(own[n], np.float32)).to(device) for n in names]
+    return [torch.from_numpy(stacked[n]).to(device) for n in names]
 
 
 def _stack(owns: Sequence[State | None], names: Sequence[str]) -> State | None:
